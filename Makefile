@@ -1,0 +1,45 @@
+# Two commands matter: `make demo` (the main job) and `make test` (the suite).
+# Both create and use a project-local virtual environment in .venv.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+EXTRAS ?= cpu,mpi,dev
+PYTEST_ARGS ?=
+
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: install test demo bench lint clean
+
+install: $(STAMP)
+
+$(PY):
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is required, found " + sys.version' \
+	  || { echo "error: set PYTHON=/path/to/python3.10+ (make install PYTHON=python3.11)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when the packaging metadata changes; the install is editable,
+# so source edits need no reinstall.
+$(STAMP): $(PY) setup.cfg pyproject.toml
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[$(EXTRAS)]'
+	@touch $@
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	@mkdir -p benchmarks/results
+	@set -e; for script in benchmarks/bench_*.py; do \
+	  [ -e "$$script" ] || continue; \
+	  echo "== $$script"; $(PY) "$$script"; \
+	done
+	$(PY) -m pytest -m bench -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check tflms ddl_tf tests benchmarks examples
+	$(VENV)/bin/ruff format --check tflms ddl_tf tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

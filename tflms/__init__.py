@@ -1,0 +1,31 @@
+"""tflms: TensorFlow Large Model Support.
+
+Rewrites TensorFlow training graphs so that long-lived activations are swapped
+to host memory after the forward pass and brought back to the GPU just before
+the backward pass needs them. The pipeline is analysis (a networkx view of the
+graph), plan (a serializable :class:`SwapPlan`), apply (the only step that
+mutates a graph).
+
+Logging goes through ``logging.getLogger("tflms...")``; configure the
+``tflms`` logger to see the per-pass debug lines.
+"""
+
+from importlib import metadata as _metadata
+
+try:
+    import tensorflow as _tf  # noqa: F401
+except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "tflms needs TensorFlow 2.21, which could not be imported "
+        f"({_err}). Install the extra for your machine: "
+        "pip install 'tflms-ddl[cpu]' (CPU only) or 'tflms-ddl[gpu]' (NVIDIA GPU)."
+    ) from _err
+
+from tflms import errors
+
+try:
+    __version__ = _metadata.version("tflms-ddl")
+except _metadata.PackageNotFoundError:  # running from a source tree
+    __version__ = "0+unknown"
+
+__all__ = ["__version__", "errors"]
