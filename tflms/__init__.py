@@ -22,10 +22,35 @@ except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
     ) from _err
 
 from tflms import errors
+from tflms.apply import apply_plan, apply_to_view
+from tflms.config import LMSConfig
+from tflms.graph_view import build_view
+from tflms.keras_callback import LMSCallback
+from tflms.lms import LMS
+from tflms.lms_function import LMSFunction, function
+from tflms.plan import Swap, SwapIn, SwapPlan
+from tflms.planner import make_plan
+from tflms.validate import validate
 
 try:
     __version__ = _metadata.version("tflms-ddl")
 except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
-__all__ = ["__version__", "errors"]
+__all__ = [
+    "__version__",
+    "errors",
+    "LMS",
+    "LMSCallback",
+    "LMSConfig",
+    "Swap",
+    "SwapIn",
+    "SwapPlan",
+    "apply_plan",
+    "apply_to_view",
+    "build_view",
+    "function",
+    "LMSFunction",
+    "make_plan",
+    "validate",
+]

@@ -1,0 +1,72 @@
+"""Training with LMSCallback gives bitwise-identical weights, and really swaps.
+
+Each model trains 50 steps twice from the same initial weights and data order:
+once plainly, once with LMSCallback (compute on the "device" logical CPU,
+swapped tensors through the "host" one). The weights must be equal bit for
+bit, the plan must contain swaps (except for the LSTM, whose control flow is
+left alone - it must still train identically) and the function TensorFlow
+registered for training must contain the swap ops.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+import tflms
+from tests.tflms.keras_models import BATCH, MODELS
+
+STEPS = 50
+
+LMS_OPTIONS = dict(batch_size=BATCH, swapout_threshold=8, swapin_ahead=3, min_tensor_bytes=1024)
+
+
+def _train(build, devices, callbacks=()):
+    model, x, y = build(BATCH * STEPS)
+    with tf.device(devices.compute):
+        history = model.fit(
+            x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=list(callbacks)
+        )
+    return model, history
+
+
+def _registered_swap_ops():
+    """Names of tflms swap ops in the functions registered with the eager context."""
+    ctx = context.context()
+    found = set()
+    for name in ctx.list_function_names():
+        if "one_step_on_data" not in name:
+            continue
+        fdef = ctx.get_function_def(name)
+        found.update(n.name for n in fdef.node_def if "lms/swap" in n.name)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_training_is_bitwise_identical(name, devices):
+    plain, plain_hist = _train(MODELS[name], devices)
+    before = _registered_swap_ops()
+    callback = tflms.LMSCallback(**LMS_OPTIONS)
+    swapped, lms_hist = _train(MODELS[name], devices, [callback])
+
+    for w_plain, w_lms in zip(plain.get_weights(), swapped.get_weights(), strict=True):
+        np.testing.assert_array_equal(w_lms, w_plain)
+    assert lms_hist.history["loss"] == plain_hist.history["loss"]
+
+    plan = callback.plan
+    assert plan is not None
+    tflms.validate  # the callback validated the graph right after rewriting it
+    new_ops = _registered_swap_ops() - before
+    if name == "lstm":
+        assert any("control-flow" in note for note in plan.notes), plan.notes
+        swapped_ops_in_loop = [s for s in plan.swaps if "while" in s.producer.lower()]
+        assert not swapped_ops_in_loop
+    else:
+        assert len(plan.swaps) > 0, plan.summary()
+    assert plan.op_names() <= new_ops | before, (
+        "swap ops of the plan are not in the registered function"
+    )
+    if plan.swaps:
+        assert any(op.startswith("lms/swapout_") for op in new_ops)
+        assert any("-lms/swapin" in op for op in new_ops)

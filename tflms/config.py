@@ -1,0 +1,253 @@
+"""LMSConfig: every option of tflms in one frozen, validated dataclass.
+
+The same fields drive the Python API (:class:`tflms.LMS`,
+:class:`tflms.LMSCallback`, :func:`tflms.function`) and the command line
+(``tflms rewrite --swapout-threshold ...``), so there is one source of truth.
+The option names follow TFLMS v2 where TFLMS had the same knob.
+
+Example:
+    >>> from tflms import LMSConfig
+    >>> cfg = LMSConfig(swapout_threshold=20, serialization=["3", "10:12"])
+    >>> cfg.serialization
+    ((3, 3), (10, 12))
+    >>> LMSConfig.from_dict(cfg.to_dict()) == cfg
+    True
+    >>> LMSConfig(sync_mode=7)
+    Traceback (most recent call last):
+    ...
+    tflms.errors.ConfigError: LMSConfig.sync_mode must be 0, 1, 2 or 3. Received sync_mode=7. ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tflms.errors import ConfigError
+from tflms.units import parse_bytes
+
+__all__ = ["LMSConfig", "SYNC_MODES"]
+
+SYNC_MODES = {
+    0: "asynchronous: swap-outs and swap-ins overlap with compute",
+    1: "the producer's other consumers wait until the swap-out is done",
+    2: "each swap-in waits for the other inputs of its consumer (no prefetch)",
+    3: "both 1 and 2",
+}
+
+
+def _fail(name: str, value: Any, expected: str, fix: str) -> ConfigError:
+    return ConfigError(f"LMSConfig.{name} must be {expected}. Received {name}={value!r}. {fix}")
+
+
+@dataclass(frozen=True)
+class LMSConfig:
+    """Options of the swap planner and the graph rewriter.
+
+    Levels are topological levels of the training graph (Kahn generations
+    over data and control edges, as in TFLMS v2): level 0 holds the ops with
+    no inputs, and every op sits one level above its deepest input.
+    """
+
+    device: str | None = None
+    """Compute device (the GPU). Ops with no device are assumed to run there.
+    ``None`` keeps TensorFlow's choice: unassigned ops land on the first GPU."""
+
+    host_device: str = "/device:CPU:0"
+    """Where swapped-out tensors live (host memory, pinned by TensorFlow)."""
+
+    batch_size: int | None = None
+    """Batch size used to size tensors whose first dimension is unknown.
+    ``None``: take it from the traced input signature; if that is unknown too,
+    sizes are per sample (the analysis reports which tensors this affects)."""
+
+    min_tensor_bytes: int = 32 * 1024
+    """Tensors smaller than this are never swapped (transfers of tiny tensors
+    cost more in latency than they save). Accepts ``"64KiB"`` style strings."""
+
+    swapout_threshold: int = 30
+    """A tensor is swapped out for each consumer whose level exceeds the
+    producer's level by more than this many levels."""
+
+    swapin_ahead: int = 8
+    """The swap-in is triggered by an op about this many levels before its
+    earliest consumer, so the copy back overlaps with compute."""
+
+    swapin_groupby: int = 5
+    """Consumers of one tensor whose levels lie within this many levels of the
+    group's first consumer share one swap-in."""
+
+    sync_mode: int = 0
+    """0-3, as in TFLMS v2; see ``SYNC_MODES``."""
+
+    serialization: tuple[tuple[int, int], ...] = ()
+    """Levels whose ops are chained by control edges so they run one after the
+    other (lowers peak width). Given as ints or ``"lo:hi"`` strings
+    (inclusive); stored as ``(lo, hi)`` pairs."""
+
+    incl_scopes: tuple[str, ...] = ()
+    """If set, only producers whose op name starts with one of these prefixes."""
+
+    excl_scopes: tuple[str, ...] = ()
+    """Producers whose op name starts with one of these prefixes are skipped."""
+
+    incl_types: tuple[str, ...] = ()
+    """If set, only producers of these op types (e.g. ``("Conv2D", "Relu")``)."""
+
+    excl_types: tuple[str, ...] = ()
+    """Producers of these op types are skipped."""
+
+    n_tensors: int | None = None
+    """Swap at most this many tensors, largest first. ``None``: no cap."""
+
+    def __post_init__(self) -> None:
+        if self.device is not None and not isinstance(self.device, str):
+            raise _fail(
+                "device", self.device, "a device string or None", 'Example: device="/device:GPU:0".'
+            )
+        if not isinstance(self.host_device, str) or not self.host_device:
+            raise _fail(
+                "host_device",
+                self.host_device,
+                "a device string",
+                'Example: host_device="/device:CPU:0".',
+            )
+        _check_device_string("host_device", self.host_device)
+        if self.device is not None:
+            _check_device_string("device", self.device)
+        if self.batch_size is not None:
+            _check_int(
+                "batch_size",
+                self.batch_size,
+                minimum=1,
+                fix="Pass the global batch size per replica.",
+            )
+        object.__setattr__(
+            self, "min_tensor_bytes", _bytes_field("min_tensor_bytes", self.min_tensor_bytes)
+        )
+        _check_int(
+            "swapout_threshold",
+            self.swapout_threshold,
+            minimum=0,
+            fix="Smaller values swap more tensors; 0 swaps every tensor with a later consumer.",
+        )
+        _check_int(
+            "swapin_ahead",
+            self.swapin_ahead,
+            minimum=1,
+            fix="It counts levels between the swap-in trigger and the consumer; use 1 for the latest prefetch.",
+        )
+        _check_int(
+            "swapin_groupby",
+            self.swapin_groupby,
+            minimum=0,
+            fix="0 gives each consumer level its own swap-in.",
+        )
+        if self.sync_mode not in SYNC_MODES or isinstance(self.sync_mode, bool):
+            raise _fail("sync_mode", self.sync_mode, "0, 1, 2 or 3", "See tflms.config.SYNC_MODES.")
+        object.__setattr__(self, "serialization", _parse_levels(self.serialization))
+        for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
+            object.__setattr__(self, name, _str_tuple(name, getattr(self, name)))
+        if self.n_tensors is not None:
+            _check_int("n_tensors", self.n_tensors, minimum=1, fix="Use None for no cap.")
+
+    # ------------------------------------------------------------------ helpers
+    def replace(self, **changes: Any) -> LMSConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """Public option names, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every option."""
+        out: dict[str, Any] = {}
+        for name in self.field_names():
+            value = getattr(self, name)
+            if name == "serialization":
+                value = [f"{lo}:{hi}" if lo != hi else str(lo) for lo, hi in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LMSConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError`."""
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"An LMS config must be a JSON object. Received {type(data).__name__}."
+            )
+        unknown = sorted(set(data) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(
+                f"Unknown LMSConfig option(s) {unknown}. Valid options: {', '.join(cls.field_names())}."
+            )
+        return cls(**data)
+
+
+def _check_int(name: str, value: Any, *, minimum: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(name, value, f"an int >= {minimum}", fix)
+
+
+def _check_device_string(name: str, value: str) -> None:
+    import tensorflow as tf
+
+    try:
+        spec = tf.DeviceSpec.from_string(value)
+    except (ValueError, TypeError) as err:
+        raise _fail(name, value, "a TensorFlow device string", 'Example: "/device:GPU:0".') from err
+    if spec.device_type is None:
+        raise _fail(name, value, "a device string with a device type", 'Example: "/device:CPU:0".')
+
+
+def _bytes_field(name: str, value: Any) -> int:
+    try:
+        parsed = parse_bytes(value)
+    except ValueError as err:
+        raise _fail(name, value, "a byte count (int or a string like '64KiB')", str(err)) from err
+    return parsed
+
+
+def _str_tuple(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise _fail(
+            name, value, "a list of strings", f"Wrap a single value in a list: {name}=[{value!r}]."
+        )
+    try:
+        items = tuple(value)
+    except TypeError as err:
+        raise _fail(name, value, "a list of strings", "") from err
+    if not all(isinstance(item, str) and item for item in items):
+        raise _fail(name, value, "a list of non-empty strings", "")
+    return items
+
+
+def _parse_levels(value: Any) -> tuple[tuple[int, int], ...]:
+    fix = 'Use ints or "lo:hi" strings, e.g. serialization=["3", "10:12"].'
+    if isinstance(value, (str, int)):
+        value = [value]
+    ranges = []
+    for item in value:
+        try:
+            if isinstance(item, bool):
+                raise ValueError(item)
+            if isinstance(item, int):
+                lo = hi = item
+            elif isinstance(item, (tuple, list)) and len(item) == 2:
+                lo, hi = int(item[0]), int(item[1])
+            elif isinstance(item, str) and ":" in item:
+                lo_s, hi_s = item.split(":", 1)
+                lo, hi = int(lo_s), int(hi_s)
+            else:
+                lo = hi = int(item)
+        except (TypeError, ValueError) as err:
+            raise _fail("serialization", value, "a list of levels or level ranges", fix) from err
+        if lo < 0 or hi < lo:
+            raise _fail("serialization", value, "ranges with 0 <= lo <= hi", fix)
+        ranges.append((lo, hi))
+    return tuple(sorted(set(ranges)))

@@ -1,0 +1,336 @@
+"""Analysis: a networkx view of a TensorFlow graph.
+
+:func:`build_view` reads a ``tf.Graph`` or ``FuncGraph`` (never mutating it)
+and returns a ``networkx.DiGraph`` with one node per op. This view is what the
+planner and the simulator work on; it holds plain Python values only.
+
+Node attributes:
+    ``type`` (op type), ``device`` (as assigned, ``""`` if unassigned),
+    ``placement`` (``"compute"``, ``"host"`` or ``"other"``, relative to the
+    config's devices), ``outputs`` (a tuple of :class:`TensorInfo`),
+    ``level`` (Kahn generation over data and control edges, as TFLMS v2),
+    ``control_flow`` (the op is a control-flow op or sits inside a TF1
+    while/cond context), ``functions`` (names of functions the op calls),
+    ``stateful``, ``tflms`` (``"out"``/``"in"`` for swap ops inserted by tflms,
+    else ``None``).
+
+Edge attributes:
+    ``tensors``: list of ``(output_index, input_index)`` pairs carried from
+    the source op to the destination op; ``control``: whether there is a
+    control edge.
+
+Graph attributes:
+    ``compute_device`` and ``default_device_type`` (where unassigned ops
+    run: ``"GPU"`` or ``"CPU"``), ``batch_size`` (used for unknown first
+    dims, or ``None``),
+    ``batch_source``, ``unknown_dims`` (tensors with unknown non-batch dims,
+    counted as 1), ``unsized_batch`` (tensors with an unknown first dim that
+    no batch size resolved), ``control_flow_ops``, ``depth``.
+
+Example:
+    >>> import tensorflow as tf
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None, 64], name="x")
+    ...     y = tf.nn.relu(tf.matmul(x, tf.ones([64, 64])), name="y")
+    >>> view = build_view(g, batch_size=8)
+    >>> view.nodes["y"]["level"], view.nodes["y"]["outputs"][0].bytes
+    (3, 2048)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import networkx as nx
+import tensorflow as tf
+
+from tflms.config import LMSConfig
+from tflms.devices import DeviceMatcher, default_compute_type
+from tflms.errors import UnsupportedGraphError
+
+__all__ = [
+    "TensorInfo",
+    "build_view",
+    "consumers",
+    "assign_levels",
+    "CONTROL_FLOW_TYPES",
+    "SWAP_ATTR",
+]
+
+logger = logging.getLogger(__name__)
+
+SWAP_ATTR = "_tflms_swap"
+"""Attribute set on every op tflms inserts: ``b"out"`` or ``b"in"``."""
+
+FUNCTIONAL_CONTROL_FLOW = frozenset(
+    {"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase", "For"}
+)
+V1_CONTROL_FLOW = frozenset(
+    {
+        "Switch",
+        "RefSwitch",
+        "Merge",
+        "RefMerge",
+        "Enter",
+        "RefEnter",
+        "Exit",
+        "RefExit",
+        "NextIteration",
+        "RefNextIteration",
+        "LoopCond",
+        "ControlTrigger",
+    }
+)
+CONTROL_FLOW_TYPES = FUNCTIONAL_CONTROL_FLOW | V1_CONTROL_FLOW
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Static facts about one op output.
+
+    Attributes:
+        name: tensor name, ``"op:index"``.
+        index: output index.
+        dtype: dtype name (``"float32"``, ``"resource"``, ...).
+        shape: static shape as traced; ``None`` entries are unknown dims;
+            ``None`` for an unknown rank.
+        bytes: estimated size with the batch dimension resolved and other
+            unknown dims counted as 1.
+        is_ref: the tensor is a TF1 reference type.
+    """
+
+    name: str
+    index: int
+    dtype: str
+    shape: tuple | None
+    bytes: int
+    is_ref: bool = False
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+
+def build_view(
+    graph: tf.Graph,
+    *,
+    config: LMSConfig | None = None,
+    batch_size: int | None = None,
+) -> nx.DiGraph:
+    """Build the analysis view of ``graph``.
+
+    Args:
+        graph: a ``tf.Graph`` or ``FuncGraph``. It is only read.
+        config: supplies the compute/host devices (for ``placement``) and the
+            batch size; defaults to ``LMSConfig()``.
+        batch_size: overrides ``config.batch_size``.
+
+    Returns:
+        The annotated ``networkx.DiGraph`` described in the module docstring.
+
+    Raises:
+        UnsupportedGraphError: ``graph`` is not a TensorFlow graph, or its
+            data and control edges form a cycle that is not a TF1 loop.
+    """
+    if not isinstance(graph, tf.Graph):
+        raise UnsupportedGraphError(
+            f"build_view needs a tf.Graph or FuncGraph, got {type(graph).__name__}. "
+            "For a tf.function, pass fn.get_concrete_function(...).graph."
+        )
+    config = config or LMSConfig()
+    matcher = DeviceMatcher(compute=config.device, host=config.host_device)
+    ops = graph.get_operations()
+    batch, batch_source = _resolve_batch(graph, ops, batch_size or config.batch_size)
+
+    view = nx.DiGraph(name=getattr(graph, "name", "graph"))
+    unknown_dims: list[str] = []
+    unsized_batch: list[str] = []
+    control_flow_ops: list[str] = []
+    for op in ops:
+        outputs = tuple(_tensor_info(t, batch, unknown_dims, unsized_batch) for t in op.outputs)
+        in_cf = op.type in CONTROL_FLOW_TYPES or op._get_control_flow_context() is not None  # noqa: SLF001
+        if in_cf:
+            control_flow_ops.append(op.name)
+        view.add_node(
+            op.name,
+            type=op.type,
+            device=op.device,
+            placement=matcher.placement(op.device),
+            outputs=outputs,
+            control_flow=in_cf,
+            functions=_called_functions(op),
+            stateful=op._is_stateful,  # noqa: SLF001
+            tflms=_swap_kind(op),
+        )
+    for op in ops:
+        for in_idx, tensor in enumerate(op.inputs):
+            _add_data_edge(view, tensor.op.name, op.name, tensor.value_index, in_idx)
+        for ctrl in op.control_inputs:
+            _add_control_edge(view, ctrl.name, op.name)
+
+    view.graph.update(
+        compute_device=config.device or "",
+        default_device_type=default_compute_type(config.device),
+        batch_size=batch,
+        batch_source=batch_source,
+        unknown_dims=unknown_dims,
+        unsized_batch=unsized_batch,
+        control_flow_ops=control_flow_ops,
+    )
+    assign_levels(view)
+    logger.debug(
+        "view of %s: %d ops, %d edges, depth %d, batch %s (%s)",
+        view.graph["name"],
+        view.number_of_nodes(),
+        view.number_of_edges(),
+        view.graph["depth"],
+        batch,
+        batch_source,
+    )
+    return view
+
+
+def assign_levels(view: nx.DiGraph) -> None:
+    """Set each node's ``level`` (Kahn generation) and the graph's ``depth``.
+
+    TF1 loops close a cycle through ``NextIteration``; those back edges are
+    ignored for levelling, as TFLMS did.
+
+    Raises:
+        UnsupportedGraphError: the graph has any other cycle.
+    """
+    back_edges = [
+        (u, v)
+        for u, v in view.edges
+        if view.nodes[u]["type"] in ("NextIteration", "RefNextIteration")
+    ]
+    dag = (
+        view.edge_subgraph([e for e in view.edges if e not in set(back_edges)])
+        if back_edges
+        else view
+    )
+    depth = 0
+    try:
+        for level, generation in enumerate(nx.topological_generations(dag)):
+            for node in generation:
+                view.nodes[node]["level"] = level
+            depth = level + 1
+    except nx.NetworkXUnfeasible as err:
+        cycle = nx.find_cycle(dag)
+        raise UnsupportedGraphError(
+            f"The graph has a cycle through {[u for u, _ in cycle][:8]}; tflms needs an acyclic "
+            "graph (TF1 loops are fine, they close through NextIteration)."
+        ) from err
+    for node, data in view.nodes(data=True):  # isolated by back-edge removal
+        data.setdefault("level", 0)
+    view.graph["depth"] = depth
+
+
+def consumers(view: nx.DiGraph, node: str, index: int) -> list[tuple[str, int]]:
+    """``(consumer, input_index)`` pairs reading output ``index`` of ``node``."""
+    found = []
+    for succ, edge in view.succ[node].items():
+        for out_idx, in_idx in edge.get("tensors", ()):
+            if out_idx == index:
+                found.append((succ, in_idx))
+    return found
+
+
+# --------------------------------------------------------------------------- internals
+
+
+def _add_data_edge(view: nx.DiGraph, src: str, dst: str, out_idx: int, in_idx: int) -> None:
+    if view.has_edge(src, dst):
+        view[src][dst].setdefault("tensors", []).append((out_idx, in_idx))
+    else:
+        view.add_edge(src, dst, tensors=[(out_idx, in_idx)], control=False)
+
+
+def _add_control_edge(view: nx.DiGraph, src: str, dst: str) -> None:
+    if view.has_edge(src, dst):
+        view[src][dst]["control"] = True
+    else:
+        view.add_edge(src, dst, tensors=[], control=True)
+
+
+def _swap_kind(op: tf.Operation) -> str | None:
+    try:
+        value = op.get_attr(SWAP_ATTR)
+    except ValueError:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _called_functions(op: tf.Operation) -> tuple[str, ...]:
+    names = []
+    for attr in op.node_def.attr.values():
+        if attr.HasField("func"):
+            names.append(attr.func.name)
+        elif attr.HasField("list"):
+            names.extend(f.name for f in attr.list.func)
+    return tuple(names)
+
+
+def _dtype_size(dtype: tf.DType) -> int:
+    base = dtype.base_dtype
+    if base in (tf.resource, tf.variant, tf.string):
+        return 0
+    try:
+        return base.size
+    except (TypeError, AttributeError):  # types without a fixed size
+        return 0
+
+
+def _tensor_info(
+    t: tf.Tensor, batch: int | None, unknown_dims: list, unsized_batch: list
+) -> TensorInfo:
+    shape = t.shape
+    size = _dtype_size(t.dtype)
+    n = 1
+    if shape.rank is None:
+        dims = None
+        unknown_dims.append(t.name)
+    else:
+        dims = tuple(shape.as_list())
+        for d in dims[1:]:
+            n *= 1 if d is None else d
+        if None in dims[1:]:
+            unknown_dims.append(t.name)
+        if dims and dims[0] is None:
+            if batch is None:
+                unsized_batch.append(t.name)
+            else:
+                n *= batch
+        elif dims:
+            n *= dims[0]
+    return TensorInfo(
+        name=t.name,
+        index=t.value_index,
+        dtype=t.dtype.base_dtype.name,
+        shape=dims,
+        bytes=n * size,
+        is_ref=t.dtype._is_ref_dtype,  # noqa: SLF001
+    )
+
+
+def _resolve_batch(graph: tf.Graph, ops, configured: int | None) -> tuple[int | None, str]:
+    if configured is not None:
+        return configured, "config"
+    inputs = getattr(graph, "inputs", None)
+    if inputs:
+        candidates = [t for t in inputs if t.dtype not in (tf.resource, tf.variant)]
+    else:
+        candidates = [
+            t for op in ops if op.type in ("Placeholder", "PlaceholderV2") for t in op.outputs
+        ]
+    known = Counter(
+        t.shape[0]
+        for t in candidates
+        if t.shape.rank and t.shape[0] is not None and t.shape.rank >= 1
+    )
+    if known:
+        return known.most_common(1)[0][0], "input signature"
+    return None, "unknown"

@@ -1,0 +1,92 @@
+"""LMS: analyse, plan, apply and validate one graph in a single call.
+
+For ``tf.compat.v1`` graphs (Session users) and any ``FuncGraph``; Keras users
+use :class:`tflms.LMSCallback`, custom loops :func:`tflms.function`.
+
+Example:
+    >>> import tensorflow as tf
+    >>> import tflms
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [64, 1024], name="x")
+    ...     h = tf.nn.relu(tf.matmul(x, tf.ones([1024, 1024])), name="h")
+    ...     y = h
+    ...     for i in range(12):
+    ...         y = tf.nn.relu(y * 1.01, name=f"act{i}")
+    ...     out = tf.add(y, h, name="out")  # h lives long: worth swapping
+    >>> plan = tflms.LMS(swapout_threshold=10, swapin_ahead=4).run(g)
+    >>> [s.tensor for s in plan.swaps]
+    ['h:0']
+    >>> g.get_operation_by_name("lms/swapout_h_0").device
+    '/device:CPU:0'
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tensorflow as tf
+
+from tflms.apply import apply_plan
+from tflms.config import LMSConfig
+from tflms.errors import AlreadyRewrittenError, ConfigError
+from tflms.graph_view import build_view
+from tflms.plan import SwapPlan
+from tflms.planner import make_plan
+from tflms.validate import validate
+
+__all__ = ["LMS", "resolve_config"]
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_config(config: LMSConfig | None, overrides: dict) -> LMSConfig:
+    """``config`` (default ``LMSConfig()``) with keyword overrides applied."""
+    if config is not None and not isinstance(config, LMSConfig):
+        raise ConfigError(f"config must be an LMSConfig, got {type(config).__name__}.")
+    config = config or LMSConfig()
+    unknown = sorted(set(overrides) - set(LMSConfig.field_names()))
+    if unknown:
+        raise ConfigError(
+            f"Unknown LMS option(s) {unknown}. Valid options: {', '.join(LMSConfig.field_names())}."
+        )
+    return config.replace(**overrides) if overrides else config
+
+
+class LMS:
+    """Large Model Support for one graph.
+
+    Args:
+        config: an :class:`LMSConfig`; keyword ``overrides`` replace its fields.
+    """
+
+    def __init__(self, config: LMSConfig | None = None, **overrides):
+        self.config = resolve_config(config, overrides)
+
+    @tf.autograph.experimental.do_not_convert
+    def plan(self, graph: tf.Graph) -> SwapPlan:
+        """Analyse ``graph`` and return a plan without changing anything."""
+        return make_plan(build_view(graph, config=self.config), self.config)
+
+    @tf.autograph.experimental.do_not_convert
+    def run(self, graph: tf.Graph) -> SwapPlan:
+        """Plan, rewrite ``graph`` in place, validate it, and return the plan.
+
+        Raises:
+            AlreadyRewrittenError: ``graph`` already holds tflms swap ops.
+            ValidationError: the rewritten graph breaks an invariant.
+        """
+        view = build_view(graph, config=self.config)
+        rewritten = [n for n, d in view.nodes(data=True) if d["tflms"]]
+        if rewritten:
+            raise AlreadyRewrittenError(
+                f"Graph {view.graph['name']!r} was already rewritten by tflms "
+                f"({len(rewritten)} swap ops, e.g. {rewritten[0]!r}); run LMS once per graph."
+            )
+        plan = make_plan(view, self.config)
+        if not plan.swaps:
+            logger.info("tflms: nothing to swap in %s\n%s", plan.graph_name, plan.summary())
+            return plan
+        apply_plan(graph, plan)
+        validate(graph, plan)
+        return plan
