@@ -20,6 +20,7 @@ consumers' inputs to the swap-in and adds the trigger control edge.
 from __future__ import annotations
 
 import logging
+from itertools import pairwise
 from typing import Protocol
 
 from tflms.errors import AlreadyRewrittenError, ValidationError
@@ -90,7 +91,7 @@ def apply_with(editor: Editor, plan: SwapPlan) -> int:
         for op in swap.wait_for_swapout:
             editor.add_control(swap.swapout_name, op)
     for chain in plan.serialization:
-        for before, after in zip(chain, chain[1:]):
+        for before, after in pairwise(chain):
             editor.add_control(before, after)
     logger.info(
         "tflms: rewrote %s: %d tensors swapped (%d bytes), %d ops inserted",

@@ -224,7 +224,7 @@ def assign_levels(view: nx.DiGraph) -> None:
             f"The graph has a cycle through {[u for u, _ in cycle][:8]}; tflms needs an acyclic "
             "graph (TF1 loops are fine, they close through NextIteration)."
         ) from err
-    for node, data in view.nodes(data=True):  # isolated by back-edge removal
+    for _, data in view.nodes(data=True):  # isolated by back-edge removal
         data.setdefault("level", 0)
     view.graph["depth"] = depth
 

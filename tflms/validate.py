@@ -14,6 +14,8 @@ optionally against the :class:`~tflms.plan.SwapPlan` that was applied:
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import networkx as nx
 
 from tflms.devices import same_device
@@ -147,7 +149,7 @@ def _against_plan(view: nx.DiGraph, plan: SwapPlan) -> list[str]:
                 if not (view.has_edge(op, name) and view[op][name]["control"]):
                     problems.append(f"swap-in {name} lacks its control edge from {op}")
     for chain in plan.serialization:
-        for before, after in zip(chain, chain[1:]):
+        for before, after in pairwise(chain):
             if not (view.has_edge(before, after) and view[before][after]["control"]):
                 problems.append(f"serialization edge {before} -> {after} is missing")
     return problems
