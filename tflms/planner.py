@@ -135,10 +135,6 @@ def make_plan(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
     if config.n_tensors is not None and len(swaps) > config.n_tensors:
         skipped.extend((s.tensor, "over the n_tensors cap") for s in swaps[config.n_tensors :])
         swaps = swaps[: config.n_tensors]
-    swaps, reordered = _keep_summation_order(view, swaps)
-    skipped.extend(
-        (t, "rerouting would reorder an AddN's inputs (changes float sums)") for t in reordered
-    )
     if config.sync_mode in (1, 3):
         swaps = [_with_swapout_waits(view, s) for s in swaps]
 
@@ -213,6 +209,11 @@ def _plan_tensor(view, producer, node, info, levels, config, trigger_ok):
     """Plan the swap of one candidate tensor; returns ``(swap, None)`` or ``(None, reason)``."""
     lp = levels[producer]
     uses = tensor_consumers(view, producer, info.index)
+    if _order_sensitive(view, producer) or any(_order_sensitive(view, c) for c, _ in uses):
+        return (
+            None,
+            "an AddN of 3+ inputs reads or writes it (its float sum order depends on buffer reuse)",
+        )
     far = sorted(
         ((c, i) for c, i in uses if levels[c] - lp > config.swapout_threshold),
         key=lambda ci: (levels[ci[0]], ci[0], ci[1]),
@@ -343,52 +344,23 @@ def _other_inputs(view, consumer, producer) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- summation order
 
 ORDER_SENSITIVE = frozenset({"AddN", "AccumulateNV2"})
+"""Sums whose float result depends on which input buffer TensorFlow reuses.
+
+An AddN of 3+ inputs accumulates into the first input whose buffer it may
+reuse (reference count 1 at run time). Swapping one of its inputs or its
+output changes reference counts or allocator attributes, hence the buffer it
+picks, hence the summation order: results differ in the last bit. tflms never
+swaps a tensor an AddN of 3+ inputs reads or writes, so training stays
+bitwise identical.
+"""
 
 
-def _input_string(src: str, index: int) -> str:
-    return src if index == 0 else f"{src}:{index}"
+def _num_data_inputs(view, node: str) -> int:
+    return sum(len(edge.get("tensors", ())) for edge in view.pred[node].values())
 
 
-def _keep_summation_order(view, swaps: list[Swap]) -> tuple[list[Swap], list[str]]:
-    """Drop swaps whose rerouting would change the order of an AddN's inputs.
-
-    Grappler canonicalizes commutative ops by sorting their inputs by name.
-    Swap-in names are chosen to sort like the original input (see
-    :mod:`tflms.plan`); this check catches the rare names for which that
-    does not hold within an AddN of 3 or more inputs - float sums depend on
-    order. Such swaps are dropped so that training stays bitwise identical.
-    """
-    dropped: list[str] = []
-    while True:
-        reroute = {
-            (c, i): swap.swapin_name(k)
-            for swap in swaps
-            for k, swap_in in enumerate(swap.swap_ins)
-            for c, i in swap_in.consumers
-        }
-        owner = {(c, i): swap.tensor for swap in swaps for c, i in swap.consumers}
-        bad = set()
-        for consumer in {c for c, _ in reroute}:
-            node = view.nodes[consumer]
-            if node["type"] not in ORDER_SENSITIVE:
-                continue
-            inputs = {
-                in_idx: _input_string(src, out_idx)
-                for src, edge in view.pred[consumer].items()
-                for out_idx, in_idx in edge.get("tensors", ())
-            }
-            if len(inputs) < 3:
-                continue
-            idx = sorted(inputs)
-            renamed = {i: reroute.get((consumer, i), inputs[i]) for i in idx}
-            before = [inputs[i] for i in sorted(idx, key=lambda i: inputs[i])]
-            after = [inputs[i] for i in sorted(idx, key=lambda i: renamed[i])]
-            if before != after:
-                bad.update(owner[(consumer, i)] for i in idx if (consumer, i) in owner)
-        if not bad:
-            return swaps, dropped
-        dropped.extend(sorted(bad))
-        swaps = [s for s in swaps if s.tensor not in bad]
+def _order_sensitive(view, node: str) -> bool:
+    return view.nodes[node]["type"] in ORDER_SENSITIVE and _num_data_inputs(view, node) >= 3
 
 
 # --------------------------------------------------------------------------- sync / serialization

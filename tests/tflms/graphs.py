@@ -1,0 +1,64 @@
+"""Tiny hand-built TF1-style graphs with hand-derivable levels and swaps."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+WIDTH = 1024  # float32 columns: a [B, 1024] tensor is 4 KiB per sample
+
+
+def chain_with_skip(n: int = 12, batch: int | None = 8, skip_from: int = 1):
+    """x -> h0 -> ... -> h{n-1} -> out = h{n-1} + h{skip_from}.
+
+    Levels: x is 0, h_i is i + 1, out is n + 1. ``h{skip_from}`` is read by
+    ``h{skip_from+1}`` (near) and by ``out`` (far).
+    """
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [batch, WIDTH], name="x")
+        h = x
+        hs = []
+        for i in range(n):
+            h = tf.nn.relu(h, name=f"h{i}")
+            hs.append(h)
+        tf.add(hs[-1], hs[skip_from], name="out")
+    return g
+
+
+def diamond(batch: int = 8):
+    """x -> a -> (b, c) -> d, plus a long tail from d and a skip from a to the end."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [batch, WIDTH], name="x")
+        a = tf.nn.relu(x, name="a")
+        b = tf.nn.relu(a, name="b")
+        c = tf.nn.sigmoid(a, name="c")
+        d = tf.add(b, c, name="d")
+        t = d
+        for i in range(10):
+            t = tf.nn.relu(t, name=f"t{i}")
+        tf.multiply(t, a, name="end")
+    return g
+
+
+def fan_out(taps=(8, 10, 20), n: int = 24, batch: int = 8):
+    """A chain h0..h{n-1}; ``tap_k = h_k + h1`` for each k in ``taps``.
+
+    ``h1`` (level 2) has far consumers ``tap_k`` at level k + 2.
+    """
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [batch, WIDTH], name="x")
+        h, hs = x, []
+        for i in range(n):
+            h = tf.nn.relu(h, name=f"h{i}")
+            hs.append(h)
+        for k in taps:
+            tf.add(hs[k], hs[1], name=f"tap{k}")
+    return g
+
+
+def long_chain(x, n: int, prefix: str):
+    for i in range(n):
+        x = tf.nn.relu(x, name=f"{prefix}{i}")
+    return x
