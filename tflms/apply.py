@@ -19,6 +19,7 @@ consumers' inputs to the swap-in and adds the trigger control edge.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from itertools import pairwise
 from typing import Protocol
@@ -55,6 +56,9 @@ class Editor(Protocol):
     def add_control(self, src: str, dst: str) -> None:
         """Add a control edge ``src -> dst``."""
 
+    def editing(self) -> contextlib.AbstractContextManager:
+        """Context entered around all edits of one plan."""
+
 
 def apply_with(editor: Editor, plan: SwapPlan) -> int:
     """Apply ``plan`` through ``editor``; returns the number of ops inserted.
@@ -73,6 +77,19 @@ def apply_with(editor: Editor, plan: SwapPlan) -> int:
         )
     _check_plan_matches(editor, plan)
     host = plan.config.get("host_device", "/device:CPU:0")
+    with editor.editing():
+        inserted = _edit(editor, plan, host)
+    logger.info(
+        "tflms: rewrote %s: %d tensors swapped (%d bytes), %d ops inserted",
+        plan.graph_name or "graph",
+        len(plan.swaps),
+        plan.bytes_swapped,
+        inserted,
+    )
+    return inserted
+
+
+def _edit(editor: Editor, plan: SwapPlan, host: str) -> int:
     inserted = 0
     for swap in plan.swaps:
         editor.add_identity(swap.swapout_name, (swap.producer, swap.index), host, "out")
@@ -93,13 +110,6 @@ def apply_with(editor: Editor, plan: SwapPlan) -> int:
     for chain in plan.serialization:
         for before, after in pairwise(chain):
             editor.add_control(before, after)
-    logger.info(
-        "tflms: rewrote %s: %d tensors swapped (%d bytes), %d ops inserted",
-        plan.graph_name or "graph",
-        len(plan.swaps),
-        plan.bytes_swapped,
-        inserted,
-    )
     return inserted
 
 

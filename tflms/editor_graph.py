@@ -62,18 +62,33 @@ class GraphEditor:
         return self._op(op).device
 
     # -- edits
+    @contextlib.contextmanager
+    def editing(self):
+        """Clear the ambient contexts of whoever is tracing, once for all edits."""
+        g = self.graph
+        with (
+            g.as_default(),
+            g.control_dependencies(None),
+            g.colocate_with(None, ignore_existing=True),
+        ):
+            yield
+
     def add_identity(self, name: str, source: tuple[str, int], device: str, kind: str) -> None:
         tensor = self._op(source[0]).outputs[source[1]]
-        scope, _, base = name.rpartition("/")
-        with self._clean_context(device):
-            with self.graph.name_scope(scope + "/"):
-                out = tf.identity(tensor, name=base)
-        if out.op.name != name:
-            raise ValidationError(
-                f"Could not create op {name!r}: TensorFlow named it {out.op.name!r}."
-            )
-        out.op._set_attr(SWAP_ATTR, attr_value_pb2.AttrValue(s=kind.encode()))  # noqa: SLF001
-        out.op._set_attr(GRAPPLER_KEEP_ATTR, attr_value_pb2.AttrValue(b=True))  # noqa: SLF001
+        attrs = {
+            "T": attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum),
+            SWAP_ATTR: attr_value_pb2.AttrValue(s=kind.encode()),
+            GRAPPLER_KEEP_ATTR: attr_value_pb2.AttrValue(b=True),
+        }
+        # A trailing "/" makes TensorFlow use the name as given (clashes were
+        # ruled out before any edit); device functions of the tracer are skipped.
+        op = self.graph._create_op_internal(  # noqa: SLF001
+            "Identity", [tensor], name=name + "/", attrs=attrs, compute_device=False
+        )
+        if op.name != name:
+            raise ValidationError(f"Could not create op {name!r}: TensorFlow named it {op.name!r}.")
+        if device:
+            op._set_device(device)  # noqa: SLF001
 
     def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
         op = self._op(consumer)
@@ -85,15 +100,3 @@ class GraphEditor:
     # -- helpers
     def _op(self, name: str) -> tf.Operation:
         return self.graph.get_operation_by_name(name)
-
-    @contextlib.contextmanager
-    def _clean_context(self, device: str):
-        g = self.graph
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(g.as_default())
-            stack.enter_context(g.control_dependencies(None))
-            stack.enter_context(g.colocate_with(None, ignore_existing=True))
-            stack.enter_context(g.device(None))
-            if device:
-                stack.enter_context(g.device(device))
-            yield

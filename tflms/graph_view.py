@@ -40,9 +40,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import networkx as nx
 import tensorflow as tf
@@ -87,8 +90,7 @@ V1_CONTROL_FLOW = frozenset(
 CONTROL_FLOW_TYPES = FUNCTIONAL_CONTROL_FLOW | V1_CONTROL_FLOW
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """Static facts about one op output.
 
     Attributes:
@@ -141,35 +143,78 @@ def build_view(
             "For a tf.function, pass fn.get_concrete_function(...).graph."
         )
     config = config or LMSConfig()
+    with _gc_paused():
+        return _build(graph, config, batch_size)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while building a large view.
+
+    Building tens of thousands of node and edge dicts triggers repeated full
+    collections that scan everything built so far (quadratic in effect); the
+    view holds no reference cycles that need collecting meanwhile.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _build(graph: tf.Graph, config: LMSConfig, batch_size: int | None) -> nx.DiGraph:
     matcher = DeviceMatcher(compute=config.device, host=config.host_device)
     ops = graph.get_operations()
     batch, batch_source = _resolve_batch(graph, ops, batch_size or config.batch_size)
 
+    # One serialized GraphDef gives names, inputs, control inputs and attrs far
+    # faster than per-op Python API calls; shapes and dtypes come from the ops.
+    node_defs = graph.as_graph_def().node
+    if len(node_defs) != len(ops) or any(
+        n.name != op.name for n, op in zip(node_defs, ops, strict=True)
+    ):
+        by_name = {node.name: node for node in node_defs}
+        node_defs = [by_name[op.name] for op in ops]
     view = nx.DiGraph(name=getattr(graph, "name", "graph"))
     unknown_dims: list[str] = []
     unsized_batch: list[str] = []
     control_flow_ops: list[str] = []
-    for op in ops:
-        outputs = tuple(_tensor_info(t, batch, unknown_dims, unsized_batch) for t in op.outputs)
+    edges: dict[tuple[str, str], dict] = {}
+    for op, node_def in zip(ops, node_defs, strict=True):
+        name = node_def.name
+        outputs = tuple(
+            _tensor_info(t, i, name, batch, unknown_dims, unsized_batch)
+            for i, t in enumerate(op.outputs)
+        )
         in_cf = op.type in CONTROL_FLOW_TYPES or op._get_control_flow_context() is not None  # noqa: SLF001
         if in_cf:
             control_flow_ops.append(op.name)
         view.add_node(
-            op.name,
-            type=op.type,
-            device=op.device,
-            placement=matcher.placement(op.device),
+            name,
+            type=node_def.op,
+            device=node_def.device,
+            placement=matcher.placement(node_def.device),
             outputs=outputs,
             control_flow=in_cf,
-            functions=_called_functions(op),
+            functions=_called_functions(node_def) if node_def.op in _CALLS_FUNCTIONS else (),
             stateful=op._is_stateful,  # noqa: SLF001
-            tflms=_swap_kind(op),
+            tflms=node_def.attr[SWAP_ATTR].s.decode() if SWAP_ATTR in node_def.attr else None,
         )
-    for op in ops:
-        for in_idx, tensor in enumerate(op.inputs):
-            _add_data_edge(view, tensor.op.name, op.name, tensor.value_index, in_idx)
-        for ctrl in op.control_inputs:
-            _add_control_edge(view, ctrl.name, op.name)
+        in_idx = 0
+        for source in node_def.input:
+            if source.startswith("^"):
+                edge = edges.setdefault((source[1:], name), {"tensors": [], "control": False})
+                edge["control"] = True
+                continue
+            src, _, index = source.rpartition(":")
+            if not src or not index.isdigit():
+                src, index = source, "0"
+            edge = edges.setdefault((src, name), {"tensors": [], "control": False})
+            edge["tensors"].append((int(index), in_idx))
+            in_idx += 1
+    view.add_edges_from((u, v, data) for (u, v), data in edges.items())
 
     view.graph.update(
         compute_device=config.device or "",
@@ -242,31 +287,17 @@ def consumers(view: nx.DiGraph, node: str, index: int) -> list[tuple[str, int]]:
 # --------------------------------------------------------------------------- internals
 
 
-def _add_data_edge(view: nx.DiGraph, src: str, dst: str, out_idx: int, in_idx: int) -> None:
-    if view.has_edge(src, dst):
-        view[src][dst].setdefault("tensors", []).append((out_idx, in_idx))
-    else:
-        view.add_edge(src, dst, tensors=[(out_idx, in_idx)], control=False)
+_CALLS_FUNCTIONS = FUNCTIONAL_CONTROL_FLOW | {
+    "PartitionedCall",
+    "StatefulPartitionedCall",
+    "SymbolicGradient",
+    "RemoteCall",
+}
 
 
-def _add_control_edge(view: nx.DiGraph, src: str, dst: str) -> None:
-    if view.has_edge(src, dst):
-        view[src][dst]["control"] = True
-    else:
-        view.add_edge(src, dst, tensors=[], control=True)
-
-
-def _swap_kind(op: tf.Operation) -> str | None:
-    try:
-        value = op.get_attr(SWAP_ATTR)
-    except ValueError:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _called_functions(op: tf.Operation) -> tuple[str, ...]:
+def _called_functions(node_def) -> tuple[str, ...]:
     names = []
-    for attr in op.node_def.attr.values():
+    for attr in node_def.attr.values():
         if attr.HasField("func"):
             names.append(attr.func.name)
         elif attr.HasField("list"):
@@ -274,46 +305,49 @@ def _called_functions(op: tf.Operation) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _dtype_size(dtype: tf.DType) -> int:
+@functools.lru_cache(maxsize=64)
+def _dtype_facts(dtype: tf.DType) -> tuple[str, int, bool]:
+    """(name, bytes per element, is_ref) of a dtype; 0 bytes for handles and strings."""
     base = dtype.base_dtype
     if base in (tf.resource, tf.variant, tf.string):
-        return 0
-    try:
-        return base.size
-    except (TypeError, AttributeError):  # types without a fixed size
-        return 0
+        size = 0
+    else:
+        try:
+            size = base.size
+        except (TypeError, AttributeError):  # types without a fixed size
+            size = 0
+    return base.name, size, dtype._is_ref_dtype  # noqa: SLF001
 
 
 def _tensor_info(
-    t: tf.Tensor, batch: int | None, unknown_dims: list, unsized_batch: list
+    t: tf.Tensor,
+    index: int,
+    op_name: str,
+    batch: int | None,
+    unknown_dims: list,
+    unsized_batch: list,
 ) -> TensorInfo:
-    shape = t.shape
-    size = _dtype_size(t.dtype)
+    dtype_name, size, is_ref = _dtype_facts(t.dtype)
+    name = f"{op_name}:{index}"
+    dims, unknown_rank = t._shape  # noqa: SLF001 - one C call, no TensorShape objects
     n = 1
-    if shape.rank is None:
+    if unknown_rank:
         dims = None
-        unknown_dims.append(t.name)
+        unknown_dims.append(name)
     else:
-        dims = tuple(shape.as_list())
+        dims = tuple(dims)
         for d in dims[1:]:
             n *= 1 if d is None else d
         if None in dims[1:]:
-            unknown_dims.append(t.name)
+            unknown_dims.append(name)
         if dims and dims[0] is None:
             if batch is None:
-                unsized_batch.append(t.name)
+                unsized_batch.append(name)
             else:
                 n *= batch
         elif dims:
             n *= dims[0]
-    return TensorInfo(
-        name=t.name,
-        index=t.value_index,
-        dtype=t.dtype.base_dtype.name,
-        shape=dims,
-        bytes=n * size,
-        is_ref=t.dtype._is_ref_dtype,  # noqa: SLF001
-    )
+    return TensorInfo(name, index, dtype_name, dims, n * size, is_ref)
 
 
 def _resolve_batch(graph: tf.Graph, ops, configured: int | None) -> tuple[int | None, str]:
