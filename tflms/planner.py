@@ -209,17 +209,17 @@ def _plan_tensor(view, producer, node, info, levels, config, trigger_ok):
     """Plan the swap of one candidate tensor; returns ``(swap, None)`` or ``(None, reason)``."""
     lp = levels[producer]
     uses = tensor_consumers(view, producer, info.index)
-    if _order_sensitive(view, producer) or any(_order_sensitive(view, c) for c, _ in uses):
-        return (
-            None,
-            "an AddN of 3+ inputs reads or writes it (its float sum order depends on buffer reuse)",
-        )
     far = sorted(
         ((c, i) for c, i in uses if levels[c] - lp > config.swapout_threshold),
         key=lambda ci: (levels[ci[0]], ci[0], ci[1]),
     )
     if not far:
         return None, None  # short-lived: the common case, not worth a line in the report
+    if _order_sensitive(view, producer) or any(_order_sensitive(view, c) for c, _ in uses):
+        return (
+            None,
+            "an AddN of 3+ inputs reads or writes it (its float sum order depends on buffer reuse)",
+        )
     for c, i in far:
         cnode = view.nodes[c]
         if cnode["placement"] != "compute" or cnode["control_flow"] or cnode["tflms"]:
@@ -402,6 +402,14 @@ def _notes(view: nx.DiGraph):
                 if functions
                 else ""
             )
+        )
+    calls = [
+        n for n, d in view.nodes(data=True) if d["type"] in ("PartitionedCall", "StatefulPartitionedCall")
+    ]
+    if calls:
+        yield (
+            f"{len(calls)} function calls (e.g. {calls[0]}) are treated as single ops; "
+            "tensors inside their bodies are not swapped"
         )
     if g.get("unsized_batch"):
         yield (
