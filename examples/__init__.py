@@ -1,0 +1,1 @@
+"""Runnable examples (importable for tests: ``examples.unet3d``)."""

@@ -1,0 +1,93 @@
+"""The 3D U-Net (Cicek et al., 2016) and its loss and Dice metric.
+
+Example:
+    >>> model = build_unet3d(size=16, depth=2, base_filters=4)
+    >>> model.output_shape
+    (None, 16, 16, 16, 4)
+    >>> dice_per_class(np.array([[0, 1, 1]]), np.array([[0, 1, 2]]), classes=3).round(2).tolist()
+    [1.0, 0.67, 0.0]
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from examples.unet3d.data import CHANNELS, CLASSES
+
+__all__ = ["build_unet3d", "SegmentationLoss", "dice_per_class"]
+
+
+def _conv_block(x, filters: int, name: str):
+    for i in (1, 2):
+        x = keras.layers.Conv3D(filters, 3, padding="same", name=f"{name}_conv{i}")(x)
+        x = keras.layers.Activation("relu", name=f"{name}_relu{i}")(x)
+    return x
+
+
+def build_unet3d(
+    size: int,
+    *,
+    depth: int = 3,
+    base_filters: int = 8,
+    channels: int = len(CHANNELS),
+    classes: int = CLASSES,
+) -> keras.Model:
+    """A 3D U-Net with ``depth`` poolings; filters double at each level.
+
+    ``size`` must be divisible by ``2**depth``. Outputs per-voxel logits.
+    """
+    if size % 2**depth:
+        raise ValueError(
+            f"input size {size} must be divisible by 2**depth = {2**depth}; e.g. --size {2**depth * max(1, size // 2**depth)}"
+        )
+    inputs = keras.Input((size, size, size, channels), name="mri")
+    x, skips = inputs, []
+    for level in range(depth):
+        x = _conv_block(x, base_filters * 2**level, f"down{level}")
+        skips.append(x)
+        x = keras.layers.MaxPooling3D(2, name=f"pool{level}")(x)
+    x = _conv_block(x, base_filters * 2**depth, "bottom")
+    for level in reversed(range(depth)):
+        x = keras.layers.Conv3DTranspose(base_filters * 2**level, 2, strides=2, name=f"up{level}")(
+            x
+        )
+        x = keras.layers.Concatenate(name=f"skip{level}")([x, skips[level]])
+        x = _conv_block(x, base_filters * 2**level, f"dec{level}")
+    outputs = keras.layers.Conv3D(classes, 1, name="logits")(x)
+    return keras.Model(inputs, outputs, name=f"unet3d_{size}")
+
+
+class SegmentationLoss(keras.losses.Loss):
+    """Cross-entropy plus soft Dice over the tumor classes (robust to imbalance)."""
+
+    def __init__(self, classes: int = CLASSES, dice_weight: float = 1.0, name="ce_dice"):
+        super().__init__(name=name)
+        self.classes = classes
+        self.dice_weight = dice_weight
+
+    def call(self, y_true, y_pred):
+        y_true = tf.cast(y_true, tf.int32)
+        ce = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(y_true, y_pred), axis=[1, 2, 3]
+        )
+        probs = tf.nn.softmax(y_pred)[..., 1:]
+        onehot = tf.one_hot(y_true, self.classes)[..., 1:]
+        inter = tf.reduce_sum(probs * onehot, axis=[1, 2, 3])
+        denom = tf.reduce_sum(probs + onehot, axis=[1, 2, 3])
+        dice = tf.reduce_mean((2 * inter + 1.0) / (denom + 1.0), axis=-1)
+        return ce + self.dice_weight * (1 - dice)
+
+    def get_config(self):
+        return {**super().get_config(), "classes": self.classes, "dice_weight": self.dice_weight}
+
+
+def dice_per_class(pred: np.ndarray, label: np.ndarray, classes: int = CLASSES) -> np.ndarray:
+    """Dice coefficient per class over all voxels (1.0 when a class is absent from both)."""
+    scores = np.zeros(classes)
+    for c in range(classes):
+        p, g = pred == c, label == c
+        denom = p.sum() + g.sum()
+        scores[c] = 1.0 if denom == 0 else 2.0 * np.logical_and(p, g).sum() / denom
+    return scores
