@@ -201,7 +201,9 @@ def _subcommand(commands, name: str, summary: str, *, dst: bool = False) -> argp
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub.command = name
-    sub.add_argument("src", metavar="SRC", help="a SavedModel directory or a GraphDef .pb/.pbtxt file")
+    sub.add_argument(
+        "src", metavar="SRC", help="a SavedModel directory or a GraphDef .pb/.pbtxt file"
+    )
     if dst:
         sub.add_argument(
             "dst", metavar="DST", help="where to write the rewritten model (must not exist)"
@@ -240,7 +242,9 @@ def _load_op_library(path: str) -> None:
     import tensorflow as tf
 
     if not Path(path).is_file():
-        raise ModelNotFoundError(f"No such op library: '{path}'. Pass the .so file that defines the op.")
+        raise ModelNotFoundError(
+            f"No such op library: '{path}'. Pass the .so file that defines the op."
+        )
     try:
         tf.load_op_library(path)
     except (tf.errors.OpError, OSError) as err:
@@ -354,12 +358,17 @@ def _cmd_rewrite(args, progress) -> int:
         for t in changed
     ]
     unchanged = len(analysis.targets) - len(changed)
-    lines.append(f"wrote {args.dst} ({model.describe()}); {unchanged} other graphs/functions unchanged")
+    lines.append(
+        f"wrote {args.dst} ({model.describe()}); {unchanged} other graphs/functions unchanged"
+    )
     data = {
         "source": str(model.path),
         "destination": str(args.dst),
         "format": model.format,
-        "rewritten": {t.name: {"swaps": len(t.plan.swaps), "bytes_swapped": t.plan.bytes_swapped} for t in changed},
+        "rewritten": {
+            t.name: {"swaps": len(t.plan.swaps), "bytes_swapped": t.plan.bytes_swapped}
+            for t in changed
+        },
         "unchanged": unchanged,
     }
     _emit(args, data, "\n".join(lines))
@@ -384,7 +393,11 @@ def _nothing_to_swap(args, analysis, command: str) -> int:
         reason += " Nothing was written."
     print(f"tflms {command}: {reason}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"nothing_to_swap": True, "reason": reason, **analysis_dict(analysis)}, indent=1))
+        print(
+            json.dumps(
+                {"nothing_to_swap": True, "reason": reason, **analysis_dict(analysis)}, indent=1
+            )
+        )
     return ExitCode.NOTHING_TO_SWAP
 
 

@@ -127,7 +127,9 @@ def config_fields() -> tuple[ConfigField, ...]:
     for f in dataclasses.fields(LMSConfig):
         annotation = annotations.get(f.name, str(f.type))
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        fields.append(ConfigField(f.name, annotation, _kinds(annotation), default, docs.get(f.name, "")))
+        fields.append(
+            ConfigField(f.name, annotation, _kinds(annotation), default, docs.get(f.name, ""))
+        )
     return tuple(fields)
 
 
@@ -215,7 +217,9 @@ def config_from_args(args: argparse.Namespace) -> LMSConfig:
         try:
             data = json.loads(Path(path).read_text())
         except OSError as err:
-            raise ConfigError(f"Cannot read the config file '{path}': {err.strerror or err}.") from err
+            raise ConfigError(
+                f"Cannot read the config file '{path}': {err.strerror or err}."
+            ) from err
         except json.JSONDecodeError as err:
             raise ConfigError(
                 f"The config file '{path}' is not JSON ({err}). It must hold one object of "

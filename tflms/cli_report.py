@@ -82,9 +82,7 @@ def analysis_text(analysis, peaks: dict | None = None) -> str:
             f"{done.target.kind} {done.name}: {done.view.number_of_nodes()} ops "
             f"({done.target.gradient_ops} gradient ops), depth {g.get('depth')}, {batch}"
         )
-        lines.append(
-            "  devices: " + ", ".join(f"{d} {n}" for d, n in done.devices().items())
-        )
+        lines.append("  devices: " + ", ".join(f"{d} {n}" for d, n in done.devices().items()))
         lines.append("  op types: " + ", ".join(f"{t} {n}" for t, n in done.op_types()))
         if done.target.unsized_resources:
             lines.append(

@@ -215,7 +215,12 @@ def _graph_targets(label: str, graph_def, resources) -> list[Target]:
         name = fdef.signature.name
         targets.append(
             Target(
-                name, "function", fdef, library, resources.get(name, {}), gradient_op_count(fdef.node_def)
+                name,
+                "function",
+                fdef,
+                library,
+                resources.get(name, {}),
+                gradient_op_count(fdef.node_def),
             )
         )
     return targets

@@ -99,7 +99,9 @@ def write_model(model: Model, dst, *, force: bool = False) -> Path:
                 _write_bytes(tmp, model.serialize())
     except OSError as err:
         reason = (
-            "the disk is full" if err.errno in (errno.ENOSPC, errno.EDQUOT) else (err.strerror or str(err))
+            "the disk is full"
+            if err.errno in (errno.ENOSPC, errno.EDQUOT)
+            else (err.strerror or str(err))
         )
         raise OutputError(
             f"Writing '{dst}' failed: {reason} ({err}). Nothing was written there"
@@ -132,7 +134,9 @@ def _move_into_place(tmp: Path, dst: Path, *, force: bool) -> None:
         os.rename(tmp, dst)
         return
     if not force:  # appeared while we were writing
-        raise OutputError(f"The destination '{dst}' appeared while writing; pass --force to replace it.")
+        raise OutputError(
+            f"The destination '{dst}' appeared while writing; pass --force to replace it."
+        )
     backup = dst.resolve().parent / f".{dst.name}{_TMP_MARK}old-{uuid.uuid4().hex[:8]}"
     os.rename(dst, backup)
     try:
@@ -145,14 +149,15 @@ def _move_into_place(tmp: Path, dst: Path, *, force: bool) -> None:
 
 def _fill_saved_model(model: Model, tmp: Path) -> None:
     src = model.path
-
-    def skip(folder, names):
-        if Path(folder).resolve() != src.resolve():
-            return set()
-        return {n for n in names if n in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT, FINGERPRINT_PB)}
-
-    # symlinks=False: a linked file or folder is copied as its contents.
-    shutil.copytree(src, tmp, symlinks=False, ignore=skip, copy_function=_copy_file, dirs_exist_ok=True)
+    rewritten = {SAVED_MODEL_PB, SAVED_MODEL_PBTXT, FINGERPRINT_PB}
+    # Linked files and folders are followed: the copy holds their contents, never a link.
+    for folder, _dirs, files in os.walk(src, followlinks=True):
+        rel = Path(folder).relative_to(src)
+        (tmp / rel).mkdir(exist_ok=True)
+        for name in files:
+            if rel == Path(".") and name in rewritten:
+                continue
+            _copy_file(Path(folder) / name, tmp / rel / name)
     _write_bytes(tmp / model.proto_file.name, model.serialize())
     if model.had_fingerprint:
         fingerprint = _fingerprint(tmp)
@@ -166,7 +171,9 @@ def _fingerprint(folder: Path) -> bytes | None:
     try:
         return fingerprinting.CreateFingerprintDef(str(folder))
     except fingerprinting.FingerprintException as err:
-        logger.warning("tflms: no fingerprint.pb written (TensorFlow could not compute it: %s)", err)
+        logger.warning(
+            "tflms: no fingerprint.pb written (TensorFlow could not compute it: %s)", err
+        )
         return None
 
 

@@ -86,7 +86,9 @@ def graph_from_graph_def(graph_def: graph_pb2.GraphDef, *, where: str = "graph")
     check_known_ops(graph_def.node, graph_def.library, where)
     for name in reachable_functions(graph_def.node, graph_def.library):
         fdef = next(f for f in graph_def.library.function if f.signature.name == name)
-        check_known_ops(fdef.node_def, graph_def.library, f"function {name!r} (called by the {where})")
+        check_known_ops(
+            fdef.node_def, graph_def.library, f"function {name!r} (called by the {where})"
+        )
     graph = tf.Graph()
     try:
         with graph.as_default():
@@ -122,7 +124,8 @@ def function_to_graph_def(
     graph_def = graph_pb2.GraphDef()
     graph_def.versions.CopyFrom(
         versions_pb2.VersionDef(
-            producer=versions.GRAPH_DEF_VERSION, min_consumer=versions.GRAPH_DEF_VERSION_MIN_CONSUMER
+            producer=versions.GRAPH_DEF_VERSION,
+            min_consumer=versions.GRAPH_DEF_VERSION_MIN_CONSUMER,
         )
     )
     resources = resources or {}

@@ -61,7 +61,9 @@ class OpSignatures:
     """
 
     def __init__(self, library: function_pb2.FunctionDefLibrary | None = None):
-        self._functions = {f.signature.name: f.signature for f in library.function} if library else {}
+        self._functions = (
+            {f.signature.name: f.signature for f in library.function} if library else {}
+        )
 
     def op_def(self, op_type: str) -> op_def_pb2.OpDef | None:
         """The ``OpDef`` of ``op_type``, or ``None`` if it is neither registered nor a function."""

@@ -29,7 +29,9 @@ VariableInfo = tuple  # (dtype enum, TensorShapeProto)
 _CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 
 
-def resource_arguments(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, dict[int, VariableInfo]]:
+def resource_arguments(
+    meta_graph: meta_graph_pb2.MetaGraphDef,
+) -> dict[str, dict[int, VariableInfo]]:
     """``{function name: {argument index: (dtype enum, TensorShapeProto)}}``.
 
     Only resource arguments whose variable could be determined are listed.

@@ -75,6 +75,27 @@ class TrainModule(tf.Module):
         return h
 
 
+class NestedTrainModule(TrainModule):
+    """``train`` calls another tf.function: TensorFlow splits it into forward and backward functions."""
+
+    @tf.function
+    def forward(self, x):
+        h = x
+        for w in self.w:
+            h = tf.nn.relu(h @ w)
+        return h
+
+    @tf.function(input_signature=[tf.TensorSpec([BATCH, WIDTH]), tf.TensorSpec([BATCH, WIDTH])])
+    def train(self, x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((self.forward(x) - y) ** 2)
+        grads = tape.gradient(loss, self.w)
+        for w, v, g in zip(self.w, self.velocity, grads, strict=True):
+            v.assign(0.9 * v + g)
+            w.assign_sub(self.lr * v)
+        return loss
+
+
 class InferenceModule(tf.Module):
     """Only a ``predict`` function: nothing to swap."""
 
@@ -90,9 +111,9 @@ class InferenceModule(tf.Module):
         return h
 
 
-def export_tf2(path: Path, *, marker: str | None = None) -> Path:
-    """``tf.saved_model.save`` of a :class:`TrainModule`, with an asset file."""
-    module = TrainModule(marker=marker)
+def export_tf2(path: Path, *, marker: str | None = None, nested: bool = False) -> Path:
+    """``tf.saved_model.save`` of a :class:`TrainModule` (or the nested one), with an asset file."""
+    module = NestedTrainModule() if nested else TrainModule(marker=marker)
     asset = Path(str(path) + ".vocab.txt")
     asset.write_text("a\nb\n")
     module.vocab = tf.saved_model.Asset(str(asset))
@@ -128,9 +149,7 @@ def _tf1_training_graph(depth: int = DEPTH):
         y = tf.compat.v1.placeholder(tf.float32, [None, WIDTH], name="y")
         h = x
         for i, w0 in enumerate(_initial_weights(depth)):
-            w = tf.compat.v1.get_variable(
-                f"w{i}", initializer=tf.constant(w0), use_resource=True
-            )
+            w = tf.compat.v1.get_variable(f"w{i}", initializer=tf.constant(w0), use_resource=True)
             h = tf.nn.relu(tf.matmul(h, w), name=f"relu{i}")
         loss = tf.reduce_mean(tf.square(h - y), name="loss")
         train_op = tf.compat.v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, name="train_op")
