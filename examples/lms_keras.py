@@ -39,7 +39,9 @@ def main() -> None:
 
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch_size * 8, args.image_size, args.image_size, 3)).astype("float32")
+    x = rng.standard_normal((args.batch_size * 8, args.image_size, args.image_size, 3)).astype(
+        "float32"
+    )
     y = rng.integers(0, 10, len(x))
 
     model = build_model(args.image_size)

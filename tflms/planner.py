@@ -404,7 +404,9 @@ def _notes(view: nx.DiGraph):
             )
         )
     calls = [
-        n for n, d in view.nodes(data=True) if d["type"] in ("PartitionedCall", "StatefulPartitionedCall")
+        n
+        for n, d in view.nodes(data=True)
+        if d["type"] in ("PartitionedCall", "StatefulPartitionedCall")
     ]
     if calls:
         yield (
