@@ -78,9 +78,12 @@ def analysis_text(analysis, peaks: dict | None = None) -> str:
             else "batch unknown: sizes are per sample (pass --batch-size)"
         )
         lines.append("")
+        args = len(done.arguments)
         lines.append(
-            f"{done.target.kind} {done.name}: {done.view.number_of_nodes()} ops "
-            f"({done.target.gradient_ops} gradient ops), depth {g.get('depth')}, {batch}"
+            f"{done.target.kind} {done.name}: {done.view.number_of_nodes() - args} ops "
+            f"({done.target.gradient_ops} gradient ops)"
+            + (f", {args} arguments" if args else "")
+            + f", depth {g.get('depth')}, {batch}"
         )
         lines.append("  devices: " + ", ".join(f"{d} {n}" for d, n in done.devices().items()))
         lines.append("  op types: " + ", ".join(f"{t} {n}" for t, n in done.op_types()))

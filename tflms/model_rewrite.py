@@ -77,11 +77,24 @@ class TargetAnalysis:
     def name(self) -> str:
         return self.target.name
 
+    @property
+    def arguments(self) -> frozenset:
+        """Names of a function's arguments (placeholders or variable handles in the view)."""
+        if self.target.kind != "function":
+            return frozenset()
+        return frozenset(arg.name for arg in self.target.proto.signature.input_arg)
+
     def op_types(self, top: int = 8) -> list[tuple[str, int]]:
-        return Counter(d["type"] for _, d in self.view.nodes(data=True)).most_common(top)
+        """The most common op types of the body (a function's arguments left out)."""
+        args = self.arguments
+        types = Counter(d["type"] for n, d in self.view.nodes(data=True) if n not in args)
+        return types.most_common(top)
 
     def devices(self) -> dict[str, int]:
-        counts = Counter(d["device"] or "(unassigned)" for _, d in self.view.nodes(data=True))
+        args = self.arguments
+        counts = Counter(
+            d["device"] or "(unassigned)" for n, d in self.view.nodes(data=True) if n not in args
+        )
         return dict(counts.most_common())
 
     def to_dict(self) -> dict:
@@ -90,7 +103,8 @@ class TargetAnalysis:
         return {
             "name": self.name,
             "kind": self.target.kind,
-            "ops": self.view.number_of_nodes(),
+            "ops": self.view.number_of_nodes() - len(self.arguments),
+            "arguments": len(self.arguments),
             "gradient_ops": self.target.gradient_ops,
             "depth": g.get("depth"),
             "op_types": dict(self.op_types()),

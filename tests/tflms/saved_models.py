@@ -139,6 +139,69 @@ def train_tf2(path: Path, steps: int = 3):
     return losses, [w.numpy() for w in model.w + model.velocity]
 
 
+class KerasTrainer(tf.Module):
+    """A Keras 3 CNN (convolutions, BatchNorm, pooling) trained with Keras' Adam in a tf.function."""
+
+    def __init__(self):
+        super().__init__()
+        import keras
+
+        keras.utils.set_random_seed(0)
+        self.model = keras.Sequential(
+            [
+                keras.Input((32, 32, 3)),
+                keras.layers.Conv2D(16, 3, activation="relu", padding="same", name="conv1"),
+                keras.layers.BatchNormalization(name="bn1"),
+                keras.layers.Conv2D(16, 3, activation="relu", padding="same", name="conv2"),
+                keras.layers.MaxPooling2D(name="pool"),
+                keras.layers.Conv2D(32, 3, activation="relu", padding="same", name="conv3"),
+                keras.layers.GlobalAveragePooling2D(name="gap"),
+                keras.layers.Dense(10, name="logits"),
+            ]
+        )
+        self.optimizer = keras.optimizers.Adam(1e-3)
+        self.optimizer.build(self.model.trainable_variables)
+        self.loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(input_signature=[tf.TensorSpec([16, 32, 32, 3]), tf.TensorSpec([16], tf.int32)])
+    def train(self, x, y):
+        with tf.GradientTape() as tape:
+            loss = self.loss(y, self.model(x, training=True))
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+        return loss
+
+
+def export_keras(path: Path) -> Path:
+    tf.saved_model.save(KerasTrainer(), str(path))
+    return path
+
+
+def train_keras(path: Path, steps: int = 3):
+    """Train a loaded :class:`KerasTrainer`; ``(losses, every variable by checkpoint key)``.
+
+    The variables (weights, BatchNorm statistics, Adam moments, the step
+    counter) are read back through a checkpoint of the loaded object.
+    """
+    model = tf.saved_model.load(str(path))
+    rng = np.random.default_rng(0)
+    losses = [
+        float(
+            model.train(
+                rng.standard_normal((16, 32, 32, 3)).astype("float32"),
+                rng.integers(0, 10, 16).astype("int32"),
+            )
+        )
+        for _ in range(steps)
+    ]
+    prefix = tf.train.Checkpoint(root=model).write(
+        str(Path(path).parent / f"{Path(path).name}.ckpt" / "c")
+    )
+    reader = tf.train.load_checkpoint(prefix)
+    names = sorted(k for k in reader.get_variable_to_shape_map() if "OBJECT_GRAPH" not in k)
+    return losses, [reader.get_tensor(k) for k in names]
+
+
 # --------------------------------------------------------------------------- TF1
 
 
@@ -244,3 +307,19 @@ def tree_digest(root: Path) -> dict[str, str]:
         ).hexdigest()
         for p in files
     }
+
+
+EXPORTERS = {
+    "tf2": export_tf2,
+    "keras": export_keras,
+    "tf1": export_tf1,
+    "graph_def": write_graph_def,
+    "inference": export_tf2_inference,
+}
+
+if __name__ == "__main__":  # python -m tests.tflms.saved_models keras /tmp/keras_trainer
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] not in EXPORTERS:
+        sys.exit(f"usage: python -m tests.tflms.saved_models {{{','.join(EXPORTERS)}}} PATH")
+    print(EXPORTERS[sys.argv[1]](Path(sys.argv[2])))

@@ -26,6 +26,7 @@ def models(tmp_path_factory):
         "nested": sm.export_tf2(root / "nested", nested=True),
         "tf1": sm.export_tf1(root / "tf1"),
         "graph_def": sm.write_graph_def(root / "train.pb"),
+        "keras": sm.export_keras(root / "keras"),
     }
 
 
@@ -87,6 +88,7 @@ def test_nested_functions_inherit_resources_from_their_callers(models):
         ("nested", sm.train_tf2),
         ("tf1", sm.train_tf1),
         ("graph_def", sm.train_graph_def),
+        ("keras", sm.train_keras),
     ],
 )
 def test_rewritten_model_loads_and_trains_bit_for_bit_like_the_original(
