@@ -270,8 +270,11 @@ def _predicted_peaks(analysis, progress) -> dict:
         progress.stage(f"simulating {done.name}")
         if done.tuning is not None:
             peaks[done.name] = done.tuning.result
-        else:
+            continue
+        try:
             peaks[done.name] = simulate(done.view, done.plan if done.plan.swaps else None)
+        except TFLMSError as err:  # the analysis stands without its prediction
+            logger.warning("tflms: no predicted peak for %s: %s", done.name, err)
     return peaks
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,9 @@ FORMATS = {
     "graph_def": "GraphDef file",
 }
 _GRADIENT_SCOPES = ("gradients", "gradient_tape")
+_GRADIENT_OP = re.compile(
+    r"Grad(Grad)?(V\d+)?$|Backprop"
+)  # ReluGrad, FusedBatchNormGradV3, Conv2DBackpropInput
 _EXAMPLE = "e.g. `tflms analyze path/to/saved_model_dir` or `tflms analyze graph.pb`"
 
 
@@ -80,15 +84,16 @@ def gradient_op_count(nodes) -> int:
     Example:
         >>> from tensorflow.core.framework import node_def_pb2
         >>> nodes = [node_def_pb2.NodeDef(name=n, op=t) for n, t in
-        ...          [("relu", "Relu"), ("gradient_tape/ReluGrad", "ReluGrad"), ("gradients_1/mul", "Mul")]]
+        ...          [("relu", "Relu"), ("gradient_tape/ReluGrad", "ReluGrad"), ("gradients_1/mul", "Mul"),
+        ...           ("bn_grad", "FusedBatchNormGradV3"), ("stop", "StopGradient")]]
         >>> gradient_op_count(nodes)
-        2
+        3
     """
     count = 0
     for node in nodes:
         scopes = node.name.split("/")[:-1]
         if any(s == g or s.startswith(g + "_") for s in scopes for g in _GRADIENT_SCOPES) or (
-            node.op.endswith(("Grad", "GradV2", "GradGrad")) or "Backprop" in node.op
+            _GRADIENT_OP.search(node.op)
         ):
             count += 1
     return count
@@ -201,9 +206,9 @@ class Model:
             found.extend(graph_targets)
         return found
 
-    def serialize(self) -> bytes:
-        """The model's protobuf file contents, in the format it was read in."""
-        if self.text:
+    def serialize(self, *, text: bool | None = None) -> bytes:
+        """The model's protobuf file contents, as text or binary (default: as it was read)."""
+        if self.text if text is None else text:
             return text_format.MessageToString(self.message).encode()
         return self.message.SerializeToString(deterministic=True)
 

@@ -82,7 +82,8 @@ def write_model(model: Model, dst, *, force: bool = False) -> Path:
 
     A SavedModel is written as a directory: its protobuf, a fresh fingerprint
     (if the source had one) and copies of every other file of the source
-    directory. A GraphDef file is written as one file.
+    directory. A GraphDef file is written as one file, in text format if
+    ``dst`` ends in ``.pbtxt`` or ``.txt``, else binary.
 
     Raises:
         OutputError: the destination is refused (see :func:`check_destination`)
@@ -95,8 +96,8 @@ def write_model(model: Model, dst, *, force: bool = False) -> Path:
         with _staged(dst, directory=model.is_saved_model, force=force) as tmp:
             if model.is_saved_model:
                 _fill_saved_model(model, tmp)
-            else:
-                _write_bytes(tmp, model.serialize())
+            else:  # a GraphDef file: text if DST says so (.pbtxt), else binary
+                _write_bytes(tmp, model.serialize(text=dst.suffix in (".pbtxt", ".txt")))
     except OSError as err:
         reason = (
             "the disk is full"

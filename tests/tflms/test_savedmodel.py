@@ -181,6 +181,8 @@ def test_text_graph_defs_are_written_as_text(models, tmp_path):
     rewrite(src, dst)
     assert read_model(dst).text and "lms/swapout_" in dst.read_text()
     assert_same_training(sm.train_graph_def, models["graph_def"], _binary(dst, tmp_path))
+    rewrite(src, tmp_path / "out.pb")  # the destination's suffix picks the format
+    assert not read_model(tmp_path / "out.pb").text
 
 
 def _binary(text_path, tmp_path):
