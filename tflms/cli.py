@@ -230,11 +230,12 @@ def _add_common(sub: argparse.ArgumentParser, *, json_help: str) -> None:
 # --------------------------------------------------------------------------- commands
 
 
-def _prepare(args) -> tuple:
+def _prepare(args, progress) -> tuple:
     """Load op libraries, read the config and the model (the model is only parsed)."""
     for library in args.op_library:
         _load_op_library(library)
     config = config_from_args(args)
+    progress.stage(f"reading {args.src}")
     return config, read_model(args.src)
 
 
@@ -252,7 +253,7 @@ def _load_op_library(path: str) -> None:
 
 
 def _cmd_analyze(args, progress) -> int:
-    config, model = _prepare(args)
+    config, model = _prepare(args, progress)
     analysis = analyze_model(model, config, progress=progress)
     peaks = _predicted_peaks(analysis, progress)
     _emit(args, analysis_dict(analysis, peaks), analysis_text(analysis, peaks))
@@ -286,7 +287,7 @@ def _cmd_simulate(args, progress) -> int:
             "`tflms simulate` needs the simulator (tflms.simulator, tflms.autotuner), which this "
             "tflms build does not include. `tflms analyze` and `tflms rewrite` work without it."
         ) from err
-    config, model = _prepare(args)
+    config, model = _prepare(args, progress)
     analysis = analyze_model(model, config, progress=progress)
     if not analysis.training:
         return _nothing_to_swap(args, analysis, "simulate")
@@ -341,7 +342,7 @@ def _plots(path: str, results: dict, budget) -> None:
 def _cmd_rewrite(args, progress) -> int:
     if not args.dry_run:
         check_destination(args.src, args.dst, force=args.force)
-    config, model = _prepare(args)
+    config, model = _prepare(args, progress)
     analysis = analyze_model(model, config, progress=progress)
     if args.plan:
         analysis = analysis.with_plans(read_plans(args.plan))
