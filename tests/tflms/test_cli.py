@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tests.tflms import saved_models as sm
-from tflms import cli
+from tflms import cli_commands
 from tflms.cli import ExitCode, main
 from tflms.progress import Progress
 
@@ -292,7 +292,7 @@ def test_internal_errors_are_reported_briefly(run, models, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr(cli, "analyze_model", boom)
+    monkeypatch.setattr(cli_commands, "analyze_model", boom)
     assert_error(run("analyze", models["tf2"]), ExitCode.INTERNAL, "internal error", "--traceback")
 
 
