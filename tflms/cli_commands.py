@@ -216,6 +216,16 @@ def _nothing_to_swap(args, analysis, command: str) -> int:
             "(an inference-only model). tflms rewrites training graphs: export the model together "
             "with its training step (a tf.function that computes and applies gradients)."
         )
+    elif all(t.tuning is not None and not t.tuning.lms_needed for t in analysis.training):
+        peaks = ", ".join(
+            f"{t.name} peaks at {format_bytes(t.tuning.baseline.device_peak_bytes)}"
+            for t in analysis.training
+        )
+        reason = (
+            f"nothing to swap in '{analysis.model.path}': it fits the memory budget without "
+            f"swapping ({peaks}; usable {format_bytes(analysis.training[0].tuning.usable_bytes)}), "
+            "so LMS is not needed."
+        )
     else:
         reason = (
             f"nothing to swap in '{analysis.model.path}': no tensor of "

@@ -78,3 +78,9 @@ def test_simulate_bad_values_and_inference_models(capsys, models):
     assert run(capsys, "simulate", models["tf2"], "--link", "carrier-pigeon")[0] == ExitCode.USAGE
     assert run(capsys, "simulate", models["tf2"], "--hardware", "Z80")[0] == ExitCode.USAGE
     assert run(capsys, "simulate", models["inference"])[0] == ExitCode.NOTHING_TO_SWAP
+
+
+def test_a_model_that_fits_the_budget_needs_no_rewrite(capsys, models, tmp_path):
+    code, _, err = run(capsys, "rewrite", models["tf2"], tmp_path / "x", "--budget", "80GiB")
+    assert code == ExitCode.NOTHING_TO_SWAP and "LMS is not needed" in err
+    assert not (tmp_path / "x").exists()
