@@ -19,6 +19,8 @@ __all__ = [
     "ValidationError",
     "PlanInfeasibleError",
     "ModelFormatError",
+    "ModelNotFoundError",
+    "OutputError",
 ]
 
 
@@ -58,3 +60,13 @@ class PlanInfeasibleError(TFLMSError):
 
 class ModelFormatError(TFLMSError):
     """A model file or directory is missing, unreadable or not the expected format."""
+
+
+class ModelNotFoundError(ModelFormatError):
+    """A model path does not exist or cannot be read (permissions, a directory
+    where a file is expected, an I/O error)."""
+
+
+class OutputError(TFLMSError):
+    """The rewritten model cannot be written where asked (the destination
+    exists, lies inside the source, or a write failed)."""

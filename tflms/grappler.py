@@ -72,6 +72,7 @@ from tensorflow.python.grappler import tf_optimizer
 from tensorflow.python.ops import handle_data_util
 
 from tflms.errors import ConfigError, UnsupportedGraphError
+from tflms.proto_ops import to_var_handle
 
 __all__ = [
     "GIB",
@@ -547,13 +548,7 @@ def _set_shape(node, shape, batch_size, unknown) -> None:
 
 def _to_var_handle(node, data) -> None:
     """Turn a captured-variable placeholder into a VarHandleOp carrying its shape."""
-    node.op = "VarHandleOp"
-    node.ClearField("input")
-    node.ClearField("attr")
-    node.attr["dtype"].type = data.dtype
-    node.attr["shape"].shape.CopyFrom(data.shape)
-    node.attr["container"].s = b""
-    node.attr["shared_name"].s = node.name.encode()
+    to_var_handle(node, data.dtype, data.shape)
 
 
 def _shape_bytes(dtype: int, shape) -> int:
