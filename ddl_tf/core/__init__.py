@@ -1,0 +1,16 @@
+"""Framework-neutral core of ddl_tf: numpy buffers over mpi4py communicators.
+
+Nothing in this package imports TensorFlow or Keras, and nothing imports
+``mpi4py.MPI`` at module level (that would initialize MPI on import); MPI is
+loaded by :func:`ddl_tf.core.mpi.load` when ``init()`` runs.
+
+Modules, in data-flow order: :mod:`~ddl_tf.core.topology` (who is where),
+:mod:`~ddl_tf.core.comms` (sub-communicators), :mod:`~ddl_tf.core.algorithms`
+(flat, ring, hierarchical, asa), :mod:`~ddl_tf.core.selection` (``auto``),
+:mod:`~ddl_tf.core.fusion` (buckets), :mod:`~ddl_tf.core.compression`,
+:mod:`~ddl_tf.core.negotiation` (mismatch and stall detection),
+:mod:`~ddl_tf.core.timeline`, and :mod:`~ddl_tf.core.engine`, which ties them
+into collectives on numpy arrays.
+"""
+
+__all__: list[str] = []
