@@ -120,7 +120,7 @@ class Engine:
         return self.algorithms[name]
 
     @contextlib.contextmanager
-    def _collective(self, kind: str, name: str | None, *fields: Any):
+    def _collective(self, kind: str, name: str | None, *fields: Any, summary: str | None = None):
         """Lock, negotiate, trace; put the engine in a failed state on unrecoverable errors."""
         with self._lock:
             if self._failed is not None:
@@ -135,7 +135,9 @@ class Engine:
                 if self.negotiator is not None:
                     with self.timeline.phase("negotiate"):
                         try:
-                            self.negotiator.negotiate(Descriptor.make(kind, name, *fields))
+                            self.negotiator.negotiate(
+                                Descriptor.make(kind, name, *fields, summary=summary)
+                            )
                         except StallError as err:
                             self._failed = err
                             raise
@@ -179,8 +181,16 @@ class Engine:
         for array in arrays:
             check_reducible(array.dtype, op)
         layout = tuple((str(a.dtype), a.shape) for a in arrays)
+        summary = f"of {_layout_text(arrays)} op={op.value} compression={comp.name}"
         with self._collective(
-            "allreduce", name, layout, op.value, comp.name, prescale_factor, postscale_factor
+            "allreduce",
+            name,
+            layout,
+            op.value,
+            comp.name,
+            prescale_factor,
+            postscale_factor,
+            summary=summary,
         ):
             wire, contexts = [], []
             with self.timeline.phase("compress", compression=comp.name):
@@ -230,7 +240,13 @@ class Engine:
         if array.ndim == 0:
             raise DDLError("reducescatter needs a tensor with at least one dimension.")
         with self._collective(
-            "reducescatter", name, str(array.dtype), array.shape, op.value, comp.name
+            "reducescatter",
+            name,
+            str(array.dtype),
+            array.shape,
+            op.value,
+            comp.name,
+            summary=f"of {_layout_text([array])} op={op.value} compression={comp.name}",
         ):
             scaled = _scale(array, prescale_factor) if prescale_factor != 1.0 else array
             wire, ctx = comp.compress(np.ascontiguousarray(scaled))
@@ -256,7 +272,14 @@ class Engine:
     def allgather(self, array: np.ndarray, *, name: str | None = None) -> np.ndarray:
         """Concatenate every rank's array along the first dimension (which may differ)."""
         array = np.asarray(array)
-        with self._collective("allgather", name, str(array.dtype), array.shape[1:], array.ndim):
+        with self._collective(
+            "allgather",
+            name,
+            str(array.dtype),
+            array.shape[1:],
+            array.ndim,
+            summary=f"of {array.dtype}[?, {', '.join(map(str, array.shape[1:]))}]",
+        ):
             return movement.allgatherv(self.comms.data, array)
 
     def broadcast(
@@ -265,7 +288,13 @@ class Engine:
         """The root's arrays on every rank (one fused message)."""
         arrays = [np.asarray(a) for a in arrays]
         layout = tuple((str(a.dtype), a.shape) for a in arrays)
-        with self._collective("broadcast", name, layout, root_rank):
+        with self._collective(
+            "broadcast",
+            name,
+            layout,
+            root_rank,
+            summary=f"of {_layout_text(arrays)} from rank {root_rank}",
+        ):
             return movement.broadcast_arrays(self.comms.data, arrays, root_rank)
 
     def alltoall(
@@ -331,6 +360,13 @@ class Engine:
         if self.rank == 0:
             merge_traces(self.config.timeline, gathered)
             logger.info("timeline of %d rank(s) written to %s", self.size, self.config.timeline)
+
+
+def _layout_text(arrays: Sequence[np.ndarray], limit: int = 4) -> str:
+    """``float32[3, 4], int64[] (+5 more)``: readable tensor list for error messages."""
+    shown = [f"{a.dtype}[{', '.join(map(str, a.shape))}]" for a in arrays[:limit]]
+    more = f" (+{len(arrays) - limit} more)" if len(arrays) > limit else ""
+    return ", ".join(shown) + more if arrays else "nothing"
 
 
 def _scale(array: np.ndarray, factor: float, divisor: int = 1) -> np.ndarray:

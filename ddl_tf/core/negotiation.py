@@ -62,10 +62,15 @@ class Descriptor:
     summary: str
 
     @classmethod
-    def make(cls, kind: str, name: str | None, *fields: Any) -> Descriptor:
-        """Describe a collective; ``fields`` (shapes, dtypes, op, ...) enter the digest."""
+    def make(
+        cls, kind: str, name: str | None, *fields: Any, summary: str | None = None
+    ) -> Descriptor:
+        """Describe a collective; ``fields`` (shapes, dtypes, op, ...) enter the digest.
+
+        ``summary`` replaces the default readable text (the fields joined by spaces).
+        """
         label = f"{kind} {name!r}" if name else kind
-        text = " ".join([label, *(str(f) for f in fields)])
+        text = " ".join([label, summary if summary is not None else " ".join(map(str, fields))])
         digest = hashlib.blake2b(repr((kind, name, fields)).encode(), digest_size=16).digest()
         return cls(digest, text)
 
