@@ -69,6 +69,11 @@ SUPPORTED_DTYPES = tuple(
     )
 )
 
+# Open MPI 5.0's AVX reduction kernels saturate 8- and 16-bit integer sums (for vectors of
+# 64+ elements) instead of wrapping like numpy, TensorFlow and the scalar path do; sums of
+# these dtypes therefore use a numpy operation.
+_SATURATING = tuple(np.dtype(d) for d in (np.int8, np.uint8, np.int16, np.uint16))
+
 _UFUNCS = {
     ReduceOp.SUM: np.add,
     ReduceOp.MIN: np.minimum,
@@ -206,12 +211,15 @@ def dtype_info(dtype: np.dtype) -> DtypeInfo:
         np.dtype(np.bool_): MPI.UINT8_T,
     }
     if dtype in native:
-        return DtypeInfo(dtype, native[dtype], native[dtype], builtin_ops)
+        ops = dict(builtin_ops)
+        if dtype in _SATURATING:
+            ops[ReduceOp.SUM] = _numpy_op(MPI, dtype, ReduceOp.SUM)
+        return DtypeInfo(dtype, native[dtype], native[dtype], ops)
     if dtype in HALF_DTYPES:
         if dtype == np.float16 and _native_float16_works(MPI):
             return DtypeInfo(dtype, MPI.UINT16_T, MPI.FLOAT16_T, builtin_ops)
         pair = _half_pair_type(MPI)
-        ops = {op: _half_op(MPI, dtype, op) for op in _UFUNCS}
+        ops = {op: _numpy_op(MPI, dtype, op) for op in _UFUNCS}
         return DtypeInfo(dtype, MPI.UINT16_T, pair, ops, custom_op=True)
     raise ConfigError(
         f"ddl_tf cannot move tensors of dtype {dtype} through MPI. Received dtype={dtype}; "
@@ -238,13 +246,18 @@ def _half_pair_type(MPI: Any) -> Any:
 
 
 @functools.cache
-def _half_op(MPI: Any, dtype: np.dtype, op: ReduceOp) -> Any:
+def _numpy_op(MPI: Any, dtype: np.dtype, op: ReduceOp) -> Any:
+    """A user-defined MPI operation computing ``op`` with numpy (float32 math for halves)."""
     ufunc = _UFUNCS[op]
+    acc = accumulation_dtype(dtype)
 
     def combine(inbuf, inoutbuf, datatype):  # called by MPI on received segments
         a = np.frombuffer(inbuf, dtype=dtype)
         b = np.frombuffer(inoutbuf, dtype=dtype)
-        with np.errstate(over="ignore"):
-            b[...] = ufunc(a.astype(np.float32), b.astype(np.float32)).astype(dtype)
+        if acc == dtype:
+            ufunc(a, b, out=b)
+        else:
+            with np.errstate(over="ignore"):
+                b[...] = ufunc(a.astype(acc), b.astype(acc)).astype(dtype)
 
     return MPI.Op.Create(combine, commute=True)

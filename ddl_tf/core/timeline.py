@@ -117,11 +117,13 @@ class Timeline:
     def close(self) -> list[dict]:
         """Finish this rank's stream and return its events (for :func:`merge_traces`).
 
-        Events are read back from the stream, so a long run does not keep them in memory.
+        Events are read back from the stream, so a long run does not keep them in
+        memory. Later calls return an empty list.
         """
-        if not self._file.closed:
-            self._file.write("]\n")
-            self._file.close()
+        if self._file.closed:
+            return []
+        self._file.write("]\n")
+        self._file.close()
         return json.loads(self.stream_path.read_text())
 
 

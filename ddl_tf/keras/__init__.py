@@ -61,6 +61,7 @@ from ddl_tf.core.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from ddl_tf.functions import allgather_object, broadcast_object, broadcast_variables
 from ddl_tf.keras import callbacks
 from ddl_tf.keras.optimizer import DistributedOptimizer
+from ddl_tf.tape import DistributedGradientTape
 
 __all__ = [
     "init",
@@ -86,6 +87,7 @@ __all__ = [
     "start_timeline",
     "stop_timeline",
     "DistributedOptimizer",
+    "DistributedGradientTape",
     "callbacks",
     "broadcast_global_variables",
     "broadcast_variables",
