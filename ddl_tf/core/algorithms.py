@@ -29,7 +29,6 @@ Example:
 from __future__ import annotations
 
 import functools
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ import numpy as np
 from ddl_tf.core import mpi
 from ddl_tf.core.mpi import dtype_info, reduce_into, reduce_rows
 from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.timeline import NULL_TRACER, Tracer
 from ddl_tf.errors import TopologyError
 
 __all__ = [
@@ -56,10 +56,6 @@ __all__ = [
 _RING_TAG = 4711
 
 
-def _no_trace(name: str, **args: Any):
-    return nullcontext()
-
-
 @functools.lru_cache(maxsize=4096)
 def shard_layout(n: int, parts: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Counts and offsets of ``parts`` near-equal shards of ``n`` elements."""
@@ -74,7 +70,7 @@ class StepAlgorithm:
 
     name = "abstract"
 
-    def __init__(self, comm: Any, trace=_no_trace) -> None:
+    def __init__(self, comm: Any, trace: Tracer = NULL_TRACER) -> None:
         self.comm = comm
         self.trace = trace
 
@@ -225,17 +221,27 @@ class FlatAllreduce(Allreduce):
 
     name = "flat"
 
-    def __init__(self, comm: Any, trace=_no_trace) -> None:
+    def __init__(self, comm: Any, trace: Tracer = NULL_TRACER) -> None:
         self.comm = comm
         self.trace = trace
+        self._size = comm.size
         self._in_place = mpi.load().IN_PLACE
+        self._specs: dict[tuple[np.dtype, ReduceOp], tuple[Any, Any]] = {}
 
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
-        if self.comm.size == 1 or buf.size == 0:
+        # the small-message latency path: keep it to one dict lookup and the MPI call
+        if self._size == 1 or not buf.size:
             return
-        info = dtype_info(buf.dtype)
-        with self.trace("allreduce", algorithm=self.name, ranks=self.comm.size):
-            self.comm.Allreduce(self._in_place, [buf, info.reduce_type], op=info.ops[op])
+        key = (buf.dtype, op)
+        spec = self._specs.get(key)
+        if spec is None:
+            info = dtype_info(buf.dtype)
+            spec = self._specs[key] = (info.reduce_type, info.ops[op])
+        if self.trace.enabled:
+            with self.trace("allreduce", algorithm=self.name, ranks=self._size):
+                self.comm.Allreduce(self._in_place, [buf, spec[0]], spec[1])
+        else:
+            self.comm.Allreduce(self._in_place, [buf, spec[0]], spec[1])
 
 
 class ComposedAllreduce(Allreduce):
@@ -289,7 +295,7 @@ def make_allreduce(
     step_comms: list[tuple[str, Any]] | None = None,
     step_algorithms: list[str | None] | None = None,
     uniform: bool = True,
-    trace=_no_trace,
+    trace: Tracer = NULL_TRACER,
 ) -> Allreduce:
     """Build the allreduce called ``name`` over ``comm``.
 

@@ -23,7 +23,6 @@ Example (one process, so every collective returns its input):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -41,7 +40,7 @@ from ddl_tf.core.mpi import accumulation_dtype, check_reducible, dtype_info
 from ddl_tf.core.negotiation import Descriptor, Negotiator
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.core.selection import AutoPolicy
-from ddl_tf.core.timeline import NullTimeline, Timeline, merge_traces
+from ddl_tf.core.timeline import NullTimeline, Timeline, Tracer, merge_traces
 from ddl_tf.core.topology import Topology
 from ddl_tf.errors import DDLError, StallError
 
@@ -87,9 +86,10 @@ class Engine:
             else None
         )
 
-        def trace(phase: str, **args: Any):  # indirection: start/stop_timeline swap self.timeline
-            return self.timeline.phase(phase, **args)
-
+        trace = self._tracer = Tracer(self.timeline)  # start/stop_timeline repoint it
+        self._choices: dict[tuple[int, np.dtype], Allreduce] = {}
+        self._descriptors: dict[tuple, Descriptor] = {}
+        self._reducible: set[tuple[np.dtype, ReduceOp]] = set()
         steps = topology.steps()
         self.algorithms: dict[str, Allreduce] = {
             name: make_allreduce(name, comms.data, trace=trace) for name in ("flat", "ring", "asa")
@@ -109,6 +109,10 @@ class Engine:
 
     def choose(self, nbytes: int, dtype: np.dtype) -> Allreduce:
         """The allreduce for a fused buffer of ``nbytes`` bytes of ``dtype``."""
+        key = (nbytes, dtype)
+        chosen = self._choices.get(key)
+        if chosen is not None:
+            return chosen
         name = self.config.algorithm
         if name == "auto":
             name = self.policy.choose(
@@ -117,37 +121,30 @@ class Engine:
                 hierarchical_ok="hierarchical" in self.algorithms,
                 custom_op=dtype_info(dtype).custom_op,
             )
-        return self.algorithms[name]
+        if len(self._choices) > 4096:  # many distinct sizes: keep the cache bounded
+            self._choices.clear()
+        chosen = self._choices[key] = self.algorithms[name]
+        return chosen
 
-    @contextlib.contextmanager
-    def _collective(self, kind: str, name: str | None, *fields: Any, summary: str | None = None):
-        """Lock, negotiate, trace; put the engine in a failed state on unrecoverable errors."""
-        with self._lock:
-            if self._failed is not None:
-                raise DDLError(
-                    f"ddl_tf cannot run {kind} after an earlier failure ({self._failed!r}); "
-                    "the ranks are no longer in step. Restart the job."
-                )
-            if self._closed:
-                raise DDLError(f"ddl_tf was shut down; cannot run {kind}. Call init() again.")
-            label = f"{kind} {name!r}" if name else kind
-            with self.timeline.phase(label, kind=kind):
-                if self.negotiator is not None:
-                    with self.timeline.phase("negotiate"):
-                        try:
-                            self.negotiator.negotiate(
-                                Descriptor.make(kind, name, *fields, summary=summary)
-                            )
-                        except StallError as err:
-                            self._failed = err
-                            raise
-                try:
-                    yield
-                except DDLError:
-                    raise
-                except Exception as err:  # an MPI or data error mid-collective
-                    self._failed = err
-                    raise
+    def _collective(self, kind: str, name: str | None, *fields: Any, summary=None) -> _Collective:
+        """Context for one collective: lock, negotiate, trace, failure bookkeeping.
+
+        ``fields`` (hashable) identify the collective across ranks; ``summary``
+        (text, or a callable producing it) is what error messages show. Both are
+        turned into a :class:`Descriptor` once per distinct collective and cached.
+        """
+        return _Collective(self, kind, name, fields, summary)
+
+    def _descriptor(self, kind: str, name: str | None, fields: tuple, summary) -> Descriptor:
+        key = (kind, name, fields)
+        descriptor = self._descriptors.get(key)
+        if descriptor is None:
+            text = summary() if callable(summary) else summary
+            descriptor = Descriptor.make(kind, name, *fields, summary=text)
+            if len(self._descriptors) > 4096:
+                self._descriptors.clear()
+            self._descriptors[key] = descriptor
+        return descriptor
 
     # ------------------------------------------------------------------ allreduce
 
@@ -179,18 +176,19 @@ class Engine:
         comp = Compression.get(compression if compression is not None else self.config.compression)
         arrays = [np.asarray(a) for a in arrays]
         for array in arrays:
-            check_reducible(array.dtype, op)
-        layout = tuple((str(a.dtype), a.shape) for a in arrays)
-        summary = f"of {_layout_text(arrays)} op={op.value} compression={comp.name}"
+            if (array.dtype, op) not in self._reducible:
+                check_reducible(array.dtype, op)
+                self._reducible.add((array.dtype, op))
+        layout = tuple((a.dtype, a.shape) for a in arrays)
         with self._collective(
             "allreduce",
             name,
             layout,
-            op.value,
+            op,
             comp.name,
             prescale_factor,
             postscale_factor,
-            summary=summary,
+            summary=lambda: f"of {_layout_text(arrays)} op={op.value} compression={comp.name}",
         ):
             wire, contexts = [], []
             with self.timeline.phase("compress", compression=comp.name):
@@ -352,6 +350,7 @@ class Engine:
                 self._merge_timeline()
             self.config = self.config.replace(timeline=path)
             self.timeline = Timeline(path, self.rank, self._host) if path else NullTimeline()
+            self._tracer.timeline = self.timeline
 
     def _merge_timeline(self) -> None:
         if not self.timeline.enabled:
@@ -360,6 +359,64 @@ class Engine:
         if self.rank == 0:
             merge_traces(self.config.timeline, gathered)
             logger.info("timeline of %d rank(s) written to %s", self.size, self.config.timeline)
+
+
+class _Collective:
+    """One collective's critical section (a plain class: this is on every call's path)."""
+
+    __slots__ = ("engine", "kind", "name", "fields", "summary", "phase")
+
+    def __init__(self, engine: Engine, kind: str, name, fields: tuple, summary) -> None:
+        self.engine, self.kind, self.name, self.fields, self.summary = (
+            engine,
+            kind,
+            name,
+            fields,
+            summary,
+        )
+        self.phase = None
+
+    def __enter__(self) -> _Collective:
+        engine = self.engine
+        engine._lock.acquire()
+        try:
+            if engine._failed is not None:
+                raise DDLError(
+                    f"ddl_tf cannot run {self.kind} after an earlier failure "
+                    f"({engine._failed!r}); the ranks are no longer in step. Restart the job."
+                )
+            if engine._closed:
+                raise DDLError(f"ddl_tf was shut down; cannot run {self.kind}. Call init() again.")
+            timeline = engine.timeline
+            if timeline.enabled:
+                label = f"{self.kind} {self.name!r}" if self.name else self.kind
+                self.phase = timeline.phase(label, kind=self.kind)
+                self.phase.__enter__()
+            if engine.negotiator is not None:
+                descriptor = engine._descriptor(self.kind, self.name, self.fields, self.summary)
+                if timeline.enabled:
+                    with timeline.phase("negotiate"):
+                        engine.negotiator.negotiate(descriptor)
+                else:
+                    engine.negotiator.negotiate(descriptor)
+        except BaseException as err:
+            if isinstance(err, StallError):
+                engine._failed = err
+            self.__exit__(type(err), err, err.__traceback__, entered=False)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb, entered: bool = True) -> bool:
+        engine = self.engine
+        if entered and exc is not None and isinstance(exc, Exception):
+            if not isinstance(exc, DDLError):  # an MPI or data error mid-collective
+                engine._failed = exc
+        try:
+            if self.phase is not None:
+                self.phase.__exit__(exc_type, exc, tb)
+        finally:
+            engine._lock.release()
+        return False
 
 
 def _layout_text(arrays: Sequence[np.ndarray], limit: int = 4) -> str:

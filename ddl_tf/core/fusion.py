@@ -42,12 +42,12 @@ class Bucket:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def elements(self) -> int:
         """Elements in the fused buffer."""
         return sum(self.sizes)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         """Bytes of the fused buffer."""
         return self.elements * self.dtype.itemsize

@@ -30,6 +30,8 @@ class ReduceOp(enum.Enum):
     PRODUCT = "product"
     ADASUM = "adasum"
 
+    __hash__ = object.__hash__  # members are singletons; skips Enum's Python-level hash
+
     @property
     def wire_op(self) -> ReduceOp:
         """The operation the algorithms run (``AVERAGE`` travels as ``SUM``)."""

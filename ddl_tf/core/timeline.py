@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Timeline", "NullTimeline", "merge_traces", "rank_path"]
+__all__ = ["Timeline", "NullTimeline", "Tracer", "NULL_TRACER", "merge_traces", "rank_path"]
 
 
 def rank_path(path: str | Path, rank: int) -> Path:
@@ -125,6 +125,29 @@ class Timeline:
         self._file.write("]\n")
         self._file.close()
         return json.loads(self.stream_path.read_text())
+
+
+class Tracer:
+    """What algorithms record phases through: ``with tracer("phase", **args):``.
+
+    The engine points it at its current timeline (``start_timeline`` swaps it);
+    hot paths test :attr:`enabled` first to skip the context manager entirely.
+    """
+
+    __slots__ = ("timeline",)
+
+    def __init__(self, timeline: Timeline | NullTimeline | None = None) -> None:
+        self.timeline = timeline if timeline is not None else NullTimeline()
+
+    @property
+    def enabled(self) -> bool:
+        return self.timeline.enabled
+
+    def __call__(self, name: str, **args: Any):
+        return self.timeline.phase(name, **args)
+
+
+NULL_TRACER = Tracer()
 
 
 def merge_traces(path: str | Path, per_rank_events: list[list[dict]]) -> None:
