@@ -1,8 +1,9 @@
 """Find the topology of a running job through MPI, and build its sub-communicators.
 
 Nodes are the shared-memory domains MPI reports
-(``Split_type(COMM_TYPE_SHARED)``), named after their first rank's host; if
-that fails, the hostnames. ``DDL_PSEUDO_NODES`` overrides both so that
+(``Split_type(COMM_TYPE_SHARED)``), named after their hosts (the launcher's
+host name when horovodrun or Slurm provides one, else MPI's processor name);
+if the split fails, the host names alone. ``DDL_PSEUDO_NODES`` overrides both so that
 hierarchical code paths run for real on one machine. What the launcher says
 (Horovod, Open MPI, Slurm variables) is cross-checked and disagreements are
 logged. All of this runs once, in ``init()``; the object exchange here uses
@@ -79,7 +80,8 @@ def detect_topology(
         names = pseudo_node_names(config.pseudo_nodes, comm.size)
         source = "DDL_PSEUDO_NODES"
     else:
-        host = MPI.Get_processor_name()
+        # a launcher that names the host (horovodrun, Slurm) wins over MPI's processor name
+        host = str(launcher_layout(environ).get("hostname") or MPI.Get_processor_name())
         try:
             shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
             leader = shared.allreduce(comm.rank, op=MPI.MIN)

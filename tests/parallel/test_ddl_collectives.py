@@ -44,8 +44,9 @@ def test_randomized_10000_collectives_on_4_ranks_2_pseudo_nodes(mpirun):
 
 
 @pytest.mark.bench
-@pytest.mark.parametrize("algo", ["flat", "ring", "asa", "hierarchical"])
-def test_randomized_20000_collectives_per_forced_algorithm(mpirun, algo):
+@pytest.mark.parametrize("algo", ["ring", "asa", "hierarchical"])
+def test_randomized_10000_collectives_per_forced_algorithm(mpirun, algo):
+    """make bench: 10,000 more random collectives with each non-default algorithm forced."""
     env = {"DDL_PSEUDO_NODES": "2", "DDL_ALLREDUCE_ALGO": algo, "DDL_FUSION_THRESHOLD": "65536"}
-    result = mpirun(WORKERS / "collectives.py", np=4, env=env, args=["20000"], timeout=900).check()
-    _assert_clean(result, 4, 20000)
+    result = mpirun(WORKERS / "collectives.py", np=4, env=env, args=["10000"], timeout=900).check()
+    _assert_clean(result, 4, 10000)
