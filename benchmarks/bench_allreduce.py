@@ -82,8 +82,8 @@ def run_layout(np_: int, env: dict, algos: str, sizes: list[int], compressions: 
 
 
 def evaluate(rows: list[dict]) -> dict:
-    """The issue's targets for one layout, on float32 without compression."""
-    plain = {(r["bytes"], r["algorithm"]): r["seconds"] for r in rows if r["compression"] == "none"}
+    """The issue's targets for one layout, on float32, from the target-phase A/B rows."""
+    plain = {(r["bytes"], r["algorithm"]): r["seconds"] for r in rows if r.get("phase") == "target"}
     large = sorted(b for b, a in plain if a == "mpi4py" and b >= 1 << 20)
     ratios = {b: plain[(b, "auto")] / plain[(b, "mpi4py")] for b in large}
     latency = plain.get((8 << 10, "auto"), 0) / plain.get((8 << 10, "mpi4py"), 1)
@@ -95,35 +95,56 @@ def evaluate(rows: list[dict]) -> dict:
     }
 
 
+MARGIN = 1.25  # an algorithm replaces flat only if it is this much faster ...
+RUN = 2  # ... on every layout of the situation, for at least this many consecutive sizes
+
+
 def derive_policy(layouts: list[dict]) -> dict:
-    """Fastest algorithm per size -> ``[[max_bytes, algo], ..., [null, algo]]`` tables."""
+    """``auto`` tables from the measurements, robust to noise on a shared machine.
+
+    Per situation, flat (MPI's own allreduce) is the default; another algorithm
+    takes a size only if it beats flat by ``MARGIN`` on *every* layout of that
+    situation (2 and 4 ranks) and does so for ``RUN`` consecutive sizes.
+    """
     tables = {}
     for situation, nodes, compression in (
         ("single_node", 1, "none"),
         ("single_node/custom_op", 1, "bf16"),
         ("multi_node", 2, "none"),
     ):
-        best: dict[int, tuple[float, str]] = {}
+        times: dict[tuple[str, int, str], float] = {}
         for layout in layouts:
             for r in layout["rows"]:
-                if (
-                    r["nodes"] != nodes
-                    or r["compression"] != compression
-                    or r["algorithm"] not in ("flat", "ring", "asa", "hierarchical")
-                ):
-                    continue
-                if r["bytes"] not in best or r["seconds"] < best[r["bytes"]][0]:
-                    best[r["bytes"]] = (r["seconds"], r["algorithm"])
+                if r["nodes"] == nodes and r["compression"] == compression and not r.get("phase"):
+                    times[(layout["layout"], r["bytes"], r["algorithm"])] = r["seconds"]
+        names = {k[0] for k in times}
+        sizes = sorted({k[1] for k in times if (k[0], k[1], "flat") in times})
+        if not sizes:
+            continue
+        winners = []
+        for nbytes in sizes:
+            best = "flat"
+            for algo in ("ring", "asa", "hierarchical"):
+                speedups = [
+                    times[(n, nbytes, "flat")] / times[(n, nbytes, algo)]
+                    for n in names
+                    if (n, nbytes, algo) in times and (n, nbytes, "flat") in times
+                ]
+                if speedups and min(speedups) >= MARGIN:
+                    best = algo
+            winners.append(best)
+        for i, algo in enumerate(winners):  # drop isolated wins (noise)
+            neighbours = winners[max(0, i - RUN + 1) : i + RUN]
+            if algo != "flat" and neighbours.count(algo) < RUN:
+                winners[i] = "flat"
         rules: list[list] = []
-        for nbytes in sorted(best):
-            algo = best[nbytes][1]
+        for nbytes, algo in zip(sizes, winners, strict=True):
             if rules and rules[-1][1] == algo:
                 rules[-1][0] = nbytes
             else:
                 rules.append([nbytes, algo])
-        if rules:
-            rules[-1][0] = None
-            tables[situation] = rules
+        rules[-1][0] = None
+        tables[situation] = rules
     return tables
 
 
@@ -160,7 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 sizes, for a smoke run")
     parser.add_argument("--out", default=str(RESULTS / "allreduce.json"))
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the tables of an existing --out file and exit",
+    )
     args = parser.parse_args(argv)
+    if args.markdown:
+        report = json.loads(Path(args.out).read_text())
+        for layout in report["layouts"]:
+            for compression in ("none", "fp16", "bf16"):
+                if any(r["compression"] == compression for r in layout["rows"]):
+                    print(f"\n{layout['layout']}, compression {compression}:\n")
+                    print(table(layout["rows"], compression))
+            print(f"\ntargets: {json.dumps(layout['targets'])}")
+        return 0
     sizes = QUICK_SIZES if args.quick else SIZES
     started = time.time()
     layouts = []
