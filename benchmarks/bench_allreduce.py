@@ -151,7 +151,11 @@ def derive_policy(layouts: list[dict]) -> dict:
 def table(rows: list[dict], compression: str = "none") -> str:
     algos = [a for a in ALGOS.split(",") if any(r["algorithm"] == a for r in rows)]
     sizes = sorted({r["bytes"] for r in rows})
-    cell = {(r["bytes"], r["algorithm"]): r for r in rows if r["compression"] == compression}
+    cell = {
+        (r["bytes"], r["algorithm"]): r
+        for r in rows
+        if r["compression"] == compression and not r.get("phase")
+    }
     lines = ["| size | " + " | ".join(algos) + " |", "|---" * (len(algos) + 1) + "|"]
     for b in sizes:
         parts = []

@@ -312,12 +312,21 @@ def _abort_on_uncaught(exc_type, exc, tb) -> None:
     current = _engine
     if current is None or current.size == 1:
         return
-    logger.critical(
-        "rank %d died of an uncaught %s; aborting all %d ranks (MPI_Abort)",
-        current.rank,
-        exc_type.__name__,
-        current.size,
+    _abort(
+        current,
+        f"rank {current.rank} died of an uncaught {exc_type.__name__}; "
+        f"aborting all {current.size} ranks (MPI_Abort)",
     )
+
+
+def _abort(current: Engine, reason: str) -> None:
+    """Say why on stderr (where mpirun collects it), then abort every rank.
+
+    The reason is logged and also written to stderr directly: logging may be
+    routed elsewhere or not configured, and MPI_Abort kills the process next.
+    """
+    logger.critical("%s", reason)
+    sys.stderr.write(f"ddl_tf: {reason}\n")
     sys.stderr.flush()
     mpi.load().COMM_WORLD.Abort(1)
 
@@ -329,7 +338,7 @@ def _shutdown_at_exit() -> None:
     try:
         shutdown()
     except DDLError as err:
-        logger.critical("rank %d could not shut down cleanly: %s", current.rank, err)
+        reason = f"rank {current.rank} could not shut down cleanly, aborting the job: {err}"
         if current.size > 1:
-            sys.stderr.flush()
-            mpi.load().COMM_WORLD.Abort(1)
+            _abort(current, reason)
+        logger.critical("%s", reason)
