@@ -36,13 +36,14 @@ from ddl_tf.core.algorithms import Allreduce, make_allreduce, shard_layout
 from ddl_tf.core.comms import Communicators
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
+from ddl_tf.core.guard import CollectiveGuard, layout_text
 from ddl_tf.core.mpi import accumulation_dtype, check_reducible, dtype_info
 from ddl_tf.core.negotiation import Descriptor, Negotiator
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.core.selection import AutoPolicy
 from ddl_tf.core.timeline import NullTimeline, Timeline, Tracer, merge_traces
 from ddl_tf.core.topology import Topology
-from ddl_tf.errors import DDLError, StallError
+from ddl_tf.errors import DDLError
 
 __all__ = ["Engine"]
 
@@ -126,14 +127,16 @@ class Engine:
         chosen = self._choices[key] = self.algorithms[name]
         return chosen
 
-    def _collective(self, kind: str, name: str | None, *fields: Any, summary=None) -> _Collective:
+    def _collective(
+        self, kind: str, name: str | None, *fields: Any, summary=None
+    ) -> CollectiveGuard:
         """Context for one collective: lock, negotiate, trace, failure bookkeeping.
 
         ``fields`` (hashable) identify the collective across ranks; ``summary``
         (text, or a callable producing it) is what error messages show. Both are
         turned into a :class:`Descriptor` once per distinct collective and cached.
         """
-        return _Collective(self, kind, name, fields, summary)
+        return CollectiveGuard(self, kind, name, fields, summary)
 
     def _descriptor(self, kind: str, name: str | None, fields: tuple, summary) -> Descriptor:
         key = (kind, name, fields)
@@ -188,7 +191,7 @@ class Engine:
             comp.name,
             prescale_factor,
             postscale_factor,
-            summary=lambda: f"of {_layout_text(arrays)} op={op.value} compression={comp.name}",
+            summary=lambda: f"of {layout_text(arrays)} op={op.value} compression={comp.name}",
         ):
             wire, contexts = [], []
             with self.timeline.phase("compress", compression=comp.name):
@@ -244,7 +247,7 @@ class Engine:
             array.shape,
             op.value,
             comp.name,
-            summary=f"of {_layout_text([array])} op={op.value} compression={comp.name}",
+            summary=f"of {layout_text([array])} op={op.value} compression={comp.name}",
         ):
             scaled = _scale(array, prescale_factor) if prescale_factor != 1.0 else array
             wire, ctx = comp.compress(np.ascontiguousarray(scaled))
@@ -291,7 +294,7 @@ class Engine:
             name,
             layout,
             root_rank,
-            summary=f"of {_layout_text(arrays)} from rank {root_rank}",
+            summary=f"of {layout_text(arrays)} from rank {root_rank}",
         ):
             return movement.broadcast_arrays(self.comms.data, arrays, root_rank)
 
@@ -359,71 +362,6 @@ class Engine:
         if self.rank == 0:
             merge_traces(self.config.timeline, gathered)
             logger.info("timeline of %d rank(s) written to %s", self.size, self.config.timeline)
-
-
-class _Collective:
-    """One collective's critical section (a plain class: this is on every call's path)."""
-
-    __slots__ = ("engine", "kind", "name", "fields", "summary", "phase")
-
-    def __init__(self, engine: Engine, kind: str, name, fields: tuple, summary) -> None:
-        self.engine, self.kind, self.name, self.fields, self.summary = (
-            engine,
-            kind,
-            name,
-            fields,
-            summary,
-        )
-        self.phase = None
-
-    def __enter__(self) -> _Collective:
-        engine = self.engine
-        engine._lock.acquire()
-        try:
-            if engine._failed is not None:
-                raise DDLError(
-                    f"ddl_tf cannot run {self.kind} after an earlier failure "
-                    f"({engine._failed!r}); the ranks are no longer in step. Restart the job."
-                )
-            if engine._closed:
-                raise DDLError(f"ddl_tf was shut down; cannot run {self.kind}. Call init() again.")
-            timeline = engine.timeline
-            if timeline.enabled:
-                label = f"{self.kind} {self.name!r}" if self.name else self.kind
-                self.phase = timeline.phase(label, kind=self.kind)
-                self.phase.__enter__()
-            if engine.negotiator is not None:
-                descriptor = engine._descriptor(self.kind, self.name, self.fields, self.summary)
-                if timeline.enabled:
-                    with timeline.phase("negotiate"):
-                        engine.negotiator.negotiate(descriptor)
-                else:
-                    engine.negotiator.negotiate(descriptor)
-        except BaseException as err:
-            if isinstance(err, StallError):
-                engine._failed = err
-            self.__exit__(type(err), err, err.__traceback__, entered=False)
-            raise
-        return self
-
-    def __exit__(self, exc_type, exc, tb, entered: bool = True) -> bool:
-        engine = self.engine
-        if entered and exc is not None and isinstance(exc, Exception):
-            if not isinstance(exc, DDLError):  # an MPI or data error mid-collective
-                engine._failed = exc
-        try:
-            if self.phase is not None:
-                self.phase.__exit__(exc_type, exc, tb)
-        finally:
-            engine._lock.release()
-        return False
-
-
-def _layout_text(arrays: Sequence[np.ndarray], limit: int = 4) -> str:
-    """``float32[3, 4], int64[] (+5 more)``: readable tensor list for error messages."""
-    shown = [f"{a.dtype}[{', '.join(map(str, a.shape))}]" for a in arrays[:limit]]
-    more = f" (+{len(arrays) - limit} more)" if len(arrays) > limit else ""
-    return ", ".join(shown) + more if arrays else "nothing"
 
 
 def _scale(array: np.ndarray, factor: float, divisor: int = 1) -> np.ndarray:
