@@ -64,7 +64,8 @@ class ProcessSet:
 global_process_set = ProcessSet()
 
 
-def _check_process_set(process_set: Any) -> None:
+def check_process_set(process_set: Any) -> None:
+    """Raise :class:`ConfigError` for any process set but the global one (shared by the API)."""
     if process_set is not None and process_set is not global_process_set:
         raise ConfigError(
             f"ddl_tf supports only the global process set. Received process_set={process_set!r};"
@@ -139,7 +140,7 @@ def grouped_allreduce(
     Returns:
         Reduced tensors, same order, dtypes and shapes.
     """
-    _check_process_set(process_set)
+    check_process_set(process_set)
     op = parse_op(op, average)
     tensors = list(tensors)
     if not tensors:
@@ -236,7 +237,7 @@ def allgather(
     tensor, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = None
 ) -> tf.Tensor:
     """Concatenate every rank's ``tensor`` along the first dimension (which may differ)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     engine = basics.engine()
 
@@ -272,7 +273,7 @@ def broadcast(
     process_set: Any = None,
 ) -> tf.Tensor:
     """``tensor`` from ``root_rank`` on every rank."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     engine = basics.engine()
 
@@ -307,7 +308,7 @@ def reducescatter(
     postscale_factor: float = 1.0,
 ) -> tf.Tensor:
     """Reduce ``tensor`` and keep this rank's rows of the first dimension (first ranks get extras)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     op = parse_op(op)
     compressor, _ = _split_compression(compression)
     tensor = tf.convert_to_tensor(tensor)
@@ -349,7 +350,7 @@ def alltoall(
     process_set: Any = None,
 ):
     """Send row slices to every rank; returns the received rows (and splits, if given)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     engine = basics.engine()
     inputs = [tensor] if splits is None else [tensor, tf.convert_to_tensor(splits, tf.int32)]
@@ -391,7 +392,7 @@ def alltoall(
 
 def barrier(process_set: Any = None) -> None:
     """Block until every rank arrives (eagerly; inside tf.function it is an op in the chain)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     engine = basics.engine()
 
     def wait():

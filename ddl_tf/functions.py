@@ -20,7 +20,7 @@ from typing import Any
 import tensorflow as tf
 
 from ddl_tf import basics, bridge
-from ddl_tf.collectives import _check_process_set, grouped_allreduce
+from ddl_tf.collectives import check_process_set, grouped_allreduce
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 
@@ -43,7 +43,7 @@ def broadcast_variables(
         process_set: Only the global process set is supported.
         inplace: Accepted for compatibility.
     """
-    _check_process_set(process_set)
+    check_process_set(process_set)
     variables = list(variables)
     if not variables:
         return None
@@ -69,7 +69,7 @@ def broadcast_object(
     process_set: Any = None,
 ) -> Any:
     """A picklable object from ``root_rank`` on every rank (eager only)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return basics.engine().broadcast_object(obj, root_rank, name=name)
 
 
@@ -77,7 +77,7 @@ def allgather_object(
     obj: Any, session: Any = None, name: str | None = None, process_set: Any = None
 ) -> list:
     """Every rank's picklable object, as a list in rank order (eager only)."""
-    _check_process_set(process_set)
+    check_process_set(process_set)
     return basics.engine().allgather_object(obj, name=name)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from ddl_tf import basics
-from ddl_tf.collectives import _check_process_set
+from ddl_tf.collectives import check_process_set
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.functions import allreduce_gradients
 
@@ -64,7 +64,7 @@ class DistributedGradientTape:
         process_set: Any = None,
         scale_local_gradients: bool = True,
     ) -> None:
-        _check_process_set(process_set)
+        check_process_set(process_set)
         self._tape = gradtape
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense

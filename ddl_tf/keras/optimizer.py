@@ -34,7 +34,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from ddl_tf.collectives import _check_process_set
+from ddl_tf.collectives import check_process_set
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
@@ -86,7 +86,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         process_set: Any = None,
         scale_local_gradients: bool = True,
     ) -> None:
-        _check_process_set(process_set)
+        check_process_set(process_set)
         inner = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
         if not isinstance(inner, keras.optimizers.Optimizer):
             raise ConfigError(
