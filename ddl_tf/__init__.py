@@ -3,27 +3,165 @@
 ``import ddl_tf as hvd`` (or ``import ddl_tf.keras as hvd`` for Keras) gives
 the Horovod API over MPI, with an allreduce that reduce-scatters inside a
 node, allreduces across nodes and allgathers inside the node again.
+Importing ddl_tf does not initialize MPI; :func:`init` does.
+
+Layers (each its own module; the core knows nothing of TensorFlow):
+:mod:`ddl_tf.core` (topology, algorithms, fusion, compression, negotiation,
+timeline, engine on numpy arrays) -> :mod:`ddl_tf.bridge` (tensors, eager and
+in graphs, in program order) -> :mod:`ddl_tf.collectives`,
+:mod:`ddl_tf.functions`, :mod:`ddl_tf.tape` (Horovod's TensorFlow API) ->
+:mod:`ddl_tf.keras` (DistributedOptimizer, callbacks) -> :mod:`ddl_tf.launch`
+(``ddlrun``).
 
 Logging goes through ``logging.getLogger("ddl_tf...")``.
 """
 
+import importlib as _importlib
+import importlib.util as _importlib_util
 from importlib import metadata as _metadata
 
-try:
-    import tensorflow as _tf  # noqa: F401
-except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "ddl_tf needs TensorFlow 2.21, which could not be imported "
-        f"({_err}). Install the extra for your machine: "
-        "pip install 'tflms-ddl[cpu]' (CPU only) or 'tflms-ddl[gpu]' (NVIDIA GPU); "
-        "add the 'mpi' extra if the machine has no MPI of its own."
-    ) from _err
+_MISSING_TF = (
+    "ddl_tf needs TensorFlow 2.21, which could not be imported ({}). Install the extra for "
+    "your machine: pip install 'tflms-ddl[cpu]' (CPU only) or 'tflms-ddl[gpu]' (NVIDIA GPU); "
+    "add the 'mpi' extra if the machine has no MPI of its own."
+)
 
-from ddl_tf import errors
+try:
+    _tf_spec = _importlib_util.find_spec("tensorflow")
+except ValueError:  # a half-imported tensorflow module
+    _tf_spec = None
+if _tf_spec is None:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(_MISSING_TF.format("No module named 'tensorflow'"))
+
+from ddl_tf import errors  # noqa: E402
 
 try:
     __version__ = _metadata.version("tflms-ddl")
 except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
-__all__ = ["__version__", "errors"]
+# The public API is loaded on first use (PEP 562), so that `import ddl_tf` stays cheap:
+# ddlrun and the numpy/MPI core never import TensorFlow, and nothing here starts MPI.
+_EXPORTS = {
+    **dict.fromkeys(
+        [
+            "init",
+            "shutdown",
+            "is_initialized",
+            "size",
+            "rank",
+            "local_size",
+            "local_rank",
+            "cross_size",
+            "cross_rank",
+            "is_homogeneous",
+            "mpi_threads_supported",
+            "mpi_enabled",
+            "mpi_built",
+            "gloo_enabled",
+            "gloo_built",
+            "nccl_built",
+            "ddl_built",
+            "ccl_built",
+            "cuda_built",
+            "rocm_built",
+            "start_timeline",
+            "stop_timeline",
+        ],
+        "ddl_tf.basics",
+    ),
+    **dict.fromkeys(
+        [
+            "allreduce",
+            "grouped_allreduce",
+            "allgather",
+            "broadcast",
+            "reducescatter",
+            "alltoall",
+            "barrier",
+            "ProcessSet",
+            "global_process_set",
+        ],
+        "ddl_tf.collectives",
+    ),
+    **dict.fromkeys(
+        ["broadcast_variables", "broadcast_object", "allgather_object"], "ddl_tf.functions"
+    ),
+    **dict.fromkeys(["DistributedGradientTape", "PartialDistributedGradientTape"], "ddl_tf.tape"),
+    "DistributedOptimizer": "ddl_tf.keras.optimizer",
+    "Compression": "ddl_tf.core.compression",
+    **dict.fromkeys(
+        ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum"],
+        "ddl_tf.core.reduce_ops",
+    ),
+}
+
+
+def __getattr__(name: str):
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'ddl_tf' has no attribute {name!r}")
+    try:
+        module = _importlib.import_module(module_name)
+    except ImportError as err:
+        if "tensorflow" in str(err) or "keras" in str(err):
+            raise ImportError(_MISSING_TF.format(err)) from err
+        raise
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+__all__ = [
+    "__version__",
+    "errors",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "size",
+    "rank",
+    "local_size",
+    "local_rank",
+    "cross_size",
+    "cross_rank",
+    "is_homogeneous",
+    "mpi_threads_supported",
+    "mpi_enabled",
+    "mpi_built",
+    "gloo_enabled",
+    "gloo_built",
+    "nccl_built",
+    "ddl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "start_timeline",
+    "stop_timeline",
+    "allreduce",
+    "grouped_allreduce",
+    "allgather",
+    "broadcast",
+    "reducescatter",
+    "alltoall",
+    "barrier",
+    "broadcast_variables",
+    "broadcast_object",
+    "allgather_object",
+    "DistributedGradientTape",
+    "PartialDistributedGradientTape",
+    "DistributedOptimizer",
+    "Compression",
+    "ReduceOp",
+    "Average",
+    "Sum",
+    "Min",
+    "Max",
+    "Product",
+    "Adasum",
+    "ProcessSet",
+    "global_process_set",
+]

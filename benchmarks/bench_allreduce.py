@@ -1,0 +1,259 @@
+"""Allreduce benchmark: ddl_tf's algorithms vs plain mpi4py MPI_Allreduce, 1 KiB .. 256 MiB.
+
+Run by ``make bench`` (or ``python benchmarks/bench_allreduce.py [--quick]``).
+It starts ``benchmarks/allreduce_worker.py`` under the virtual environment's
+mpirun for three layouts of this machine:
+
+* 2 ranks, one node;
+* 4 ranks, one node;
+* 4 ranks as 2 pseudo-nodes of 2 (``DDL_PSEUDO_NODES=2``), which makes
+  ``hierarchical`` a real two-level reduce-scatter / allreduce / allgather
+  (all ranks still share memory, so this measures its overhead, not a gain).
+
+and writes ``benchmarks/results/allreduce.json`` atomically: every row
+(time, algorithm and bus bandwidth; bus bandwidth = bytes / time * 2 (P-1) / P
+as in nccl-tests), the machine's load average around each layout (other jobs
+on a shared machine distort timings), the two targets evaluated per layout,
+and ``auto_policy.json``: the fastest algorithm per message size, in the
+format ``DDL_AUTO_POLICY`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+SIZES = [
+    1 << 10,
+    4 << 10,
+    8 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+    256 << 20,
+]
+QUICK_SIZES = [1 << 10, 8 << 10, 1 << 20, 4 << 20]
+ALGOS = "mpi4py,flat,ring,asa,hierarchical,auto,engine,engine-unchecked"
+LAYOUTS = [
+    ("2 ranks, 1 node", 2, {}, ALGOS),
+    ("4 ranks, 1 node", 4, {}, ALGOS),
+    ("4 ranks, 2 pseudo-nodes", 4, {"DDL_PSEUDO_NODES": "2"}, "mpi4py,flat,hierarchical,auto"),
+]
+TOLERANCE = 0.05  # "no slower" allows 5 % for run-to-run noise
+
+
+def mpirun() -> str:
+    local = Path(sys.executable).parent / "mpirun"
+    return str(local) if local.exists() else "mpirun"
+
+
+def run_layout(np_: int, env: dict, algos: str, sizes: list[int], compressions: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        cmd = [mpirun(), "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        cmd += [
+            sys.executable,
+            str(HERE / "allreduce_worker.py"),
+            str(out),
+            algos,
+            ",".join(map(str, sizes)),
+            compressions,
+        ]
+        child_env = {**os.environ, **env, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, env=child_env, check=True, timeout=1800)
+        return json.loads(out.read_text())
+
+
+def evaluate(rows: list[dict]) -> dict:
+    """The issue's targets for one layout, on float32, from the target-phase A/B rows."""
+    plain = {(r["bytes"], r["algorithm"]): r["seconds"] for r in rows if r.get("phase") == "target"}
+    large = sorted(b for b, a in plain if a == "mpi4py" and b >= 1 << 20)
+    ratios = {b: plain[(b, "auto")] / plain[(b, "mpi4py")] for b in large}
+    latency = plain.get((8 << 10, "auto"), 0) / plain.get((8 << 10, "mpi4py"), 1)
+    return {
+        "auto_vs_mpi_ge_1MiB": {str(b): round(r, 3) for b, r in ratios.items()},
+        "auto_no_slower_ge_1MiB": all(r <= 1 + TOLERANCE for r in ratios.values()),
+        "auto_8KiB_latency_ratio": round(latency, 3),
+        "auto_8KiB_within_1.2x": latency <= 1.2,
+    }
+
+
+MARGIN = 1.25  # an algorithm replaces flat only if it is this much faster ...
+RUN = 2  # ... on every layout of the situation, for at least this many consecutive sizes
+
+
+def derive_policy(layouts: list[dict]) -> dict:
+    """``auto`` tables from the measurements, robust to noise on a shared machine.
+
+    Per situation, flat (MPI's own allreduce) is the default; another algorithm
+    takes a size only if it beats flat by ``MARGIN`` on *every* layout of that
+    situation (2 and 4 ranks) and does so for ``RUN`` consecutive sizes.
+    """
+    tables = {}
+    for situation, nodes, compression in (
+        ("single_node", 1, "none"),
+        ("single_node/custom_op", 1, "bf16"),
+        ("multi_node", 2, "none"),
+    ):
+        times: dict[tuple[str, int, str], float] = {}
+        for layout in layouts:
+            for r in layout["rows"]:
+                if r["nodes"] == nodes and r["compression"] == compression and not r.get("phase"):
+                    times[(layout["layout"], r["bytes"], r["algorithm"])] = r["seconds"]
+        names = {k[0] for k in times}
+        sizes = sorted({k[1] for k in times if (k[0], k[1], "flat") in times})
+        if not sizes:
+            continue
+        winners = []
+        for nbytes in sizes:
+            best = "flat"
+            for algo in ("ring", "asa", "hierarchical"):
+                speedups = [
+                    times[(n, nbytes, "flat")] / times[(n, nbytes, algo)]
+                    for n in names
+                    if (n, nbytes, algo) in times and (n, nbytes, "flat") in times
+                ]
+                if speedups and min(speedups) >= MARGIN:
+                    best = algo
+            winners.append(best)
+        for i, algo in enumerate(winners):  # drop isolated wins (noise)
+            neighbours = winners[max(0, i - RUN + 1) : i + RUN]
+            if algo != "flat" and neighbours.count(algo) < RUN:
+                winners[i] = "flat"
+        rules: list[list] = []
+        for nbytes, algo in zip(sizes, winners, strict=True):
+            if rules and rules[-1][1] == algo:
+                rules[-1][0] = nbytes
+            else:
+                rules.append([nbytes, algo])
+        rules[-1][0] = None
+        tables[situation] = rules
+    return tables
+
+
+def table(rows: list[dict], compression: str = "none") -> str:
+    algos = [a for a in ALGOS.split(",") if any(r["algorithm"] == a for r in rows)]
+    sizes = sorted({r["bytes"] for r in rows})
+    cell = {
+        (r["bytes"], r["algorithm"]): r
+        for r in rows
+        if r["compression"] == compression and not r.get("phase")
+    }
+    lines = ["| size | " + " | ".join(algos) + " |", "|---" * (len(algos) + 1) + "|"]
+    for b in sizes:
+        parts = []
+        for a in algos:
+            r = cell.get((b, a))
+            parts.append("" if r is None else f"{_time(r['seconds'])} ({r['busbw_GBps']:.2f})")
+        lines.append(f"| {_size(b)} | " + " | ".join(parts) + " |")
+    return "\n".join(lines)
+
+
+def _size(b: int) -> str:
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+
+
+def _time(s: float) -> str:
+    return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
+
+
+def write_atomically(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 sizes, for a smoke run")
+    parser.add_argument("--out", default=str(RESULTS / "allreduce.json"))
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the tables of an existing --out file and exit",
+    )
+    args = parser.parse_args(argv)
+    if args.markdown:
+        report = json.loads(Path(args.out).read_text())
+        for layout in report["layouts"]:
+            for compression in ("none", "fp16", "bf16"):
+                if any(r["compression"] == compression for r in layout["rows"]):
+                    print(f"\n{layout['layout']}, compression {compression}:\n")
+                    print(table(layout["rows"], compression))
+            print(f"\ntargets: {json.dumps(layout['targets'])}")
+        return 0
+    sizes = QUICK_SIZES if args.quick else SIZES
+    started = time.time()
+    layouts = []
+    for label, np_, env, algos in LAYOUTS:
+        print(f"== {label}", flush=True)
+        load_before = os.getloadavg()
+        compressions = "none,fp16,bf16" if "pseudo" not in label else "none"
+        result = run_layout(np_, env, algos, sizes, compressions)
+        layouts.append(
+            {
+                "layout": label,
+                "ranks": np_,
+                "env": env,
+                "topology": result["topology"],
+                "load_average_before": [round(x, 2) for x in load_before],
+                "load_average_after": [round(x, 2) for x in os.getloadavg()],
+                "targets": evaluate(result["rows"]),
+                "rows": result["rows"],
+            }
+        )
+        print(table(result["rows"]), flush=True)
+        print(json.dumps(layouts[-1]["targets"]), flush=True)
+    policy = derive_policy(layouts)
+    import mpi4py
+    import numpy
+
+    report = {
+        "benchmark": "allreduce",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(time.time() - started, 1),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "mpi4py": mpi4py.__version__,
+            "numpy": numpy.__version__,
+            "mpirun": mpirun(),
+        },
+        "method": (
+            "float32 buffers; per size and compression the algorithms run interleaved in "
+            "rounds of back-to-back calls; time = median over rounds of the per-call mean on "
+            "the slowest rank; busbw = bytes/time*2(P-1)/P. Compressed rows include the "
+            "float32<->half conversions. 'auto' = engine.choose(...).allreduce; 'engine' = "
+            "engine.allreduce (descriptor check + fusion copy); 'engine-unchecked' = the same "
+            f"with DDL_CHECK_COLLECTIVES=0. Targets allow {TOLERANCE:.0%} noise for 'no slower'."
+        ),
+        "layouts": layouts,
+        "derived_auto_policy": policy,
+    }
+    write_atomically(Path(args.out), report)
+    write_atomically(Path(args.out).with_name("auto_policy.json"), policy)
+    print(f"wrote {args.out} and auto_policy.json in {time.time() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

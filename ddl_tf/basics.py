@@ -1,0 +1,344 @@
+"""Process-wide state: ``init``, ``shutdown`` and the Horovod rank/size queries.
+
+``init()`` is where MPI starts (importing ddl_tf never initializes it). It
+reads :class:`~ddl_tf.config.DDLConfig` from the environment, works out the
+topology, checks that every rank was started with the same settings, builds
+the communicators and the :class:`~ddl_tf.core.engine.Engine`, installs an
+excepthook that aborts the whole job when any rank dies of an uncaught
+exception (so no rank waits forever for a dead peer), and registers a
+collective shutdown at exit.
+
+Example:
+    >>> import ddl_tf as hvd
+    >>> _ = hvd.init()
+    >>> hvd.size(), hvd.rank(), hvd.local_rank(), hvd.cross_size()
+    (1, 0, 0, 1)
+    >>> hvd.shutdown(); hvd.is_initialized()
+    False
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import threading
+from typing import Any
+
+from ddl_tf.config import DDLConfig
+from ddl_tf.core import comms, mpi
+from ddl_tf.core.engine import Engine
+from ddl_tf.core.selection import load_policy
+from ddl_tf.core.topology import Topology
+from ddl_tf.errors import ConfigError, DDLError, NotInitializedError
+
+__all__ = [
+    "init",
+    "shutdown",
+    "is_initialized",
+    "engine",
+    "topology",
+    "size",
+    "rank",
+    "local_size",
+    "local_rank",
+    "cross_size",
+    "cross_rank",
+    "is_homogeneous",
+    "mpi_threads_supported",
+    "mpi_enabled",
+    "mpi_built",
+    "gloo_enabled",
+    "gloo_built",
+    "nccl_built",
+    "ddl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "start_timeline",
+    "stop_timeline",
+]
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_engine: Engine | None = None
+_previous_excepthook = None
+_atexit_registered = False
+
+
+def init(comm: Any = None, process_sets: Any = None) -> Engine:
+    """Start ddl_tf on every rank (collective; later calls return the same engine).
+
+    Args:
+        comm: None for ``MPI.COMM_WORLD``, an mpi4py communicator, or a list
+            of world ranks that form the job (Horovod's ``init(comm=...)``).
+        process_sets: Not supported; must be None.
+
+    Returns:
+        The engine (the Horovod-style functions use it implicitly).
+
+    Raises:
+        ConfigError: Invalid settings, or ranks started with different settings.
+        TopologyError: The topology file or forced algorithm does not fit the job.
+    """
+    global _engine, _atexit_registered
+    with _lock:
+        if _engine is not None:
+            return _engine
+        if process_sets is not None:
+            raise ConfigError(
+                "ddl_tf has no process sets. Received process_sets="
+                f"{process_sets!r}; call init() without it (every collective spans the job)."
+            )
+        config = DDLConfig.from_env()
+        if config.log_level:
+            logging.getLogger("ddl_tf").setLevel(config.log_level)
+        MPI = mpi.load()
+        base = _resolve_comm(MPI, comm)
+        topology = comms.detect_topology(base, config)
+        policy = load_policy(config.auto_policy_file)
+        _check_agreement(base, config, policy.digest(), topology)
+        communicators = comms.build_communicators(base, topology)
+        _engine = Engine(communicators, topology, config, policy, host=MPI.Get_processor_name())
+        if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+            logger.warning(
+                "MPI provides thread level %d (< MPI_THREAD_SERIALIZED); collectives inside "
+                "tf.function run on TensorFlow threads and may fail with this MPI",
+                MPI.Query_thread(),
+            )
+        if config.abort_on_error:
+            _install_excepthook()
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            _atexit_registered = True
+        if topology.rank == 0:
+            logger.info(
+                "ddl_tf initialized: algorithm=%s fusion=%d bytes compression=%s checks=%s\n%s",
+                config.algorithm,
+                config.fusion_threshold_bytes,
+                config.compression,
+                "on" if config.check_collectives else "off",
+                topology.describe(),
+            )
+        return _engine
+
+
+def _resolve_comm(MPI: Any, comm: Any) -> Any:
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, MPI.Comm):
+        return comm
+    ranks = [int(r) for r in comm]
+    world = MPI.COMM_WORLD
+    if world.rank not in ranks:
+        raise ConfigError(
+            f"init(comm={ranks}) was called on rank {world.rank}, which is not in the list; "
+            "only the listed ranks may call init()."
+        )
+    return world.Create_group(world.group.Incl(ranks))
+
+
+def _check_agreement(comm: Any, config: DDLConfig, policy_digest: str, topo: Topology) -> None:
+    mine = (
+        config.fingerprint(),
+        policy_digest,
+        topo.levels,
+        tuple(sorted(topo.algorithms.items())),
+    )
+    everyone = comm.allgather(mine)
+    odd = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+    if odd:
+        raise ConfigError(
+            f"Ranks were started with different ddl_tf settings: rank(s) {odd} differ from "
+            f"rank 0 ({everyone[0]} vs {everyone[odd[0]]}: algorithm/fusion/compression/checks "
+            "fingerprint, auto policy, topology levels). Export the same DDL_* variables to "
+            "every rank (ddlrun does; with mpirun use -x DDL_...)."
+        )
+
+
+def engine() -> Engine:
+    """The running engine.
+
+    Raises:
+        NotInitializedError: ``init()`` has not been called.
+    """
+    if _engine is None:
+        raise NotInitializedError(
+            "ddl_tf is not initialized. Call ddl_tf.init() (import ddl_tf as hvd; hvd.init()) "
+            "on every rank before using collectives or rank queries."
+        )
+    return _engine
+
+
+def shutdown() -> None:
+    """Collectively stop ddl_tf (also run automatically at exit). MPI stays initialized."""
+    global _engine
+    with _lock:
+        if _engine is None:
+            return
+        current, _engine = _engine, None
+        _restore_excepthook()
+        current.shutdown()
+
+
+def is_initialized() -> bool:
+    """Whether ``init()`` has run (and ``shutdown()`` has not)."""
+    return _engine is not None
+
+
+def topology() -> Topology:
+    """This rank's :class:`~ddl_tf.core.topology.Topology`."""
+    return engine().topology
+
+
+def size() -> int:
+    """Number of ranks in the job."""
+    return engine().size
+
+
+def rank() -> int:
+    """This process's rank (0 .. size-1)."""
+    return engine().rank
+
+
+def local_size() -> int:
+    """Ranks on this node."""
+    return engine().topology.local_size
+
+
+def local_rank() -> int:
+    """This rank's index on its node (use it to pick a GPU)."""
+    return engine().topology.local_rank
+
+
+def cross_size() -> int:
+    """Ranks sharing this rank's local rank across nodes (the number of nodes, when homogeneous)."""
+    return engine().topology.cross_size
+
+
+def cross_rank() -> int:
+    """Index of this rank's node among those with its local rank."""
+    return engine().topology.cross_rank
+
+
+def is_homogeneous() -> bool:
+    """Whether every node runs the same number of ranks."""
+    return engine().topology.is_homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with ``MPI_THREAD_MULTIPLE``."""
+    engine()
+    MPI = mpi.load()
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    """True: ddl_tf always communicates through MPI."""
+    return True
+
+
+def mpi_built() -> bool:
+    """True: ddl_tf always communicates through MPI."""
+    return True
+
+
+def gloo_enabled() -> bool:
+    """False: ddl_tf has no Gloo controller."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: ddl_tf has no Gloo controller."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: collectives run through MPI on host memory."""
+    return False
+
+
+def ddl_built() -> bool:
+    """True: the topology-aware (DDL-style) allreduce is built in."""
+    return True
+
+
+def ccl_built() -> bool:
+    """False: no oneCCL."""
+    return False
+
+
+def cuda_built() -> bool:
+    """False: ddl_tf moves tensors through host memory."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False: ddl_tf moves tensors through host memory."""
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start a Chrome-trace timeline at ``file_path`` (call on every rank)."""
+    engine().set_timeline(str(file_path))
+
+
+def stop_timeline() -> None:
+    """Stop the timeline and write the merged trace (call on every rank)."""
+    engine().set_timeline(None)
+
+
+# --------------------------------------------------------------------------- failure handling
+
+
+def _install_excepthook() -> None:
+    global _previous_excepthook
+    if _previous_excepthook is None:
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = _abort_on_uncaught
+
+
+def _restore_excepthook() -> None:
+    global _previous_excepthook
+    if _previous_excepthook is not None:
+        sys.excepthook = _previous_excepthook
+        _previous_excepthook = None
+
+
+def _abort_on_uncaught(exc_type, exc, tb) -> None:
+    """Print the exception, then abort every rank: a dead rank must not leave peers waiting."""
+    (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+    current = _engine
+    if current is None or current.size == 1:
+        return
+    _abort(
+        current,
+        f"rank {current.rank} died of an uncaught {exc_type.__name__}; "
+        f"aborting all {current.size} ranks (MPI_Abort)",
+    )
+
+
+def _abort(current: Engine, reason: str) -> None:
+    """Say why on stderr (where mpirun collects it), then abort every rank.
+
+    The reason is logged and also written to stderr directly: logging may be
+    routed elsewhere or not configured, and MPI_Abort kills the process next.
+    """
+    logger.critical("%s", reason)
+    sys.stderr.write(f"ddl_tf: {reason}\n")
+    sys.stderr.flush()
+    mpi.load().COMM_WORLD.Abort(1)
+
+
+def _shutdown_at_exit() -> None:
+    current = _engine
+    if current is None:
+        return
+    try:
+        shutdown()
+    except DDLError as err:
+        reason = f"rank {current.rank} could not shut down cleanly, aborting the job: {err}"
+        if current.size > 1:
+            _abort(current, reason)
+        logger.critical("%s", reason)

@@ -1,0 +1,227 @@
+"""The one configuration value of ddl_tf: a frozen, validated dataclass.
+
+:meth:`DDLConfig.from_env` reads it from the environment (through
+:mod:`ddl_tf.env`), which is how ``ddlrun`` options reach every rank.
+``init()`` builds it once; the engine and the launcher only ever see this
+value.
+
+Example:
+    >>> from ddl_tf.config import DDLConfig
+    >>> cfg = DDLConfig.from_env({"DDL_ALLREDUCE_ALGO": "ring",
+    ...                           "HOROVOD_FUSION_THRESHOLD": "1048576"})
+    >>> cfg.algorithm, cfg.fusion_threshold_bytes
+    ('ring', 1048576)
+    >>> DDLConfig(algorithm="fastest")
+    Traceback (most recent call last):
+    ...
+    ddl_tf.errors.ConfigError: Unknown allreduce algorithm 'fastest'. Received algorithm='fastest'; use one of auto, flat, ring, hierarchical, asa (e.g. DDL_ALLREDUCE_ALGO=auto).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from ddl_tf import env
+from ddl_tf.errors import ConfigError
+
+__all__ = ["DDLConfig", "ALGORITHMS", "COMPRESSIONS", "DEFAULT_FUSION_THRESHOLD"]
+
+ALGORITHMS = ("auto", "flat", "ring", "hierarchical", "asa")
+COMPRESSIONS = ("none", "fp16", "bf16")
+DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024
+
+Algorithm = Literal["auto", "flat", "ring", "hierarchical", "asa"]
+CompressionName = Literal["none", "fp16", "bf16"]
+
+
+@dataclass(frozen=True)
+class DDLConfig:
+    """Settings shared by every rank of a job.
+
+    Attributes:
+        algorithm: Allreduce algorithm. ``auto`` picks per message size and
+            topology from measured tables (see :mod:`ddl_tf.core.selection`);
+            the others force one algorithm for every allreduce.
+        fusion_threshold_bytes: Largest fused bucket (bytes on the wire). A
+            tensor larger than this travels alone; ``0`` disables fusion.
+        compression: Wire compression used when a call does not pass one.
+        timeline: Chrome-trace JSON file of every collective's phases, or None.
+        stall_warning_seconds: A collective that waited this long for missing
+            ranks logs a warning naming them (and repeats at this interval).
+        stall_shutdown_seconds: A collective that waited this long raises
+            :class:`~ddl_tf.errors.StallError` on every rank that arrived
+            (``0`` waits forever, as Horovod's default does).
+        check_collectives: Exchange a descriptor of each collective (name,
+            shapes, dtypes, op, order) before moving data, turning mismatches
+            into errors and stalls into warnings. ``False`` saves one small
+            message round-trip per collective and gives both protections up.
+        abort_on_error: Install an excepthook at ``init()`` that aborts the
+            whole MPI job when any rank dies of an uncaught exception.
+        topology_file: JSON file refining the topology (see
+            :mod:`ddl_tf.core.topology`).
+        pseudo_nodes: Fake node layout for testing hierarchy on one host: a
+            node count, or one node name per rank (comma separated).
+        auto_policy_file: JSON table overriding the built-in ``auto`` choice.
+        log_level: Level applied to the ``ddl_tf`` logger by ``init()``.
+    """
+
+    algorithm: Algorithm = "auto"
+    fusion_threshold_bytes: int = DEFAULT_FUSION_THRESHOLD
+    compression: CompressionName = "none"
+    timeline: str | None = None
+    stall_warning_seconds: float = 60.0
+    stall_shutdown_seconds: float = 0.0
+    check_collectives: bool = True
+    abort_on_error: bool = True
+    topology_file: str | None = None
+    pseudo_nodes: str | None = None
+    auto_policy_file: str | None = None
+    log_level: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(
+                f"Unknown allreduce algorithm {self.algorithm!r}. Received "
+                f"algorithm={self.algorithm!r}; use one of {', '.join(ALGORITHMS)} "
+                "(e.g. DDL_ALLREDUCE_ALGO=auto)."
+            )
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(
+                f"Unknown compression {self.compression!r}. Received "
+                f"compression={self.compression!r}; use one of {', '.join(COMPRESSIONS)} "
+                "(e.g. DDL_COMPRESSION=fp16)."
+            )
+        if not isinstance(self.fusion_threshold_bytes, int) or self.fusion_threshold_bytes < 0:
+            raise ConfigError(
+                "The fusion threshold must be a whole number of bytes >= 0. Received "
+                f"fusion_threshold_bytes={self.fusion_threshold_bytes!r} "
+                "(e.g. DDL_FUSION_THRESHOLD=67108864 for 64 MiB, 0 to disable fusion)."
+            )
+        if not self.stall_warning_seconds > 0:
+            raise ConfigError(
+                "stall_warning_seconds must be > 0. Received "
+                f"stall_warning_seconds={self.stall_warning_seconds!r} "
+                "(e.g. DDL_STALL_WARNING_SECONDS=60)."
+            )
+        if self.stall_shutdown_seconds < 0:
+            raise ConfigError(
+                "stall_shutdown_seconds must be >= 0 (0 never shuts down). Received "
+                f"stall_shutdown_seconds={self.stall_shutdown_seconds!r}."
+            )
+        if 0 < self.stall_shutdown_seconds < self.stall_warning_seconds:
+            raise ConfigError(
+                "stall_shutdown_seconds must not be shorter than stall_warning_seconds, "
+                "or stalls would abort before anyone is told which rank is missing. Received "
+                f"stall_shutdown_seconds={self.stall_shutdown_seconds!r}, "
+                f"stall_warning_seconds={self.stall_warning_seconds!r}."
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> DDLConfig:
+        """Build the configuration from ``DDL_*`` (and fallback ``HOROVOD_*``) variables.
+
+        Args:
+            environ: Mapping to read instead of ``os.environ``.
+            **overrides: Field values that win over the environment.
+
+        Raises:
+            ConfigError: A variable holds a value that cannot be parsed; the
+                message names the variable and echoes the value.
+        """
+        values: dict[str, object] = {}
+        name, value = env.get_first([env.DDL_ALLREDUCE_ALGO], environ)
+        if value is not None:
+            values["algorithm"] = value.lower()
+        name, value = env.get_first([env.DDL_COMPRESSION], environ)
+        if value is not None:
+            values["compression"] = value.lower()
+        name, value = env.get_first(
+            [env.DDL_FUSION_THRESHOLD, env.HOROVOD_FUSION_THRESHOLD], environ
+        )
+        if value is not None:
+            values["fusion_threshold_bytes"] = _parse_int(name, value)
+        name, value = env.get_first([env.DDL_TIMELINE, env.HOROVOD_TIMELINE], environ)
+        if value is not None:
+            values["timeline"] = value
+        name, value = env.get_first(
+            [env.DDL_STALL_WARNING_SECONDS, env.HOROVOD_STALL_CHECK_TIME_SECONDS], environ
+        )
+        if value is not None:
+            values["stall_warning_seconds"] = _parse_float(name, value)
+        name, value = env.get_first(
+            [env.DDL_STALL_SHUTDOWN_SECONDS, env.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS], environ
+        )
+        if value is not None:
+            values["stall_shutdown_seconds"] = _parse_float(name, value)
+        name, value = env.get_first([env.DDL_CHECK_COLLECTIVES], environ)
+        if value is not None:
+            values["check_collectives"] = _parse_bool(name, value)
+        name, value = env.get_first([env.DDL_ABORT_ON_ERROR], environ)
+        if value is not None:
+            values["abort_on_error"] = _parse_bool(name, value)
+        for field, var in (
+            ("topology_file", env.DDL_TOPOLOGY_FILE),
+            ("pseudo_nodes", env.DDL_PSEUDO_NODES),
+            ("auto_policy_file", env.DDL_AUTO_POLICY),
+        ):
+            value = env.get(var, environ)
+            if value is not None:
+                values[field] = value
+        name, value = env.get_first([env.DDL_LOG_LEVEL, env.HOROVOD_LOG_LEVEL], environ)
+        if value is not None:
+            values["log_level"] = value.upper()
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes) -> DDLConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def fingerprint(self) -> str:
+        """Digest of the settings every rank must share, or collectives would deadlock.
+
+        Compared across ranks by ``init()``; paths and timeouts may differ.
+        """
+        shared = (
+            self.algorithm,
+            self.fusion_threshold_bytes,
+            self.compression,
+            self.check_collectives,
+            self.pseudo_nodes,
+        )
+        return hashlib.blake2b(repr(shared).encode(), digest_size=8).hexdigest()
+
+
+def _parse_int(name: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(
+            f"{name} must be a whole number. Received {name}={value!r} (e.g. {name}=67108864)."
+        ) from None
+
+
+def _parse_float(name: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(
+            f"{name} must be a number of seconds. Received {name}={value!r} (e.g. {name}=60)."
+        ) from None
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be 1 or 0. Received {name}={value!r} (e.g. {name}=1).")

@@ -1,0 +1,20 @@
+"""Framework-neutral core of ddl_tf: numpy buffers over mpi4py communicators.
+
+Nothing in this package imports TensorFlow or Keras, and nothing imports
+``mpi4py.MPI`` at module level (that would initialize MPI on import); MPI is
+loaded by :func:`ddl_tf.core.mpi.load` when ``init()`` runs.
+
+Modules, in data-flow order: :mod:`~ddl_tf.core.topology` and
+:mod:`~ddl_tf.core.topology_file` (who is where), :mod:`~ddl_tf.core.comms`
+(finding nodes through MPI, sub-communicators), :mod:`~ddl_tf.core.mpi`
+(dtype and reduction tables), :mod:`~ddl_tf.core.algorithms` (flat, ring,
+hierarchical, asa), :mod:`~ddl_tf.core.selection` (``auto``),
+:mod:`~ddl_tf.core.fusion` (buckets), :mod:`~ddl_tf.core.compression`,
+:mod:`~ddl_tf.core.movement` (gather, broadcast, alltoall),
+:mod:`~ddl_tf.core.negotiation` (mismatch and stall detection),
+:mod:`~ddl_tf.core.timeline`, :mod:`~ddl_tf.core.guard` (each collective's
+critical section), and :mod:`~ddl_tf.core.engine`, which ties them into
+collectives on numpy arrays.
+"""
+
+__all__: list[str] = []

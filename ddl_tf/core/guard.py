@@ -1,0 +1,92 @@
+"""The critical section every collective runs in: lock, negotiate, trace, failure state.
+
+One :class:`CollectiveGuard` per call (a plain class, not a generator-based
+context manager: this is on every collective's path). It takes the engine
+lock, refuses to run after an unrecoverable failure or a shutdown, opens the
+timeline phase, negotiates the collective's descriptor across ranks, and on
+the way out marks the engine failed if an MPI or data error escaped, since the
+ranks may no longer be in step. A mismatch leaves the engine usable: every
+rank saw the same verdict before any data moved.
+
+Example:
+    >>> import numpy as np
+    >>> from ddl_tf.core.guard import layout_text
+    >>> layout_text([np.zeros((3, 4), np.float32), np.zeros((), np.int64)])
+    'float32[3, 4], int64[]'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ddl_tf.errors import DDLError, StallError
+
+__all__ = ["CollectiveGuard", "layout_text"]
+
+
+class CollectiveGuard:
+    """One collective's critical section (a plain class: this is on every call's path)."""
+
+    __slots__ = ("engine", "kind", "name", "fields", "summary", "phase")
+
+    def __init__(self, engine: Any, kind: str, name, fields: tuple, summary) -> None:
+        self.engine, self.kind, self.name, self.fields, self.summary = (
+            engine,
+            kind,
+            name,
+            fields,
+            summary,
+        )
+        self.phase = None
+
+    def __enter__(self) -> CollectiveGuard:
+        engine = self.engine
+        engine._lock.acquire()
+        try:
+            if engine._failed is not None:
+                raise DDLError(
+                    f"ddl_tf cannot run {self.kind} after an earlier failure "
+                    f"({engine._failed!r}); the ranks are no longer in step. Restart the job."
+                )
+            if engine._closed:
+                raise DDLError(f"ddl_tf was shut down; cannot run {self.kind}. Call init() again.")
+            timeline = engine.timeline
+            if timeline.enabled:
+                label = f"{self.kind} {self.name!r}" if self.name else self.kind
+                self.phase = timeline.phase(label, kind=self.kind)
+                self.phase.__enter__()
+            if engine.negotiator is not None:
+                descriptor = engine._descriptor(self.kind, self.name, self.fields, self.summary)
+                if timeline.enabled:
+                    with timeline.phase("negotiate"):
+                        engine.negotiator.negotiate(descriptor)
+                else:
+                    engine.negotiator.negotiate(descriptor)
+        except BaseException as err:
+            if isinstance(err, StallError):
+                engine._failed = err
+            self.__exit__(type(err), err, err.__traceback__, entered=False)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb, entered: bool = True) -> bool:
+        engine = self.engine
+        if entered and exc is not None and isinstance(exc, Exception):
+            if not isinstance(exc, DDLError):  # an MPI or data error mid-collective
+                engine._failed = exc
+        try:
+            if self.phase is not None:
+                self.phase.__exit__(exc_type, exc, tb)
+        finally:
+            engine._lock.release()
+        return False
+
+
+def layout_text(arrays: Sequence[np.ndarray], limit: int = 4) -> str:
+    """``float32[3, 4], int64[] (+5 more)``: readable tensor list for error messages."""
+    shown = [f"{a.dtype}[{', '.join(map(str, a.shape))}]" for a in arrays[:limit]]
+    more = f" (+{len(arrays) - limit} more)" if len(arrays) > limit else ""
+    return ", ".join(shown) + more if arrays else "nothing"

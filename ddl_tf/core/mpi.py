@@ -1,0 +1,247 @@
+"""mpi4py, loaded late, and the numpy-dtype to MPI-datatype tables.
+
+``import ddl_tf`` must not initialize MPI (``from mpi4py import MPI`` does),
+so this module imports ``mpi4py.MPI`` only inside :func:`load`, which
+``ddl_tf.init()`` calls. :func:`dtype_info` tells the algorithms, for one
+numpy dtype, which MPI datatype moves it, which MPI datatype and operations
+reduce it, and in which dtype local sums accumulate (float32 for the 16-bit
+floats, so partial sums are never rounded to half precision inside a rank).
+
+Example:
+    >>> import numpy as np
+    >>> from ddl_tf.core.mpi import accumulation_dtype, reduce_into
+    >>> from ddl_tf.core.reduce_ops import ReduceOp
+    >>> accumulation_dtype(np.float16)
+    dtype('float32')
+    >>> a = np.array([1, 5], np.int32)
+    >>> reduce_into(a, np.array([3, 2], np.int32), ReduceOp.MAX); a
+    array([3, 5], dtype=int32)
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.errors import ConfigError
+
+__all__ = [
+    "load",
+    "is_loaded",
+    "DtypeInfo",
+    "dtype_info",
+    "accumulation_dtype",
+    "reduce_into",
+    "reduce_rows",
+    "check_reducible",
+    "SUPPORTED_DTYPES",
+]
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+HALF_DTYPES = (np.dtype(np.float16), BFLOAT16)
+SUPPORTED_DTYPES = tuple(
+    np.dtype(d)
+    for d in (
+        np.float16,
+        ml_dtypes.bfloat16,
+        np.float32,
+        np.float64,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.complex64,
+        np.complex128,
+        np.bool_,
+    )
+)
+
+# Open MPI 5.0's AVX reduction kernels saturate 8- and 16-bit integer sums (for vectors of
+# 64+ elements) instead of wrapping like numpy, TensorFlow and the scalar path do; sums of
+# these dtypes therefore use a numpy operation.
+_SATURATING = tuple(np.dtype(d) for d in (np.int8, np.uint8, np.int16, np.uint16))
+
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+
+
+def load() -> Any:
+    """Import (and thereby initialize) ``mpi4py.MPI`` with thread support, once.
+
+    Collectives issued from TensorFlow graphs run on TensorFlow's threads, so
+    ddl_tf asks for ``MPI_THREAD_MULTIPLE`` (it serializes its own calls with a
+    lock, so ``MPI_THREAD_SERIALIZED`` would do).
+    """
+    if "mpi4py.MPI" not in sys.modules:
+        import mpi4py
+
+        mpi4py.rc.thread_level = "multiple"
+    from mpi4py import MPI
+
+    return MPI
+
+
+def is_loaded() -> bool:
+    """Whether ``mpi4py.MPI`` has been imported (and MPI therefore initialized)."""
+    return "mpi4py.MPI" in sys.modules
+
+
+def accumulation_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype local reductions run in: float32 for 16-bit floats, else ``dtype``."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype in HALF_DTYPES else dtype
+
+
+def check_reducible(dtype: np.dtype, op: ReduceOp) -> None:
+    """Raise :class:`ConfigError` unless ``op`` is defined for ``dtype``.
+
+    Args:
+        dtype: Numpy dtype of the tensor.
+        op: The reduction (``AVERAGE`` included).
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise ConfigError(
+            f"ddl_tf cannot reduce tensors of dtype {dtype}. Received dtype={dtype}; "
+            "use float16, bfloat16, float32, float64 or an integer type."
+        )
+    if dtype == np.bool_:
+        raise ConfigError(
+            f"Boolean tensors cannot be reduced. Received dtype=bool, op={op.name}; "
+            "cast to int32 first (e.g. tf.cast(x, tf.int32))."
+        )
+    if op is ReduceOp.AVERAGE and dtype.kind in "iu":
+        raise ConfigError(
+            f"Average is only defined for floating tensors. Received dtype={dtype}, "
+            "op=Average; use op=ddl_tf.Sum and divide by ddl_tf.size() yourself."
+        )
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.kind == "c":
+        raise ConfigError(
+            f"Min and Max are not defined for complex numbers. Received dtype={dtype}, "
+            f"op={op.name}; reduce the real and imaginary parts separately."
+        )
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp) -> None:
+    """``dst = dst (op) src`` elementwise, accumulating 16-bit floats in float32."""
+    ufunc = _UFUNCS[op]
+    acc = accumulation_dtype(dst.dtype)
+    if acc == dst.dtype:
+        ufunc(dst, src, out=dst)
+    else:
+        with np.errstate(over="ignore"):  # overflow to inf is the right half-precision result
+            dst[...] = ufunc(dst.astype(acc), src.astype(acc)).astype(dst.dtype)
+
+
+def reduce_rows(rows: np.ndarray, op: ReduceOp, out: np.ndarray) -> None:
+    """Reduce a ``(P, n)`` array over its first axis into ``out`` (length ``n``).
+
+    All ``P`` rows are combined in the accumulation dtype before the single
+    rounding to ``out.dtype``: this is where "transfer in half precision, sum in
+    float32" holds exactly (alltoall-sum-allgather).
+    """
+    acc = accumulation_dtype(out.dtype)
+    ufunc = _UFUNCS[op]
+    work = rows.astype(acc) if acc != rows.dtype else rows
+    result = ufunc.reduce(work, axis=0)
+    with np.errstate(over="ignore"):
+        out[...] = result.astype(out.dtype, copy=False)
+
+
+@dataclass(frozen=True)
+class DtypeInfo:
+    """How one numpy dtype travels through MPI.
+
+    Attributes:
+        dtype: The numpy dtype.
+        move_type: MPI datatype used by data-movement calls (send, gather).
+        reduce_type: MPI datatype used by reductions (may differ for halves).
+        ops: MPI operation per :class:`ReduceOp` (built-in or user-defined).
+        custom_op: Whether ``ops`` are Python callbacks (MPI cannot reduce the dtype).
+    """
+
+    dtype: np.dtype
+    move_type: Any
+    reduce_type: Any
+    ops: dict
+    custom_op: bool = False
+
+
+@functools.cache
+def dtype_info(dtype: np.dtype) -> DtypeInfo:
+    """MPI datatypes and operations for ``dtype`` (needs :func:`load` to have run)."""
+    MPI = load()
+    dtype = np.dtype(dtype)
+    builtin_ops = {
+        ReduceOp.SUM: MPI.SUM,
+        ReduceOp.MIN: MPI.MIN,
+        ReduceOp.MAX: MPI.MAX,
+        ReduceOp.PRODUCT: MPI.PROD,
+    }
+    native = {
+        np.dtype(np.float32): MPI.FLOAT,
+        np.dtype(np.float64): MPI.DOUBLE,
+        np.dtype(np.int8): MPI.INT8_T,
+        np.dtype(np.int16): MPI.INT16_T,
+        np.dtype(np.int32): MPI.INT32_T,
+        np.dtype(np.int64): MPI.INT64_T,
+        np.dtype(np.uint8): MPI.UINT8_T,
+        np.dtype(np.uint16): MPI.UINT16_T,
+        np.dtype(np.uint32): MPI.UINT32_T,
+        np.dtype(np.uint64): MPI.UINT64_T,
+        np.dtype(np.complex64): MPI.C_FLOAT_COMPLEX,
+        np.dtype(np.complex128): MPI.C_DOUBLE_COMPLEX,
+        np.dtype(np.bool_): MPI.UINT8_T,
+    }
+    if dtype in native:
+        ops = dict(builtin_ops)
+        if dtype in _SATURATING:
+            ops[ReduceOp.SUM] = _numpy_op(MPI, dtype, ReduceOp.SUM)
+        return DtypeInfo(dtype, native[dtype], native[dtype], ops)
+    if dtype in HALF_DTYPES:
+        # Our own operation even where MPI has float16 (Open MPI's MPIX_C_FLOAT16): it adds in
+        # float32 by definition, and measured no slower than Open MPI 5.0's float16 kernel here.
+        pair = _half_pair_type(MPI)
+        ops = {op: _numpy_op(MPI, dtype, op) for op in _UFUNCS}
+        return DtypeInfo(dtype, MPI.UINT16_T, pair, ops, custom_op=True)
+    raise ConfigError(
+        f"ddl_tf cannot move tensors of dtype {dtype} through MPI. Received dtype={dtype}; "
+        f"supported: {', '.join(str(d) for d in SUPPORTED_DTYPES)}."
+    )
+
+
+@functools.cache
+def _half_pair_type(MPI: Any) -> Any:
+    return MPI.BYTE.Create_contiguous(2).Commit()
+
+
+@functools.cache
+def _numpy_op(MPI: Any, dtype: np.dtype, op: ReduceOp) -> Any:
+    """A user-defined MPI operation computing ``op`` with numpy (float32 math for halves)."""
+    ufunc = _UFUNCS[op]
+    acc = accumulation_dtype(dtype)
+
+    def combine(inbuf, inoutbuf, datatype):  # called by MPI on received segments
+        a = np.frombuffer(inbuf, dtype=dtype)
+        b = np.frombuffer(inoutbuf, dtype=dtype)
+        if acc == dtype:
+            ufunc(a, b, out=b)
+        else:
+            with np.errstate(over="ignore"):
+                b[...] = ufunc(a.astype(acc), b.astype(acc)).astype(dtype)
+
+    return MPI.Op.Create(combine, commute=True)

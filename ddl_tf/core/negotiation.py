@@ -1,0 +1,285 @@
+"""Check every collective across ranks before moving data: mismatches become errors, stalls warnings.
+
+Before each collective, every rank sends a fixed-size *descriptor* (sequence
+number, a digest of kind/name/shapes/dtypes/op, and a readable summary) to
+rank 0 on a dedicated communicator; rank 0 compares them and answers every
+rank with a verdict. So:
+
+* ranks that issue different collectives (shape, dtype, name, op or order)
+  all raise :class:`~ddl_tf.errors.CollectiveMismatchError` naming who issued
+  what, instead of deadlocking inside MPI;
+* while some ranks have not arrived, rank 0 knows exactly which, logs a
+  warning naming them every ``stall_warning_seconds`` and forwards the list to
+  the waiting ranks, which log it too; after ``stall_shutdown_seconds`` (if
+  set) every waiting rank raises :class:`~ddl_tf.errors.StallError`.
+
+Cost: two small messages per rank per collective (Horovod's coordinator does
+the same), which is why the engine negotiates once per grouped call, not per
+tensor. Waiting polls with a short spin, then yields, then sleeps at most
+1 ms between polls; each poll checks the deadlines.
+
+Example:
+    >>> from ddl_tf.core.negotiation import Descriptor
+    >>> d = Descriptor.make("allreduce", "grads", ("float32", (3, 4)), "op=sum")
+    >>> d.summary
+    "allreduce 'grads' ('float32', (3, 4)) op=sum"
+    >>> len(d.encode(seq=7)), Descriptor.decode(d.encode(seq=7))[0]
+    (256, 7)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ddl_tf.core import mpi
+from ddl_tf.errors import CollectiveMismatchError, StallError
+
+__all__ = ["Descriptor", "Negotiator", "DESCRIPTOR_BYTES"]
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTOR_BYTES = 256
+_HEADER = struct.Struct("<q16s")
+_SUMMARY_BYTES = DESCRIPTOR_BYTES - _HEADER.size
+_VERDICT_BYTES = 8192
+_TAG_DESCRIPTOR, _TAG_VERDICT = 101, 102
+_OK, _STALL, _MISMATCH, _ABORT = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """What one rank is about to do: a digest for comparison and a summary for people."""
+
+    digest: bytes
+    summary: str
+
+    @classmethod
+    def make(
+        cls, kind: str, name: str | None, *fields: Any, summary: str | None = None
+    ) -> Descriptor:
+        """Describe a collective; ``fields`` (shapes, dtypes, op, ...) enter the digest.
+
+        ``summary`` replaces the default readable text (the fields joined by spaces).
+        """
+        label = f"{kind} {name!r}" if name else kind
+        text = " ".join([label, summary if summary is not None else " ".join(map(str, fields))])
+        digest = hashlib.blake2b(repr((kind, name, fields)).encode(), digest_size=16).digest()
+        return cls(digest, text)
+
+    def encode(self, seq: int) -> bytes:
+        """Fixed-size wire form: sequence number, digest, summary (truncated)."""
+        summary = self.summary.encode()[:_SUMMARY_BYTES]
+        return _HEADER.pack(seq, self.digest) + summary.ljust(_SUMMARY_BYTES, b"\0")
+
+    @staticmethod
+    def decode(raw: bytes) -> tuple[int, bytes, str]:
+        """``(seq, digest, summary)`` from :meth:`encode`'s output."""
+        seq, digest = _HEADER.unpack(raw[: _HEADER.size])
+        summary = raw[_HEADER.size :].rstrip(b"\0").decode(errors="replace")
+        return seq, digest, summary
+
+
+class _Waiter:
+    """Poll politely: spin briefly, then yield, then sleep up to 1 ms."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.started = time.monotonic()
+
+    def pause(self) -> None:
+        self.polls += 1
+        if self.polls < 200:
+            return
+        waited = time.monotonic() - self.started
+        if waited < 0.002:
+            os.sched_yield()
+        else:
+            time.sleep(min(0.001, 0.00005 * 2 ** min(self.polls // 200, 5)))
+
+
+class Negotiator:
+    """Runs the descriptor exchange on a dedicated control communicator.
+
+    Args:
+        comm: Control communicator (a duplicate of the job's; collective traffic
+            of the data communicator never mixes with it).
+        stall_warning_seconds: Interval of stall warnings.
+        stall_shutdown_seconds: Wait after which :class:`StallError` is raised (0: never).
+    """
+
+    def __init__(
+        self, comm: Any, stall_warning_seconds: float, stall_shutdown_seconds: float
+    ) -> None:
+        self.comm = comm
+        self.rank, self.size = comm.rank, comm.size
+        self.warning = stall_warning_seconds
+        self.shutdown = stall_shutdown_seconds
+        self.seq = 0
+        self._mine = np.zeros(DESCRIPTOR_BYTES, np.uint8)
+        if self.rank == 0:
+            self._rows = np.zeros((self.size, DESCRIPTOR_BYTES), np.uint8)
+            self._recvs = [
+                comm.Recv_init([self._rows[r], mpi.load().BYTE], r, _TAG_DESCRIPTOR)
+                for r in range(1, self.size)
+            ]
+        else:
+            self._verdict = np.zeros(_VERDICT_BYTES, np.uint8)
+            self._send = comm.Send_init([self._mine, mpi.load().BYTE], 0, _TAG_DESCRIPTOR)
+            self._recv = comm.Recv_init([self._verdict, mpi.load().BYTE], 0, _TAG_VERDICT)
+
+    def negotiate(self, descriptor: Descriptor) -> None:
+        """Block until every rank presents the same descriptor.
+
+        Raises:
+            CollectiveMismatchError: Some rank presented a different one.
+            StallError: Ranks were missing for ``stall_shutdown_seconds``.
+        """
+        self.seq += 1
+        if self.size == 1:
+            return
+        self._mine[:] = np.frombuffer(descriptor.encode(self.seq), np.uint8)
+        if self.rank == 0:
+            self._coordinate(descriptor)
+        else:
+            self._follow(descriptor)
+
+    def close(self) -> None:
+        """Free the persistent requests (before the communicator is freed)."""
+        for request in self._recvs if self.rank == 0 else [self._send, self._recv]:
+            request.Free()
+
+    # ------------------------------------------------------------------ rank 0
+
+    def _coordinate(self, descriptor: Descriptor) -> None:
+        MPI = mpi.load()
+        MPI.Prequest.Startall(self._recvs)
+        pending = set(range(1, self.size))
+        sends: list[Any] = []
+        start = time.monotonic()
+        next_warning = start + self.warning
+        waiter = _Waiter()
+        while pending:
+            done = MPI.Request.Testsome(self._recvs) or []
+            for i in done:
+                pending.discard(i + 1)
+            if not pending:
+                break
+            now = time.monotonic()
+            if now >= next_warning:
+                missing = sorted(pending)
+                logger.warning(
+                    "collective #%d (%s) has waited %.0f s for rank(s) %s of %d; they are "
+                    "slower, hung, or running different code",
+                    self.seq,
+                    descriptor.summary,
+                    now - start,
+                    _ranks(missing),
+                    self.size,
+                )
+                note = f"rank 0 reports missing rank(s) {_ranks(missing)} after {now - start:.0f} s"
+                sends += self._tell(set(range(1, self.size)) - pending, _STALL, note)
+                next_warning += self.warning
+            if self.shutdown and now - start >= self.shutdown:
+                message = (
+                    f"collective #{self.seq} ({descriptor.summary}) stalled: rank(s) "
+                    f"{_ranks(sorted(pending))} did not arrive within {self.shutdown:g} s "
+                    "(DDL_STALL_SHUTDOWN_SECONDS). Check those ranks' logs; raise the limit "
+                    "if they were legitimately busy."
+                )
+                sends += self._tell(set(range(1, self.size)) - pending, _ABORT, message)
+                MPI.Request.Waitall(sends)
+                raise StallError(message)
+            waiter.pause()
+        problem = self._compare()
+        kind = _MISMATCH if problem else _OK
+        sends += self._tell(set(range(1, self.size)), kind, problem or "")
+        MPI.Request.Waitall(sends)
+        if problem:
+            raise CollectiveMismatchError(problem)
+
+    def _tell(self, ranks: set[int], kind: int, text: str) -> list[Any]:
+        payload = np.frombuffer(
+            bytes([kind]) + text.encode()[: _VERDICT_BYTES - 1], np.uint8
+        ).copy()
+        byte = mpi.load().BYTE
+        return [self.comm.Isend([payload, byte], r, _TAG_VERDICT) for r in sorted(ranks)]
+
+    def _compare(self) -> str | None:
+        self._rows[0] = self._mine
+        decoded = [Descriptor.decode(self._rows[r].tobytes()) for r in range(self.size)]
+        keys = [(seq, digest) for seq, digest, _ in decoded]
+        if len(set(keys)) == 1:
+            return None
+        by_key: dict[tuple, list[int]] = {}
+        for r, key in enumerate(keys):
+            by_key.setdefault(key, []).append(r)
+        lines = [
+            f"Ranks issued different collectives at collective #{self.seq} (ranks must issue "
+            "the same collectives, with the same names, shapes, dtypes and ops, in the same "
+            "order):"
+        ]
+        for ranks in list(by_key.values())[:8]:
+            seq, _, summary = decoded[ranks[0]]
+            lines.append(f"  rank(s) {_ranks(ranks)}: #{seq} {summary}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ other ranks
+
+    def _follow(self, descriptor: Descriptor) -> None:
+        MPI = mpi.load()
+        self._send.Start()
+        self._recv.Start()
+        start = time.monotonic()
+        heard_from_root = False
+        next_warning = start + self.warning * 1.5
+        limit = self.shutdown + max(5.0, self.warning) if self.shutdown else None
+        waiter = _Waiter()
+        status = MPI.Status()
+        while True:
+            if self._recv.Test(status):
+                count = status.Get_count(MPI.BYTE)
+                kind = int(self._verdict[0])
+                text = self._verdict[1:count].tobytes().decode(errors="replace")
+                if kind == _OK:
+                    break
+                if kind == _STALL:
+                    heard_from_root = True
+                    logger.warning("collective #%d (%s): %s", self.seq, descriptor.summary, text)
+                    self._recv.Start()
+                    continue
+                self._send.Wait()
+                if kind == _MISMATCH:
+                    raise CollectiveMismatchError(text)
+                raise StallError(text)
+            now = time.monotonic()
+            if now >= next_warning:
+                if not heard_from_root:
+                    logger.warning(
+                        "collective #%d (%s) has waited %.0f s for rank 0, which coordinates "
+                        "collectives and has not answered; rank 0 may be missing",
+                        self.seq,
+                        descriptor.summary,
+                        now - start,
+                    )
+                next_warning += self.warning
+            if limit is not None and now - start >= limit:
+                raise StallError(
+                    f"collective #{self.seq} ({descriptor.summary}): rank 0 did not answer "
+                    f"within {limit:g} s (DDL_STALL_SHUTDOWN_SECONDS plus grace); rank 0 is "
+                    "missing or hung. Check rank 0's log."
+                )
+            waiter.pause()
+        self._send.Wait()
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(str(r) for r in ranks[:16])
+    return shown + (f" (+{len(ranks) - 16} more)" if len(ranks) > 16 else "")

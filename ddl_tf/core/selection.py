@@ -1,0 +1,146 @@
+"""``auto``: pick an allreduce algorithm by message size and topology.
+
+The choice is a small table of ``(largest message in bytes, algorithm)``
+rules per situation, evaluated in order; the first rule whose bound is not
+exceeded wins (``None`` is unbounded). Situations are ``single_node`` and
+``multi_node``, each optionally specialised for dtypes MPI cannot reduce
+natively (``/custom_op``: bfloat16, and float16 on MPIs without it), where
+ddl_tf's own algorithms sum in float32 instead of calling back into Python.
+
+:data:`DEFAULT_POLICY` comes from ``benchmarks/bench_allreduce.py`` on the
+development machine (see the comment above it); re-run the benchmark on a
+cluster and point ``DDL_AUTO_POLICY`` at the ``auto_policy.json`` it writes
+to tune ``auto`` there. The choice depends only on values every rank shares
+(message size, dtype, topology, the policy), so all ranks agree.
+
+Example:
+    >>> from ddl_tf.core.selection import AutoPolicy
+    >>> policy = AutoPolicy({"single_node": ((1 << 20, "flat"), (None, "ring"))})
+    >>> policy.choose(4096, num_nodes=1, hierarchical_ok=False, custom_op=False)
+    'flat'
+    >>> policy.choose(1 << 24, num_nodes=1, hierarchical_ok=False, custom_op=False)
+    'ring'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddl_tf.errors import ConfigError
+
+__all__ = ["AutoPolicy", "DEFAULT_POLICY", "load_policy"]
+
+_ALGOS = ("flat", "ring", "asa", "hierarchical")
+_SITUATIONS = (
+    "single_node",
+    "multi_node",
+    "single_node/custom_op",
+    "multi_node/custom_op",
+)
+
+Rules = tuple[tuple[int | None, str], ...]
+
+
+@dataclass(frozen=True)
+class AutoPolicy:
+    """Rules per situation; see the module docstring.
+
+    Attributes:
+        tables: ``{situation: ((max_bytes or None, algorithm), ...)}``. The
+            last rule of each table should be unbounded.
+        source: Where the table came from (logged by ``init()``).
+    """
+
+    tables: Mapping[str, Rules]
+    source: str = "built-in"
+
+    def __post_init__(self) -> None:
+        for situation, rules in self.tables.items():
+            if situation not in _SITUATIONS:
+                raise ConfigError(
+                    f"auto policy {self.source}: unknown situation {situation!r}; use "
+                    f"{', '.join(_SITUATIONS)}."
+                )
+            for bound, algo in rules:
+                if algo not in _ALGOS or not (bound is None or int(bound) >= 0):
+                    raise ConfigError(
+                        f"auto policy {self.source}: bad rule {[bound, algo]!r} for "
+                        f"{situation!r}; each rule is [max_bytes or null, one of {_ALGOS}]."
+                    )
+
+    def choose(self, nbytes: int, *, num_nodes: int, hierarchical_ok: bool, custom_op: bool) -> str:
+        """The algorithm for a message of ``nbytes`` bytes.
+
+        Args:
+            nbytes: Bytes on the wire of the (fused) buffer.
+            num_nodes: Nodes in the job.
+            hierarchical_ok: Whether the topology allows ``hierarchical``.
+            custom_op: Whether MPI would need a Python reduction for this dtype.
+
+        Returns:
+            ``flat``, ``ring``, ``asa`` or ``hierarchical``. A rule naming
+            ``hierarchical`` on a topology that cannot use it yields ``flat``.
+        """
+        scope = "multi_node" if num_nodes > 1 else "single_node"
+        rules = (custom_op and self.tables.get(scope + "/custom_op")) or self.tables.get(scope, ())
+        for bound, algo in rules:
+            if bound is None or nbytes <= bound:
+                if algo == "hierarchical" and not hierarchical_ok:
+                    return "flat"
+                return algo
+        return "flat"
+
+    def digest(self) -> str:
+        """Short digest of the tables (ranks compare it at ``init()``)."""
+        text = json.dumps({k: list(v) for k, v in sorted(self.tables.items())})
+        return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+    def to_json(self) -> dict:
+        """The JSON form :func:`load_policy` reads."""
+        return {k: [list(rule) for rule in v] for k, v in self.tables.items()}
+
+
+# Derived with benchmarks/bench_allreduce.py (derive_policy: another algorithm replaces flat
+# only where it is >= 1.25x faster on both 2 and 4 ranks for two consecutive sizes). On the
+# 2-core development machine every rank shares memory, and no algorithm cleared that bar
+# against MPI's own allreduce, so `auto` is flat everywhere there; on one host hierarchical
+# only adds passes over memory (about 3x slower than flat with 2 pseudo-nodes). Where the
+# inter-node link is the bottleneck, measure on the cluster and point DDL_AUTO_POLICY at the
+# auto_policy.json the benchmark writes; see README.md, "ddl_tf -> allreduce performance".
+DEFAULT_POLICY = AutoPolicy(
+    {
+        "single_node": ((None, "flat"),),
+        "single_node/custom_op": ((None, "flat"),),
+        "multi_node": ((None, "flat"),),
+        "multi_node/custom_op": ((None, "flat"),),
+    }
+)
+
+
+def load_policy(path: str | Path | None) -> AutoPolicy:
+    """The policy in ``path`` (JSON ``{situation: [[max_bytes|null, algo], ...]}``), or the default.
+
+    Raises:
+        ConfigError: The file is missing or malformed.
+    """
+    if path is None:
+        return DEFAULT_POLICY
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(
+            f"DDL_AUTO_POLICY={str(path)!r} could not be read ({err}). Point it at the "
+            "auto_policy.json written by benchmarks/bench_allreduce.py, or unset it."
+        ) from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"auto policy {path}: expected a JSON object of situations.")
+    tables = {
+        key: tuple((None if b is None else int(b), str(a)) for b, a in rules)
+        for key, rules in data.items()
+    }
+    return AutoPolicy(tables, source=str(path))

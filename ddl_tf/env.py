@@ -1,0 +1,201 @@
+"""Every environment variable ddl_tf reads or sets, in one place.
+
+Nothing else in ddl_tf touches ``os.environ``: modules call :func:`get` (or
+take an ``environ`` mapping, which tests use to fake a launcher). Names that
+start with ``HOROVOD_`` are read as fallbacks so that a Horovod job keeps its
+settings after switching its import; the ``DDL_`` name wins when both are set.
+
+Example:
+    >>> from ddl_tf import env
+    >>> env.get(env.DDL_ALLREDUCE_ALGO, {"DDL_ALLREDUCE_ALGO": "ring"})
+    'ring'
+    >>> env.get_first((env.DDL_FUSION_THRESHOLD, env.HOROVOD_FUSION_THRESHOLD),
+    ...               {"HOROVOD_FUSION_THRESHOLD": "1024"})
+    ('HOROVOD_FUSION_THRESHOLD', '1024')
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "get",
+    "get_first",
+    "snapshot",
+    "ddl_variables",
+    # ddl_tf settings
+    "DDL_ALLREDUCE_ALGO",
+    "DDL_FUSION_THRESHOLD",
+    "DDL_COMPRESSION",
+    "DDL_TIMELINE",
+    "DDL_STALL_WARNING_SECONDS",
+    "DDL_STALL_SHUTDOWN_SECONDS",
+    "DDL_CHECK_COLLECTIVES",
+    "DDL_ABORT_ON_ERROR",
+    "DDL_TOPOLOGY_FILE",
+    "DDL_PSEUDO_NODES",
+    "DDL_AUTO_POLICY",
+    "DDL_LOG_LEVEL",
+    # Horovod fallbacks
+    "HOROVOD_FUSION_THRESHOLD",
+    "HOROVOD_TIMELINE",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+    "HOROVOD_STALL_CHECK_DISABLE",
+    "HOROVOD_LOG_LEVEL",
+    # launcher-provided layout
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "HOROVOD_HOSTNAME",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURMD_NODENAME",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "SLURM_JOB_ID",
+    "PBS_JOBID",
+    "PYTHONPATH",
+    # set by ddlrun for its children
+    "OMPI_ALLOW_RUN_AS_ROOT",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+]
+
+# --------------------------------------------------------------------------- ddl_tf
+
+DDL_ALLREDUCE_ALGO = "DDL_ALLREDUCE_ALGO"
+"""Allreduce algorithm: ``auto`` (default), ``flat``, ``ring``, ``hierarchical``, ``asa``."""
+
+DDL_FUSION_THRESHOLD = "DDL_FUSION_THRESHOLD"
+"""Largest fused bucket in bytes (default 64 MiB); ``0`` disables fusion."""
+
+DDL_COMPRESSION = "DDL_COMPRESSION"
+"""Default wire compression when a call passes none: ``none``, ``fp16`` or ``bf16``."""
+
+DDL_TIMELINE = "DDL_TIMELINE"
+"""Path of a Chrome-trace JSON file recording every collective's phases."""
+
+DDL_STALL_WARNING_SECONDS = "DDL_STALL_WARNING_SECONDS"
+"""Seconds a collective may wait for missing ranks before a warning names them (60)."""
+
+DDL_STALL_SHUTDOWN_SECONDS = "DDL_STALL_SHUTDOWN_SECONDS"
+"""Seconds after which a stalled collective raises StallError (0 = never, the default)."""
+
+DDL_CHECK_COLLECTIVES = "DDL_CHECK_COLLECTIVES"
+"""``1`` (default): check every collective's descriptor across ranks first; ``0``: skip."""
+
+DDL_ABORT_ON_ERROR = "DDL_ABORT_ON_ERROR"
+"""``1`` (default): an uncaught exception in any rank aborts the whole job."""
+
+DDL_TOPOLOGY_FILE = "DDL_TOPOLOGY_FILE"
+"""JSON topology file adding levels (socket, rack, ...) and per-level algorithms."""
+
+DDL_PSEUDO_NODES = "DDL_PSEUDO_NODES"
+"""Fake node layout: a count (contiguous blocks) or one node name per rank, comma separated."""
+
+DDL_AUTO_POLICY = "DDL_AUTO_POLICY"
+"""JSON file with the ``auto`` algorithm table (as written by benchmarks/bench_allreduce.py)."""
+
+DDL_LOG_LEVEL = "DDL_LOG_LEVEL"
+"""Level of the ``ddl_tf`` logger set by ``init()`` (e.g. ``DEBUG``, ``WARNING``)."""
+
+# --------------------------------------------------------------------------- Horovod
+
+HOROVOD_FUSION_THRESHOLD = "HOROVOD_FUSION_THRESHOLD"
+HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
+HOROVOD_STALL_CHECK_TIME_SECONDS = "HOROVOD_STALL_CHECK_TIME_SECONDS"
+HOROVOD_STALL_SHUTDOWN_TIME_SECONDS = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+HOROVOD_STALL_CHECK_DISABLE = "HOROVOD_STALL_CHECK_DISABLE"
+HOROVOD_LOG_LEVEL = "HOROVOD_LOG_LEVEL"
+
+HOROVOD_RANK = "HOROVOD_RANK"
+HOROVOD_SIZE = "HOROVOD_SIZE"
+HOROVOD_LOCAL_RANK = "HOROVOD_LOCAL_RANK"
+HOROVOD_LOCAL_SIZE = "HOROVOD_LOCAL_SIZE"
+HOROVOD_CROSS_RANK = "HOROVOD_CROSS_RANK"
+HOROVOD_CROSS_SIZE = "HOROVOD_CROSS_SIZE"
+HOROVOD_HOSTNAME = "HOROVOD_HOSTNAME"
+
+# --------------------------------------------------------------------------- launchers
+
+OMPI_COMM_WORLD_RANK = "OMPI_COMM_WORLD_RANK"
+OMPI_COMM_WORLD_SIZE = "OMPI_COMM_WORLD_SIZE"
+OMPI_COMM_WORLD_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+OMPI_COMM_WORLD_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
+SLURM_PROCID = "SLURM_PROCID"
+SLURM_NTASKS = "SLURM_NTASKS"
+SLURM_LOCALID = "SLURM_LOCALID"
+SLURM_NODEID = "SLURM_NODEID"
+SLURMD_NODENAME = "SLURMD_NODENAME"
+PMI_RANK = "PMI_RANK"
+PMI_SIZE = "PMI_SIZE"
+MPI_LOCALRANKID = "MPI_LOCALRANKID"
+MPI_LOCALNRANKS = "MPI_LOCALNRANKS"
+SLURM_JOB_ID = "SLURM_JOB_ID"
+PBS_JOBID = "PBS_JOBID"
+PYTHONPATH = "PYTHONPATH"
+
+OMPI_ALLOW_RUN_AS_ROOT = "OMPI_ALLOW_RUN_AS_ROOT"
+OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"
+
+
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of ``name`` (stripped), or ``None`` when unset or empty.
+
+    Args:
+        name: One of the constants of this module.
+        environ: Mapping to read instead of ``os.environ`` (tests, launchers).
+
+    Returns:
+        The stripped value, or ``None``.
+    """
+    value = _environ(environ).get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def get_first(
+    names: Iterable[str], environ: Mapping[str, str] | None = None
+) -> tuple[str, str] | tuple[None, None]:
+    """The first of ``names`` that is set, as ``(name, value)``; ``(None, None)`` if none is.
+
+    Args:
+        names: Variable names in priority order (``DDL_`` name first).
+        environ: Mapping to read instead of ``os.environ``.
+    """
+    for name in names:
+        value = get(name, environ)
+        if value is not None:
+            return name, value
+    return None, None
+
+
+def snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of the whole environment (what ``ddlrun`` hands to ``mpirun``)."""
+    return dict(_environ(environ))
+
+
+def ddl_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``DDL_*`` and ``HOROVOD_*`` settings that are set (forwarded to remote ranks)."""
+    return {
+        key: value
+        for key, value in _environ(environ).items()
+        if key.startswith(("DDL_", "HOROVOD_")) and value.strip()
+    }

@@ -1,0 +1,130 @@
+"""Helpers over the collectives: broadcast variables and Python objects, reduce gradient lists.
+
+Example (one process):
+    >>> import tensorflow as tf
+    >>> import ddl_tf as hvd
+    >>> _ = hvd.init()
+    >>> v = tf.Variable([1.0, 2.0])
+    >>> hvd.broadcast_variables([v], root_rank=0)
+    >>> hvd.broadcast_object({"epoch": 3}, root_rank=0)
+    {'epoch': 3}
+    >>> hvd.shutdown()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from ddl_tf import basics, bridge
+from ddl_tf.collectives import check_process_set, grouped_allreduce
+from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.errors import ConfigError
+
+__all__ = ["broadcast_variables", "broadcast_object", "allgather_object", "allreduce_gradients"]
+
+logger = logging.getLogger(__name__)
+
+
+def broadcast_variables(
+    variables: Sequence, root_rank: int, process_set: Any = None, inplace: bool = False
+):
+    """Assign every variable the root's value, in one fused broadcast.
+
+    Works with ``tf.Variable`` and Keras 3 variables, eagerly (returns None) and
+    inside ``tf.function`` (returns the grouped assign op).
+
+    Args:
+        variables: Variables in the same order on every rank.
+        root_rank: Rank whose values win.
+        process_set: Only the global process set is supported.
+        inplace: Accepted for compatibility.
+    """
+    check_process_set(process_set)
+    variables = list(variables)
+    if not variables:
+        return None
+    engine = basics.engine()
+    values = bridge.run(
+        lambda *arrays: engine.broadcast(arrays, root_rank, name="broadcast_variables"),
+        [tf.convert_to_tensor(v) for v in variables],
+        [tf.as_dtype(v.dtype) for v in variables],
+        [tf.TensorShape(v.shape) for v in variables],
+        name="DDLBroadcastVariables",
+    )
+    assigns = [v.assign(value) for v, value in zip(variables, values, strict=True)]
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_object(
+    obj: Any,
+    root_rank: int = 0,
+    session: Any = None,
+    name: str | None = None,
+    process_set: Any = None,
+) -> Any:
+    """A picklable object from ``root_rank`` on every rank (eager only)."""
+    check_process_set(process_set)
+    return basics.engine().broadcast_object(obj, root_rank, name=name)
+
+
+def allgather_object(
+    obj: Any, session: Any = None, name: str | None = None, process_set: Any = None
+) -> list:
+    """Every rank's picklable object, as a list in rank order (eager only)."""
+    check_process_set(process_set)
+    return basics.engine().allgather_object(obj, name=name)
+
+
+def allreduce_gradients(
+    grads: Sequence,
+    *,
+    op: ReduceOp | None = ReduceOp.AVERAGE,
+    compression: Any = None,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    name: str | None = None,
+) -> list:
+    """Reduce a gradient list in one grouped collective; ``None`` entries stay ``None``.
+
+    Args:
+        grads: Gradients (tensors, ``tf.IndexedSlices`` or None).
+        op: Average (default) or Sum (Min/Max work but have no gradient semantics).
+        compression: Wire compression.
+        sparse_as_dense: Densify ``tf.IndexedSlices`` before reducing.
+        gradient_predivide_factor: With Average, divide by this before the sum
+            and multiply after (Horovod's option against fp16 overflow).
+        name: Collective name.
+    """
+    op = parse_op(op)
+    if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
+        raise ConfigError(
+            "gradient_predivide_factor only applies to op=Average. Received "
+            f"gradient_predivide_factor={gradient_predivide_factor}, op={op.name}."
+        )
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if basics.size() == 1 and op in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        return list(grads)  # nothing to reduce; keep tensors (and IndexedSlices) untouched
+    chosen = []
+    for i in present:
+        g = grads[i]
+        if sparse_as_dense and isinstance(g, tf.IndexedSlices):
+            g = tf.convert_to_tensor(g)
+        chosen.append(g)
+    reduced = grouped_allreduce(
+        chosen,
+        op=op,
+        compression=compression,
+        prescale_factor=1.0 / gradient_predivide_factor,
+        postscale_factor=gradient_predivide_factor,
+        name=name,
+    )
+    out = list(grads)
+    for i, g in zip(present, reduced, strict=True):
+        out[i] = g
+    return out

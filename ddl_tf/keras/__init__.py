@@ -1,0 +1,183 @@
+"""``import ddl_tf.keras as hvd``: Horovod's Keras API for Keras 3.
+
+The one-line migration of a Horovod Keras script::
+
+    import horovod.tensorflow.keras as hvd   # before
+    import ddl_tf.keras as hvd               # after
+
+Everything else (``hvd.init()``, ``hvd.DistributedOptimizer(opt)``,
+``hvd.callbacks.BroadcastGlobalVariablesCallback(0)``, ``hvd.rank() == 0``
+checkpointing, ``hvd.load_model``) keeps its Horovod meaning.
+
+Checkpoints: save on rank 0 only (``if hvd.rank() == 0:
+callbacks.append(keras.callbacks.ModelCheckpoint(...))``) so ranks never
+write the same file; to resume, load on rank 0 with :func:`load_model` (or on
+every rank from shared storage) and let ``BroadcastGlobalVariablesCallback``
+hand the weights and optimizer state to the others; broadcast the epoch to
+resume from with ``hvd.broadcast(epoch, 0)``.
+
+Example (one process):
+    >>> import ddl_tf.keras as hvd
+    >>> _ = hvd.init()
+    >>> int(hvd.allreduce(3.0, op=hvd.Sum)), hvd.size()
+    (3, 1)
+    >>> hvd.shutdown()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from ddl_tf import collectives as _collectives
+from ddl_tf.basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from ddl_tf.collectives import barrier
+from ddl_tf.core.compression import Compression
+from ddl_tf.core.reduce_ops import Adasum, Average, Max, Min, Product, Sum
+from ddl_tf.functions import allgather_object, broadcast_object, broadcast_variables
+from ddl_tf.keras import callbacks
+from ddl_tf.keras.optimizer import DistributedOptimizer
+from ddl_tf.tape import DistributedGradientTape
+
+__all__ = [
+    "init",
+    "shutdown",
+    "is_initialized",
+    "size",
+    "rank",
+    "local_size",
+    "local_rank",
+    "cross_size",
+    "cross_rank",
+    "is_homogeneous",
+    "mpi_threads_supported",
+    "mpi_enabled",
+    "mpi_built",
+    "gloo_enabled",
+    "gloo_built",
+    "nccl_built",
+    "ddl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "start_timeline",
+    "stop_timeline",
+    "DistributedOptimizer",
+    "DistributedGradientTape",
+    "callbacks",
+    "broadcast_global_variables",
+    "broadcast_variables",
+    "broadcast_object",
+    "allgather_object",
+    "allreduce",
+    "allgather",
+    "broadcast",
+    "reducescatter",
+    "barrier",
+    "load_model",
+    "Compression",
+    "Average",
+    "Sum",
+    "Min",
+    "Max",
+    "Product",
+    "Adasum",
+]
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """Not available in Keras 3 (there are no global variables); raises with the replacement."""
+    from ddl_tf.errors import ConfigError
+
+    raise ConfigError(
+        "Keras 3 has no global variables to broadcast. Received root_rank="
+        f"{root_rank}; use hvd.callbacks.BroadcastGlobalVariablesCallback({root_rank}) in fit(), "
+        f"or hvd.broadcast_variables(model.variables, root_rank={root_rank}) in custom loops."
+    )
+
+
+def allreduce(
+    value,
+    name: str | None = None,
+    average: bool | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    op=None,
+    compression: Any = None,
+):
+    """Allreduce a tensor-compatible value (Average by default); returns a tensor."""
+    return _collectives.allreduce(
+        keras.ops.convert_to_tensor(value),
+        average=average,
+        op=op,
+        compression=compression,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        name=name,
+    )
+
+
+def allgather(value, name: str | None = None):
+    """Concatenate every rank's value along the first dimension; returns a tensor."""
+    return _collectives.allgather(keras.ops.convert_to_tensor(value), name=name)
+
+
+def broadcast(value, root_rank: int, name: str | None = None):
+    """The root's value on every rank; returns a tensor."""
+    return _collectives.broadcast(keras.ops.convert_to_tensor(value), root_rank, name=name)
+
+
+def reducescatter(value, name: str | None = None, op=Average):
+    """Reduce a value and keep this rank's rows of the first dimension; returns a tensor."""
+    return _collectives.reducescatter(keras.ops.convert_to_tensor(value), op=op, name=name)
+
+
+def load_model(
+    filepath, custom_optimizers=None, custom_objects=None, compression=None, **kwargs
+) -> keras.Model:
+    """Load a Keras model and make sure its optimizer is a :class:`DistributedOptimizer`.
+
+    A model saved with a ``DistributedOptimizer`` comes back wrapped (with its
+    optimizer state); one saved with a plain optimizer gets it wrapped here,
+    keeping the loaded state.
+
+    Args:
+        filepath: A ``.keras`` file.
+        custom_optimizers: Optimizer classes the file may reference.
+        custom_objects: Passed to ``keras.models.load_model``.
+        compression: Compression for a newly wrapped optimizer.
+        **kwargs: Passed to ``keras.models.load_model``.
+    """
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or []:
+        objects[cls.__name__] = cls
+    model = keras.models.load_model(filepath, custom_objects=objects, **kwargs)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not isinstance(optimizer, DistributedOptimizer):
+        model.optimizer = DistributedOptimizer(optimizer, compression=compression)
+        model.train_function = None  # rebuilt by the next fit() with the wrapped optimizer
+    return model

@@ -1,0 +1,265 @@
+"""Horovod's Keras callbacks for Keras 3.
+
+* :class:`BroadcastGlobalVariablesCallback` makes every rank start from the
+  root's weights and optimizer state (at ``on_train_begin``, before the first
+  step: Keras 3 builds model and optimizer before calling it, so no step ever
+  runs on unsynchronized weights).
+* :class:`MetricAverageCallback` averages the epoch's metrics over ranks, in
+  place, so callbacks after it (and the History) see global values. Put it
+  before callbacks that read metrics (checkpointing, early stopping).
+* :class:`LearningRateScheduleCallback` and :class:`LearningRateWarmupCallback`
+  set the inner optimizer's learning-rate variable per batch or epoch, with
+  Goyal et al.'s momentum correction (the velocity is rescaled by
+  ``new_lr / old_lr`` when the rate changes, for optimizers whose velocity
+  absorbs the rate: SGD and RMSprop with momentum).
+
+Options are validated in ``__init__``; state is reset in ``on_train_begin``
+so an instance can be reused; output only with ``verbose > 0`` on rank 0.
+
+Example:
+    >>> from ddl_tf.keras.callbacks import LearningRateWarmupCallback
+    >>> LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=-1)
+    Traceback (most recent call last):
+    ...
+    ddl_tf.errors.ConfigError: LearningRateWarmupCallback needs warmup_epochs > 0. Received warmup_epochs=-1.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+from ddl_tf import basics
+from ddl_tf.errors import ConfigError
+from ddl_tf.functions import broadcast_variables
+from ddl_tf.keras.optimizer import unwrap_optimizer
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "MetricAverageCallback",
+    "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcast model and optimizer variables from ``root_rank`` when training starts.
+
+    Args:
+        root_rank: Rank whose variables every rank adopts.
+        device: Accepted for Horovod compatibility (ignored).
+    """
+
+    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+        super().__init__()
+        if not isinstance(root_rank, int) or root_rank < 0:
+            raise ConfigError(
+                f"root_rank must be a rank number >= 0. Received root_rank={root_rank!r}."
+            )
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs=None) -> None:
+        self.broadcast_done = False
+        model = self.model
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        variables = list(model.variables)
+        if optimizer is not None:
+            variables += list(optimizer.variables)
+        broadcast_variables(variables, root_rank=self.root_rank)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Average every numeric epoch log over ranks, in place (sorted by name on every rank).
+
+    Args:
+        device: Accepted for Horovod compatibility (ignored).
+    """
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float, np.number)))
+        values = [np.array(float(logs[k]), np.float64) for k in keys]
+        averaged = basics.engine().allreduce(values, op="average", name="metric_average")
+        for key, value in zip(keys, averaged, strict=True):
+            logs[key] = float(value)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` between two epochs.
+
+    Args:
+        initial_lr: Base learning rate (usually already scaled by ``size()``).
+        multiplier: A constant ``m`` (rate ``m ** (epoch - start_epoch)``) or a
+            function of the (fractional) epoch.
+        start_epoch: First epoch the schedule applies to.
+        end_epoch: Epoch at which it stops applying (None: never).
+        staircase: Change once per epoch (True) or every batch with a
+            fractional epoch (False).
+        momentum_correction: Rescale the momentum velocity when the rate changes.
+        steps_per_epoch: Batches per epoch (default: from Keras' params).
+        verbose: Log changes on rank 0 when > 0.
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        multiplier: float | Callable[[float], float],
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        staircase: bool = True,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__()
+        if initial_lr is None or not float(initial_lr) > 0:
+            raise ConfigError(
+                f"{type(self).__name__} needs initial_lr > 0. Received initial_lr={initial_lr!r}."
+            )
+        if end_epoch is not None and end_epoch <= start_epoch:
+            raise ConfigError(
+                f"{type(self).__name__} needs end_epoch > start_epoch. Received "
+                f"start_epoch={start_epoch}, end_epoch={end_epoch}."
+            )
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ConfigError(f"steps_per_epoch must be >= 1. Received {steps_per_epoch!r}.")
+        self.initial_lr = float(initial_lr)
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            factor = float(multiplier)
+            self.multiplier = lambda epoch: factor ** (epoch - start_epoch)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self._steps = steps_per_epoch
+        self.current_epoch = 0
+
+    def on_train_begin(self, logs=None) -> None:
+        self.current_epoch = 0
+        self._steps = self.steps_per_epoch or (self.params or {}).get("steps")
+        if not self.staircase and not self._steps:
+            raise ConfigError(
+                f"{type(self).__name__} could not find the number of steps per epoch. Pass "
+                "steps_per_epoch=... to the callback (or steps_per_epoch to fit())."
+            )
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs=None) -> None:
+        epoch = self.current_epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._set_lr(self.initial_lr * self.multiplier(epoch))
+        else:
+            self._set_lr(self.initial_lr * self.multiplier(epoch + batch / self._steps))
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        if logs is not None:
+            logs["learning_rate"] = _get_lr(self.model.optimizer)
+
+    def _set_lr(self, new_lr: float) -> None:
+        optimizer = self.model.optimizer
+        old_lr = _get_lr(optimizer)
+        if new_lr == old_lr:
+            return
+        try:
+            optimizer.learning_rate = new_lr
+        except (TypeError, ValueError) as err:
+            raise ConfigError(
+                f"{type(self).__name__} cannot set the learning rate of an optimizer built "
+                f"with a LearningRateSchedule ({err}). Use a float learning rate with this "
+                "callback, or the schedule alone."
+            ) from None
+        if self.momentum_correction and old_lr > 0:
+            _correct_momentum(optimizer, new_lr / old_lr)
+        if self.verbose > 0 and basics.rank() == 0:
+            logger.info("epoch %d: learning rate %.6g -> %.6g", self.current_epoch, old_lr, new_lr)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the learning rate from ``initial_lr / size()`` to ``initial_lr`` (Goyal et al.).
+
+    The rate grows linearly per batch over ``warmup_epochs``:
+    ``lr = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)``,
+    reaching ``initial_lr`` at the end of the warmup.
+
+    Args:
+        initial_lr: The target (already size-scaled) learning rate.
+        warmup_epochs: Epochs of warmup.
+        momentum_correction: Rescale momentum velocity on each change.
+        steps_per_epoch: Batches per epoch (default: from Keras' params).
+        verbose: Log the end of the warmup on rank 0 when > 0.
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        warmup_epochs: float = 5,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+    ) -> None:
+        if not warmup_epochs > 0:
+            raise ConfigError(
+                f"LearningRateWarmupCallback needs warmup_epochs > 0. Received "
+                f"warmup_epochs={warmup_epochs!r}."
+            )
+        self.warmup_epochs = warmup_epochs
+
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self._steps  # end each epoch on a round value, as Horovod does
+            n = basics.size()
+            return (epoch * (n - 1) / warmup_epochs + 1) / n
+
+        super().__init__(
+            initial_lr,
+            multiplier,
+            start_epoch=0,
+            end_epoch=int(np.ceil(warmup_epochs)),
+            staircase=False,
+            momentum_correction=momentum_correction,
+            steps_per_epoch=steps_per_epoch,
+            verbose=verbose,
+        )
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
+            logger.info(
+                "epoch %d: finished learning-rate warmup at %.6g",
+                epoch + 1,
+                _get_lr(self.model.optimizer),
+            )
+
+
+def _get_lr(optimizer) -> float:
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def _correct_momentum(optimizer, ratio: float) -> None:
+    inner = unwrap_optimizer(optimizer)
+    if not getattr(inner, "momentum", 0):
+        return
+    velocities = getattr(inner, "momentums", None) or getattr(inner, "_momentums", None) or []
+    for velocity in velocities:
+        velocity.assign(velocity * ratio)

@@ -1,0 +1,241 @@
+"""``DistributedOptimizer`` for Keras 3: averages gradients across ranks in ``apply``.
+
+Keras 3 ``fit`` (and ``optimizer.apply_gradients`` in custom loops) ends in
+``Optimizer.apply(grads, variables)``; Horovod hooked Keras 2's
+``get_gradients``/``_aggregate_gradients``, which Keras 3 never calls, so its
+optimizer silently stops averaging. This wrapper composes plainly, the way
+``keras.optimizers.LossScaleOptimizer`` wraps an inner optimizer: ``apply``
+allreduces the gradients in one fused, negotiated collective and hands them to
+the inner optimizer, which keeps its own variables, learning rate and update
+rule. Inside the Keras train function the allreduce is one ordinary graph op.
+
+With ``backward_passes_per_step=N`` gradients are summed locally for ``N``
+calls and reduced/applied on every ``N``-th (weights and the inner
+optimizer's ``iterations`` change only then).
+
+Example (one process):
+    >>> import keras
+    >>> import ddl_tf.keras as hvd
+    >>> _ = hvd.init()
+    >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    >>> w = keras.Variable([1.0, 2.0])
+    >>> opt.apply([keras.ops.convert_to_tensor([1.0, 1.0])], [w])
+    >>> [round(float(x), 3) for x in w.numpy()]
+    [0.9, 1.9]
+    >>> hvd.shutdown()
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from ddl_tf.collectives import check_process_set
+from ddl_tf.core.compression import Compression, Compressor
+from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.errors import ConfigError
+from ddl_tf.functions import allreduce_gradients
+
+__all__ = ["DistributedOptimizer", "unwrap_optimizer"]
+
+logger = logging.getLogger(__name__)
+
+
+@keras.saving.register_keras_serializable(package="ddl_tf", name="DistributedOptimizer")
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Wrap a Keras 3 optimizer so that gradients are averaged across ranks before each update.
+
+    Args:
+        optimizer: The ``keras.optimizers.Optimizer`` (or its name) doing the updates.
+        name: Optimizer name; defaults to ``"Distributed" + inner class name``.
+        device_dense: Accepted for Horovod compatibility (ignored).
+        device_sparse: Accepted for Horovod compatibility (ignored).
+        compression: ``Compression.none`` (default: the configured one), ``.fp16``, ``.bf16``.
+        sparse_as_dense: Densify ``tf.IndexedSlices`` gradients before reducing.
+        gradient_predivide_factor: With Average, scale by ``1/f`` before the sum
+            and ``f/size`` after it.
+        op: ``Average`` (default) or ``Sum``.
+        backward_passes_per_step: Accumulate this many gradient calls locally
+            before one reduction and update.
+        average_aggregated_gradients: Divide accumulated gradients by
+            ``backward_passes_per_step``.
+        num_groups: Accepted for compatibility (ddl_tf always fuses into buckets).
+        groups: Accepted for compatibility.
+        process_set: Only the global process set is supported.
+        scale_local_gradients: Accepted for compatibility.
+    """
+
+    def __init__(
+        self,
+        optimizer: keras.optimizers.Optimizer | str,
+        name: str | None = None,
+        device_dense: str = "",
+        device_sparse: str = "",
+        compression: Compressor | str | None = None,
+        sparse_as_dense: bool = False,
+        gradient_predivide_factor: float = 1.0,
+        op: ReduceOp | str = ReduceOp.AVERAGE,
+        backward_passes_per_step: int = 1,
+        average_aggregated_gradients: bool = False,
+        num_groups: int = 0,
+        groups: Any = None,
+        process_set: Any = None,
+        scale_local_gradients: bool = True,
+    ) -> None:
+        check_process_set(process_set)
+        inner = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
+        if not isinstance(inner, keras.optimizers.Optimizer):
+            raise ConfigError(
+                "DistributedOptimizer wraps Keras 3 optimizers. Received "
+                f"optimizer={optimizer!r} ({type(optimizer).__name__}); pass e.g. "
+                "keras.optimizers.SGD(0.01), or use ddl_tf.DistributedGradientTape in "
+                "custom TensorFlow loops."
+            )
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ConfigError(
+                "backward_passes_per_step must be a whole number >= 1. Received "
+                f"backward_passes_per_step={backward_passes_per_step!r}."
+            )
+        op = parse_op(op)
+        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+            raise ConfigError(
+                f"DistributedOptimizer combines gradients with Average or Sum. Received op={op!r}."
+            )
+        super().__init__(learning_rate=0.0, name=name or f"Distributed{type(inner).__name__}")
+        self.inner_optimizer = inner
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.op = op
+        self.backward_passes_per_step = backward_passes_per_step
+        self.average_aggregated_gradients = average_aggregated_gradients
+        self._accumulators: list = []
+        self._passes = None
+
+    # ------------------------------------------------------------------ state
+
+    def build(self, var_list) -> None:
+        """Build the inner optimizer (and local accumulators when ``backward_passes_per_step > 1``)."""
+        if not self.inner_optimizer.built:
+            self.inner_optimizer.build(var_list)
+        super().build(var_list)
+        if self.backward_passes_per_step > 1:
+            self._accumulators = [
+                self.add_variable_from_reference(v, name="ddl_accumulator") for v in var_list
+            ]
+            self._passes = self.add_variable((), initializer="zeros", dtype="int", name="passes")
+
+    @property
+    def variables(self) -> list:
+        return self._variables[:] + self.inner_optimizer.variables
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value) -> None:
+        self.inner_optimizer.learning_rate = value
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list) -> None:
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    # ------------------------------------------------------------------ updates
+
+    def apply_gradients(self, grads_and_vars):
+        grads, variables = zip(*grads_and_vars, strict=True)
+        self.apply(list(grads), list(variables))
+        return self.iterations
+
+    def apply(self, grads, trainable_variables=None) -> None:
+        """Average ``grads`` across ranks, then let the inner optimizer apply them."""
+        grads = list(grads)
+        if trainable_variables is None:
+            if not self.built:
+                raise ConfigError(
+                    "DistributedOptimizer.apply() got gradients without variables before it "
+                    "was built. Pass the variables (optimizer.apply(grads, model.trainable_"
+                    "variables)) or call optimizer.build(variables) first."
+                )
+            variables = list(self._trainable_variables)
+        else:
+            variables = list(trainable_variables)
+            if not self.built:
+                with keras.name_scope(self.name, caller=self):
+                    self.build(variables)
+        if self.backward_passes_per_step == 1:
+            self._reduce_and_apply(grads, variables)
+        else:
+            self._accumulate(grads, variables)
+
+    def _reduce_and_apply(self, grads: list, variables: list) -> None:
+        reduced = allreduce_gradients(
+            grads,
+            op=self.op,
+            compression=self.compression,
+            sparse_as_dense=self.sparse_as_dense,
+            gradient_predivide_factor=self.gradient_predivide_factor,
+            name=f"{self.name}_allreduce",
+        )
+        self.inner_optimizer.apply(reduced, variables)
+
+    def _accumulate(self, grads: list, variables: list) -> None:
+        pairs = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
+        slots = [self._accumulators[self._get_variable_index(v)] for _, v in pairs]
+        for (g, _), slot in zip(pairs, slots, strict=True):
+            slot.assign_add(tf.convert_to_tensor(g))
+        self._passes.assign_add(1)
+        steps = self.backward_passes_per_step
+
+        def update():
+            scale = 1.0 / steps if self.average_aggregated_gradients else 1.0
+            summed = [ops.convert_to_tensor(slot) * scale for slot in slots]
+            self._reduce_and_apply(summed, [v for _, v in pairs])
+            for slot in slots:
+                slot.assign(ops.zeros_like(slot))
+
+        ops.cond(ops.equal(self._passes % steps, 0), update, lambda: None)
+
+    # ------------------------------------------------------------------ config
+
+    def get_config(self) -> dict:
+        compression = self.compression
+        if compression is not None and not isinstance(compression, (Compressor, str)):
+            logger.warning("custom compressor %r is not saved with the optimizer", compression)
+            compression = None
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "compression": None if compression is None else Compression.get(compression).name,
+            "sparse_as_dense": self.sparse_as_dense,
+            "gradient_predivide_factor": self.gradient_predivide_factor,
+            "op": self.op.value,
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "average_aggregated_gradients": self.average_aggregated_gradients,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict, custom_objects=None) -> DistributedOptimizer:
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The optimizer that owns the update rule (inside DistributedOptimizer/LossScaleOptimizer)."""
+    while hasattr(optimizer, "inner_optimizer"):
+        optimizer = optimizer.inner_optimizer
+    return optimizer

@@ -1,0 +1,223 @@
+"""``ddlrun``: launch a ddl_tf job through mpirun, after sanity checks.
+
+Usage::
+
+    ddlrun -np 4 -H node1:2,node2:2 python train.py --epochs 10
+    ddlrun -np 4 --pseudo-nodes 2 --algo hierarchical train.py     # .py runs with this Python
+    ddlrun -np 8 --hostfile hosts --topology topo.json --compression fp16 --timeline t.json train.py
+
+It prints the (predicted) topology and the exact mpirun command, then runs it
+with the ddl_tf settings exported to every rank (``-x DDL_...``). It adds
+``--allow-run-as-root`` only when run as root. Jobs also run without ddlrun:
+plain ``mpirun``/``srun`` (export the ``DDL_*`` variables yourself) or
+``horovodrun --mpi``.
+
+Exit codes:
+    0   the job finished successfully
+    2   invalid arguments
+    3   a pre-flight check failed (hosts, slots, Python, topology, mpirun)
+    other  mpirun's exit code (a rank failed); 128+N if mpirun died of signal N
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ddl_tf import env
+from ddl_tf.config import ALGORITHMS, COMPRESSIONS, DDLConfig
+from ddl_tf.core.topology import Topology, pseudo_node_names
+from ddl_tf.core.topology_file import load_topology_file
+from ddl_tf.errors import DDLError, LaunchError
+from ddl_tf.launch import checks
+from ddl_tf.launch.command import (
+    LaunchPlan,
+    build_command,
+    child_environment,
+    find_mpirun,
+    mpi_flavor,
+)
+from ddl_tf.launch.hosts import EXAMPLE, is_local, parse_host_list, parse_hostfile, place_ranks
+
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_USAGE", "EXIT_PREFLIGHT"]
+
+EXIT_OK, EXIT_USAGE, EXIT_PREFLIGHT = 0, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ddlrun`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="ddlrun",
+        description="Launch a ddl_tf (Horovod-compatible) job through mpirun.",
+        epilog=f"example: {EXAMPLE}\nexit codes: 0 ok, 2 bad arguments, 3 pre-flight check "
+        "failed, otherwise mpirun's exit code.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-np", "-n", dest="np", type=int, help="number of ranks (default: slots)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:2,node2:2")
+    where.add_argument("--hostfile", help="file with lines 'host slots=N'")
+    parser.add_argument("--topology", help="JSON topology file (levels, groups, algorithms)")
+    parser.add_argument("--algo", choices=ALGORITHMS, help="allreduce algorithm (default auto)")
+    parser.add_argument("--fusion-threshold-mb", type=float, help="fusion bucket size in MiB")
+    parser.add_argument("--compression", choices=COMPRESSIONS, help="default wire compression")
+    parser.add_argument("--timeline", help="write a Chrome-trace timeline to this file")
+    parser.add_argument(
+        "--pseudo-nodes", help="fake node layout on one host: a count, or a node name per rank"
+    )
+    parser.add_argument("--stall-warning-seconds", type=float, help="warn about stalls after S")
+    parser.add_argument("--stall-shutdown-seconds", type=float, help="abort stalls after S")
+    parser.add_argument("--oversubscribe", action="store_true", help="allow ranks > slots")
+    parser.add_argument(
+        "-x",
+        dest="forward",
+        action="append",
+        default=[],
+        metavar="VAR",
+        help="export this environment variable to every rank (repeatable)",
+    )
+    parser.add_argument("--mpirun", help="mpirun to use (default: next to Python, then PATH)")
+    parser.add_argument("--mpi-args", default="", help="extra mpirun arguments (one string)")
+    parser.add_argument("--skip-checks", action="store_true", help="skip the Python check")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, do not run")
+    parser.add_argument(
+        "program", nargs=argparse.REMAINDER, help="command (a .py uses this Python)"
+    )
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> dict[str, str]:
+    """DDL_* variables for the ranks, validated through DDLConfig."""
+    values: dict[str, str] = {}
+    if args.algo:
+        values[env.DDL_ALLREDUCE_ALGO] = args.algo
+    if args.fusion_threshold_mb is not None:
+        values[env.DDL_FUSION_THRESHOLD] = str(int(args.fusion_threshold_mb * 1024 * 1024))
+    if args.compression:
+        values[env.DDL_COMPRESSION] = args.compression
+    if args.timeline:
+        values[env.DDL_TIMELINE] = str(Path(args.timeline).resolve())
+    if args.topology:
+        values[env.DDL_TOPOLOGY_FILE] = str(Path(args.topology).resolve())
+    if args.pseudo_nodes:
+        values[env.DDL_PSEUDO_NODES] = args.pseudo_nodes
+    if args.stall_warning_seconds is not None:
+        values[env.DDL_STALL_WARNING_SECONDS] = str(args.stall_warning_seconds)
+    if args.stall_shutdown_seconds is not None:
+        values[env.DDL_STALL_SHUTDOWN_SECONDS] = str(args.stall_shutdown_seconds)
+    DDLConfig.from_env({**env.ddl_variables(), **values})  # raises ConfigError on bad values
+    return values
+
+
+def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, list[str]]:
+    hosts = parse_host_list(args.hosts) if args.hosts else []
+    if args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+    np_ = args.np if args.np is not None else sum(h.slots for h in hosts)
+    if not np_ or np_ < 1:
+        raise LaunchError(f"ddlrun: give the number of ranks with -np N (>= 1); e.g. {EXAMPLE}")
+    placement = place_ranks(hosts, np_, args.oversubscribe) if hosts else ["localhost"] * np_
+    program = list(args.program)
+    if program and program[0] == "--":
+        program = program[1:]
+    if program and program[0].endswith(".py"):
+        program = [sys.executable, *program]
+    in_allocation = not hosts and (
+        env.get(env.SLURM_JOB_ID) is not None or env.get(env.PBS_JOBID) is not None
+    )
+    forward = list(args.forward)
+    forward += [name for name in env.ddl_variables() if name not in forward]
+    if env.get(env.PYTHONPATH) is not None and env.PYTHONPATH not in forward:
+        forward.append(env.PYTHONPATH)
+    plan = LaunchPlan(
+        np=np_,
+        program=program,
+        hosts=hosts if args.hosts else [],
+        hostfile=args.hostfile,
+        env=_settings(args),
+        forward=forward,
+        oversubscribe=args.oversubscribe,
+        mpi_args=shlex.split(args.mpi_args),
+        in_allocation=in_allocation,
+    )
+    return plan, placement
+
+
+def _describe_topology(args: argparse.Namespace, placement: list[str]) -> str:
+    names = pseudo_node_names(args.pseudo_nodes, len(placement)) if args.pseudo_nodes else placement
+    spec = load_topology_file(args.topology) if args.topology else None
+    source = "--pseudo-nodes" if args.pseudo_nodes else "host placement (--map-by slot)"
+    return Topology.from_node_names(names, 0, spec, source=source).describe()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ddlrun``; returns the exit code (see the module docstring)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return EXIT_USAGE if exit_.code else EXIT_OK
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    try:
+        plan, placement = _plan(args)
+        checks.check_program(plan.program)
+        checks.check_hosts_resolve(plan.hosts or [])
+        mpirun = find_mpirun(args.mpirun)
+        flavor = mpi_flavor(mpirun)
+        command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
+        child_env = child_environment(plan, as_root=as_root)
+        topology_text = _describe_topology(args, placement)
+        python = checks.python_of(plan.program)
+        if python and not args.skip_checks:
+            remote = [h for h in plan.hosts if not is_local(h.name)]
+            prefix = [
+                mpirun,
+                "-np",
+                str(len(remote)),
+                "--map-by",
+                "ppr:1:node",
+                "-H",
+                ",".join(f"{h.name}:1" for h in remote),
+            ]
+            if as_root:
+                prefix.insert(1, "--allow-run-as-root")
+            checks.check_python(python, child_env, remote, prefix if flavor == "openmpi" else None)
+    except DDLError as err:
+        print(str(err), file=sys.stderr)
+        return EXIT_PREFLIGHT
+    print(f"ddlrun: {plan.np} rank(s); topology:")
+    for line in topology_text.splitlines():
+        print(f"ddlrun:   {line}")
+    if plan.env:
+        print("ddlrun: settings: " + " ".join(f"{k}={v}" for k, v in sorted(plan.env.items())))
+    print("ddlrun: running: " + shlex.join(command), flush=True)
+    if args.dry_run:
+        return EXIT_OK
+    return _run(command, child_env)
+
+
+def _run(command: list[str], child_env: dict[str, str]) -> int:
+    proc = subprocess.Popen(command, env=child_env)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:  # mpirun got the same SIGINT and tears the job down
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+    if code < 0:
+        return 128 - code
+    if code != 0:
+        print(f"ddlrun: job failed with exit code {code}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""``DistributedGradientTape``: a ``tf.GradientTape`` whose ``gradient`` returns averaged gradients.
+
+It wraps the user's tape by composition (Horovod clones the tape's class with
+``type()``; plain delegation is enough): recording, ``watch`` and friends go
+to the wrapped tape; :meth:`DistributedGradientTape.gradient` computes local
+gradients and allreduces them in one fused, negotiated collective.
+
+Example (one process):
+    >>> import tensorflow as tf
+    >>> import ddl_tf as hvd
+    >>> _ = hvd.init()
+    >>> w = tf.Variable(3.0)
+    >>> with tf.GradientTape() as tape:
+    ...     loss = w * w
+    >>> tape = hvd.DistributedGradientTape(tape)
+    >>> float(tape.gradient(loss, [w])[0])
+    6.0
+    >>> hvd.shutdown()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from ddl_tf import basics
+from ddl_tf.collectives import check_process_set
+from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.functions import allreduce_gradients
+
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
+
+
+class DistributedGradientTape:
+    """Wrap ``gradtape`` so that ``gradient()`` allreduces across ranks.
+
+    Args:
+        gradtape: The ``tf.GradientTape`` that recorded the forward pass.
+        device_dense: Accepted for compatibility (ignored).
+        device_sparse: Accepted for compatibility (ignored).
+        compression: ``Compression.none`` (default), ``.fp16`` or ``.bf16``.
+        sparse_as_dense: Densify ``tf.IndexedSlices`` gradients first.
+        op: Average (default) or Sum.
+        gradient_predivide_factor: See :func:`ddl_tf.functions.allreduce_gradients`.
+        num_groups: Accepted for compatibility (ddl_tf always fuses into buckets).
+        groups: Accepted for compatibility.
+        process_set: Only the global process set is supported.
+        scale_local_gradients: Divide gradients of registered local sources by
+            the number of ranks, as Horovod does.
+    """
+
+    def __init__(
+        self,
+        gradtape: tf.GradientTape,
+        device_dense: str = "",
+        device_sparse: str = "",
+        compression: Any = None,
+        sparse_as_dense: bool = False,
+        op: ReduceOp = ReduceOp.AVERAGE,
+        gradient_predivide_factor: float = 1.0,
+        num_groups: int = 0,
+        groups: Any = None,
+        process_set: Any = None,
+        scale_local_gradients: bool = True,
+    ) -> None:
+        check_process_set(process_set)
+        self._tape = gradtape
+        self._compression = compression
+        self._sparse_as_dense = sparse_as_dense
+        self._op = parse_op(op)
+        self._predivide = gradient_predivide_factor
+        self._scale_local = scale_local_gradients
+        self._local_sources: set = set()
+
+    def register_local_source(self, source) -> None:
+        """Keep ``source``'s gradient local (not reduced across ranks)."""
+        self._local_sources.add(source.ref() if hasattr(source, "ref") else id(source))
+
+    def _is_local(self, source) -> bool:
+        key = source.ref() if hasattr(source, "ref") else id(source)
+        return key in self._local_sources
+
+    def gradient(self, target, sources, output_gradients=None, **kwargs):
+        """Local gradients of ``target``, allreduced (same structure as ``sources``)."""
+        grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads)
+        shared = [i for i, s in enumerate(flat_sources) if not self._is_local(s)]
+        reduced = allreduce_gradients(
+            [flat_grads[i] for i in shared],
+            op=self._op,
+            compression=self._compression,
+            sparse_as_dense=self._sparse_as_dense,
+            gradient_predivide_factor=self._predivide,
+            name="DistributedGradientTape",
+        )
+        out = list(flat_grads)
+        for i, g in zip(shared, reduced, strict=True):
+            out[i] = g
+        if self._scale_local and len(shared) < len(flat_sources):
+            n = basics.size()
+            for i, s in enumerate(flat_sources):
+                if self._is_local(s) and out[i] is not None:
+                    out[i] = _divide(out[i], n)
+        return tf.nest.pack_sequence_as(sources, out)
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._tape.__exit__(*exc)
+
+    def __getattr__(self, name: str):
+        return getattr(self._tape, name)
+
+
+def _divide(grad, n: int):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)
+
+
+def PartialDistributedGradientTape(
+    gradtape, local_layers=None, **kwargs
+) -> DistributedGradientTape:  # noqa: N802 - Horovod's name
+    """A :class:`DistributedGradientTape` that keeps the gradients of ``local_layers`` local."""
+    tape = DistributedGradientTape(gradtape, **kwargs)
+    layers = [] if local_layers is None else local_layers
+    if not isinstance(layers, (list, tuple)):
+        layers = [layers]
+    for layer in layers:
+        for variable in layer.trainable_weights:
+            tape.register_local_source(variable)
+    return tape

@@ -1,0 +1,144 @@
+"""Pure core pieces: fusion plans, compression, auto policy, descriptors, timeline, shards."""
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ddl_tf.core.algorithms import shard_layout
+from ddl_tf.core.compression import Compression
+from ddl_tf.core.fusion import pack, plan_buckets, unpack
+from ddl_tf.core.mpi import check_reducible, reduce_into, reduce_rows
+from ddl_tf.core.negotiation import DESCRIPTOR_BYTES, Descriptor
+from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.selection import DEFAULT_POLICY, AutoPolicy, load_policy
+from ddl_tf.core.timeline import NullTimeline, Timeline, merge_traces, rank_path
+from ddl_tf.errors import ConfigError
+
+F4, F2, I4 = np.dtype("float32"), np.dtype("float16"), np.dtype("int32")
+
+
+def test_buckets_respect_threshold_order_and_dtype_groups():
+    buckets = plan_buckets((F4, F4, F2, F4, I4, F4), (10, 10, 10, 30, 5, 1), 80)
+    assert [(b.dtype, b.members) for b in buckets] == [
+        (F4, (0, 1)),
+        (F4, (3,)),  # 120 bytes: larger than the threshold, alone
+        (F4, (5,)),
+        (F2, (2,)),
+        (I4, (4,)),
+    ]
+    assert all(b.nbytes <= 80 or len(b.members) == 1 for b in buckets)
+    assert plan_buckets((F4, F4), (10, 10), 0)[0].members == (0,)
+    assert len(plan_buckets((F4,) * 100, (0,) * 100, 1 << 20)) == 1  # empty tensors fuse
+
+
+def test_pack_unpack_round_trip_leaves_inputs_untouched():
+    arrays = [np.arange(6, dtype=F4).reshape(2, 3), np.zeros(0, F4), np.float32(7.0) * np.ones(())]
+    (bucket,) = plan_buckets((F4, F4, F4), (6, 0, 1), 1 << 10)
+    buf = pack(bucket, arrays)
+    buf += 1
+    views = unpack(bucket, buf, [a.shape for a in arrays])
+    assert views[0].shape == (2, 3) and views[1].shape == (0,) and views[2].shape == ()
+    np.testing.assert_array_equal(views[0], arrays[0] + 1)
+    assert arrays[0][0, 0] == 0
+
+
+def test_half_compression_round_trips_floats_and_passes_other_dtypes():
+    x = np.array([1.0, -2.5, 3.14159], np.float64)
+    for compressor, wire in ((Compression.fp16, F2), (Compression.bf16, ml_dtypes.bfloat16)):
+        packed, ctx = compressor.compress(x)
+        assert packed.dtype == wire
+        back = compressor.decompress(packed, ctx)
+        assert back.dtype == np.float64
+        np.testing.assert_allclose(back, x, rtol=1e-2)
+        ints = np.arange(3)
+        assert compressor.compress(ints)[0] is ints
+    assert Compression.get(None) is Compression.none
+    with pytest.raises(ConfigError, match="Unknown compression 'zip'"):
+        Compression.get("zip")
+
+
+def test_local_reductions_accumulate_halves_in_float32():
+    rows = np.array([[2048], [1], [1], [1]], np.float16)
+    out = np.empty(1, np.float16)
+    reduce_rows(rows, ReduceOp.SUM, out)
+    assert out[0] == 2052  # float16 accumulation would stay at 2048
+    seq = np.array([2048], np.float16)
+    for _ in range(3):
+        reduce_into(seq, np.array([1], np.float16), ReduceOp.SUM)
+    assert seq[0] == 2048  # one rounding per hop, as a ring on a half-precision wire does
+
+
+def test_reducibility_checks_say_what_to_do():
+    with pytest.raises(ConfigError, match="op=ddl_tf.Sum"):
+        check_reducible(np.dtype(np.int32), ReduceOp.AVERAGE)
+    with pytest.raises(ConfigError, match="cast to int32"):
+        check_reducible(np.dtype(np.bool_), ReduceOp.SUM)
+    with pytest.raises(ConfigError, match="complex"):
+        check_reducible(np.dtype(np.complex64), ReduceOp.MAX)
+    check_reducible(np.dtype(ml_dtypes.bfloat16), ReduceOp.AVERAGE)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 17])
+@pytest.mark.parametrize("parts", [1, 2, 3, 8])
+def test_shards_cover_the_buffer_exactly(n, parts):
+    counts, displs = shard_layout(n, parts)
+    assert sum(counts) == n and len(counts) == parts
+    assert max(counts) - min(counts) <= 1
+    assert list(displs) == [sum(counts[:i]) for i in range(parts)]
+
+
+def test_auto_policy_rules_and_files(tmp_path):
+    policy = AutoPolicy(
+        {"single_node": ((1024, "flat"), (None, "ring")), "multi_node": ((None, "hierarchical"),)}
+    )
+    kwargs = {"hierarchical_ok": True, "custom_op": False}
+    assert policy.choose(1024, num_nodes=1, **kwargs) == "flat"
+    assert policy.choose(1025, num_nodes=1, **kwargs) == "ring"
+    assert policy.choose(10, num_nodes=2, **kwargs) == "hierarchical"
+    assert policy.choose(10, num_nodes=2, hierarchical_ok=False, custom_op=False) == "flat"
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(policy.to_json()))
+    assert load_policy(path).digest() == policy.digest() != DEFAULT_POLICY.digest()
+    assert load_policy(None) is DEFAULT_POLICY
+    path.write_text(json.dumps({"single_node": [[None, "tree"]]}))
+    with pytest.raises(ConfigError, match="bad rule"):
+        load_policy(path)
+    with pytest.raises(ConfigError, match="could not be read"):
+        load_policy(tmp_path / "missing.json")
+
+
+def test_descriptors_are_fixed_size_and_digest_every_field():
+    a = Descriptor.make("allreduce", "g", ((("float32", (3,)),), "sum"))
+    b = Descriptor.make("allreduce", "g", ((("float32", (4,)),), "sum"))
+    assert a.digest != b.digest
+    assert Descriptor.make("barrier", None).summary == "barrier "
+    long = Descriptor.make("allreduce", "x" * 1000)
+    raw = long.encode(seq=3)
+    assert len(raw) == DESCRIPTOR_BYTES
+    seq, digest, summary = Descriptor.decode(raw)
+    assert (seq, digest) == (3, long.digest) and summary.startswith("allreduce 'xxx")
+
+
+def test_timeline_streams_per_rank_and_merges(tmp_path):
+    path = tmp_path / "trace.json"
+    timelines = [Timeline(path, rank=r, host="h") for r in range(2)]
+    for r, tl in enumerate(timelines):
+        with tl.phase("allreduce 'g'", bytes=8 * r):
+            with tl.phase("negotiate"):
+                pass
+    # the stream is readable before close (array format without the closing bracket)
+    text = rank_path(path, 0).read_text()
+    assert json.loads(text.rstrip().rstrip(",") + "]")[0]["ph"] == "M"
+    merge_traces(path, [tl.close() for tl in timelines])
+    events = json.loads(path.read_text())["traceEvents"]
+    assert sorted((e["pid"], e["name"]) for e in events if e["ph"] == "X") == [
+        (0, "allreduce 'g'"),
+        (0, "negotiate"),
+        (1, "allreduce 'g'"),
+        (1, "negotiate"),
+    ]
+    assert not rank_path(path, 1).exists()
+    assert timelines[0].close() == []
+    assert NullTimeline().phase("x") is NullTimeline().phase("y")

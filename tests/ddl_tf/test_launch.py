@@ -1,0 +1,118 @@
+"""ddlrun: argument errors, pre-flight checks, the exact mpirun command (no job is started)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddl_tf.errors import LaunchError
+from ddl_tf.launch import cli
+from ddl_tf.launch.command import LaunchPlan, build_command, child_environment, find_mpirun
+from ddl_tf.launch.hosts import Host, parse_host_list, parse_hostfile, place_ranks
+
+SCRIPT = str(Path(__file__).parent / "test_launch.py")
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_dry_run_prints_topology_settings_and_the_command(capsys):
+    code, out, err = run(
+        capsys,
+        "-np",
+        "4",
+        "--pseudo-nodes",
+        "2",
+        "--algo",
+        "hierarchical",
+        "--fusion-threshold-mb",
+        "1",
+        "--compression",
+        "bf16",
+        "--dry-run",
+        SCRIPT,
+        "--flag",
+    )
+    assert code == 0, err
+    assert "node pseudo0: ranks 0-1" in out and "node(2) -> world(2)" in out
+    assert "DDL_ALLREDUCE_ALGO=hierarchical" in out and "DDL_FUSION_THRESHOLD=1048576" in out
+    command = out.split("ddlrun: running: ")[1].split()
+    assert command[:3] == [find_mpirun(), "-np", "4"]
+    assert command[-3:] == [sys.executable, SCRIPT, "--flag"]
+    assert ("--allow-run-as-root" in command) == (os.geteuid() == 0)
+    assert "-x" in command and "DDL_COMPRESSION" in command
+
+
+def test_root_permission_only_when_root():
+    plan = LaunchPlan(np=2, program=["python", "t.py"], hosts=[Host("a", 2)])
+    as_user = build_command(plan, "mpirun", flavor="openmpi", as_root=False)
+    as_root = build_command(plan, "mpirun", flavor="openmpi", as_root=True)
+    assert "--allow-run-as-root" not in as_user and "--allow-run-as-root" in as_root
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in {
+        k for k in child_environment(plan, as_root=False) if k not in os.environ
+    }
+    env = child_environment(plan, as_root=True)
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    assert build_command(plan, "mpiexec", flavor="hydra", as_root=True)[:5] == [
+        "mpiexec",
+        "-n",
+        "2",
+        "-hosts",
+        "a:2",
+    ]
+
+
+def test_mpirun_next_to_python_wins():
+    assert find_mpirun() == str(Path(sys.executable).parent / "mpirun")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-np", "5", "-H", "localhost:2,127.0.0.1:2", SCRIPT], "5 ranks need 5 slots"),
+        (["-np", "2", "-H", "no-such-host.invalid:2", SCRIPT], "cannot resolve host(s)"),
+        (["-np", "2", "-H", "a:zero", SCRIPT], "cannot read host 'a:zero'"),
+        (["-np", "2", "missing_script.py"], "does not exist"),
+        (["-np", "2"], "no program to run"),
+        (["-np", "0", SCRIPT], "-np N (>= 1)"),
+        (["-np", "2", "--topology", "/nonexistent/t.json", SCRIPT], "does not exist"),
+        (["-np", "3", "--pseudo-nodes", "a,b", SCRIPT], "lists 2 node names for 3 ranks"),
+        (["-np", "2", "--mpirun", "/nonexistent/mpirun", SCRIPT], "is not an executable"),
+        (["-np", "2", "--stall-warning-seconds", "0", SCRIPT], "stall_warning_seconds"),
+    ],
+)
+def test_preflight_failures_exit_3_with_a_fix(capsys, argv, message):
+    code, out, err = run(capsys, *argv, "--dry-run")
+    assert code == cli.EXIT_PREFLIGHT, (out, err)
+    assert message in err
+    assert "ddlrun: running" not in out
+
+
+def test_usage_errors_exit_2(capsys):
+    assert run(capsys, "--algo", "tree", SCRIPT)[0] == cli.EXIT_USAGE
+    assert run(capsys, "-H", "a", "--hostfile", "f", SCRIPT)[0] == cli.EXIT_USAGE
+    assert run(capsys, "--help")[0] == cli.EXIT_OK
+
+
+def test_python_check_reports_a_python_without_ddl_tf(capsys, tmp_path):
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\necho 'missing: ddl_tf'\nexit 1\n")
+    fake.chmod(0o755)
+    code, _, err = run(capsys, "-np", "1", "--dry-run", str(fake), SCRIPT)
+    assert code == cli.EXIT_PREFLIGHT
+    assert "cannot run ddl_tf: missing: ddl_tf" in err
+
+
+def test_host_lists_and_hostfiles(tmp_path):
+    assert parse_host_list("a:2,b,a:1") == [Host("a", 3), Host("b", 1)]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=4\nnode2:2  # comment\nnode3\n")
+    assert parse_hostfile(hostfile) == [Host("node1", 4), Host("node2", 2), Host("node3", 1)]
+    hostfile.write_text("node1 gpus=4\n")
+    with pytest.raises(LaunchError, match="hosts:1: cannot read"):
+        parse_hostfile(hostfile)
+    assert place_ranks([Host("a", 1), Host("b", 1)], 3, oversubscribe=True) == ["a", "b", "a"]

@@ -1,0 +1,253 @@
+"""The Horovod API in one process (MPI singleton): semantics, graph structure, Keras pieces."""
+
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ddl_tf as hvd
+import ddl_tf.keras as hvd_keras
+from ddl_tf import basics, bridge
+from ddl_tf.errors import ConfigError, NotInitializedError
+from ddl_tf.keras.callbacks import (
+    BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+)
+
+
+@pytest.fixture
+def ddl():
+    hvd.init()
+    yield hvd
+    hvd.shutdown()
+
+
+def test_importing_ddl_tf_starts_neither_mpi_nor_tensorflow():
+    code = (
+        "import sys, ddl_tf, ddl_tf.keras.callbacks, ddl_tf.launch.cli; "
+        "print('mpi4py.MPI' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    core = "import sys, ddl_tf, ddl_tf.core.engine, ddl_tf.launch.cli; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_queries_before_init_name_the_fix():
+    assert not hvd.is_initialized()
+    with pytest.raises(NotInitializedError, match="Call ddl_tf.init()"):
+        hvd.rank()
+
+
+def test_init_is_idempotent_and_single_process_values(ddl):
+    assert hvd.init() is basics.engine()
+    assert (hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank()) == (1, 0, 1, 0)
+    assert (hvd.cross_size(), hvd.cross_rank(), hvd.is_homogeneous()) == (1, 0, True)
+    assert hvd.mpi_built() and not hvd.nccl_built()
+    with pytest.raises(ConfigError, match="only the global process set"):
+        hvd.allreduce(tf.ones(2), process_set=object())
+
+
+def test_collectives_preserve_dtype_and_shape_eagerly(ddl):
+    for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
+        x = tf.reshape(tf.cast(tf.range(6), dtype), [2, 3])
+        y = hvd.allreduce(x, compression=hvd.Compression.fp16)
+        assert y.dtype == dtype and y.shape == (2, 3)
+    ints = hvd.allreduce(tf.constant([1, 2]), op=hvd.Sum)
+    assert ints.dtype == tf.int32
+    with pytest.raises(ConfigError, match="Average is only defined for floating"):
+        hvd.allreduce(tf.constant([1, 2]))
+    assert hvd.allgather(tf.zeros([0, 4])).shape == (0, 4)
+    assert hvd.broadcast_object([1, "a"]) == [1, "a"]
+    assert hvd.allgather_object({"r": 0}) == [{"r": 0}]
+    received, splits = hvd.alltoall(tf.ones([3, 2]), splits=[3])
+    assert received.shape == (3, 2) and splits.numpy().tolist() == [3]
+    hvd.barrier()
+
+
+def test_graph_collectives_are_chained_in_program_order(ddl):
+    @tf.function
+    def step(x):
+        a = hvd.allreduce(x, name="first")
+        b = hvd.allgather(x, name="second")
+        c = hvd.broadcast(x, 0, name="third")
+        return a, b, c
+
+    x = tf.ones([2])
+    step(x)
+    graph = step.get_concrete_function(x).graph
+    chain = bridge.collective_ops(graph)
+    assert [op.name for op in chain] == [
+        "DDLAllreduce_first",
+        "DDLAllgather_second",
+        "DDLBroadcast_third",
+    ]
+    assert chain[0] in chain[1].control_inputs and chain[1] in chain[2].control_inputs
+    assert all(op.type == "PyFunc" for op in chain)
+
+
+def test_collectives_inside_xla_are_refused_with_the_fix(ddl):
+    @tf.function(jit_compile=True, autograph=False)
+    def compiled(x):
+        return hvd.allreduce(x)
+
+    with pytest.raises(ConfigError, match="jit_compile=False"):
+        compiled(tf.ones(2))
+
+
+def test_gradients_flow_through_collectives(ddl):
+    v = tf.Variable([1.0, 2.0])
+    with tf.GradientTape(persistent=True) as tape:
+        s = tf.reduce_sum(hvd.allreduce(v * v) + hvd.allgather(v) + hvd.broadcast(v, 0))
+        m = tf.reduce_sum(hvd.allreduce(v, op=hvd.Max))
+    np.testing.assert_allclose(tape.gradient(s, v).numpy(), [4.0, 6.0])
+    with pytest.raises(Exception, match="has no gradient"):
+        tape.gradient(m, v)
+
+
+def test_distributed_optimizer_config_round_trip_and_save_load(ddl, tmp_path):
+    opt = hvd_keras.DistributedOptimizer(
+        keras.optimizers.SGD(0.1, momentum=0.5),
+        compression=hvd.Compression.bf16,
+        backward_passes_per_step=2,
+    )
+    clone = hvd_keras.DistributedOptimizer.from_config(opt.get_config())
+    assert clone.backward_passes_per_step == 2 and clone.compression == "bf16"
+    assert isinstance(clone.inner_optimizer, keras.optimizers.SGD)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    model.fit(np.ones((8, 3)), np.ones((8, 2)), epochs=1, verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = hvd_keras.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded.optimizer, hvd_keras.DistributedOptimizer)
+    assert int(loaded.optimizer.iterations.numpy()) == 1
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    plain.compile(optimizer="sgd", loss="mse")
+    plain.save(tmp_path / "plain.keras")
+    wrapped = hvd_keras.load_model(tmp_path / "plain.keras")
+    assert isinstance(wrapped.optimizer, hvd_keras.DistributedOptimizer)
+    wrapped.fit(np.ones((4, 3)), np.ones((4, 2)), epochs=1, verbose=0)
+
+
+def test_distributed_optimizer_rejects_what_it_cannot_wrap(ddl):
+    with pytest.raises(ConfigError, match="wraps Keras 3 optimizers"):
+        hvd_keras.DistributedOptimizer(tf.Variable(1.0))
+    with pytest.raises(ConfigError, match="backward_passes_per_step"):
+        hvd_keras.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
+    with pytest.raises(ConfigError, match="Average or Sum"):
+        hvd_keras.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Max)
+
+
+def test_one_process_fit_equals_plain_keras_bitwise(ddl):
+    def train(wrap):
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        opt = keras.optimizers.SGD(0.05, momentum=0.9)
+        model.compile(optimizer=hvd_keras.DistributedOptimizer(opt) if wrap else opt, loss="mse")
+        rng = np.random.default_rng(0)
+        model.fit(
+            rng.normal(size=(32, 4)),
+            rng.normal(size=(32, 1)),
+            batch_size=8,
+            epochs=2,
+            shuffle=False,
+            verbose=0,
+        )
+        return model.get_weights()
+
+    for a, b in zip(train(True), train(False), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+class _Model:
+    """Just enough of a Keras model for calling callback hooks directly."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
+def _sgd(lr=0.1, momentum=0.9):
+    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=momentum))
+    opt.build([keras.Variable(np.ones(2, np.float32))])
+    return opt
+
+
+def test_warmup_ramps_from_lr_over_size_to_lr_and_logs_it(ddl, monkeypatch):
+    monkeypatch.setattr(basics, "size", lambda: 4)
+    cb = LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2, steps_per_epoch=10)
+    cb.set_model(_Model(_sgd(0.4)))
+    cb.on_train_begin()
+    seen = []
+    for epoch in range(3):
+        cb.on_epoch_begin(epoch)
+        for batch in range(10):
+            cb.on_train_batch_begin(batch)
+            seen.append(float(cb.model.optimizer.learning_rate))
+    assert seen[0] == pytest.approx(0.4 / 4 * (0.1 * 3 / 2 + 1))
+    assert seen[19] == pytest.approx(0.4)  # end of warmup: round value
+    assert seen[20:] == [pytest.approx(0.4)] * 10
+    assert seen == sorted(seen)
+    logs = {}
+    cb.on_epoch_end(2, logs)
+    assert logs["learning_rate"] == pytest.approx(0.4)
+
+
+def test_schedule_staircase_and_momentum_correction(ddl):
+    opt = _sgd(0.1)
+    velocity = opt.inner_optimizer.momentums[0]
+    velocity.assign([1.0, 2.0])
+    cb = LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.5, start_epoch=1)
+    cb.set_model(_Model(opt))
+    cb.on_train_begin()
+    cb.on_epoch_begin(0)
+    cb.on_train_batch_begin(0)
+    assert float(opt.learning_rate) == pytest.approx(0.1)
+    cb.on_epoch_begin(2)
+    cb.on_train_batch_begin(0)
+    assert float(opt.learning_rate) == pytest.approx(0.05)  # 0.1 * 0.5 ** (2 - 1)
+    np.testing.assert_allclose(velocity.numpy(), [0.5, 1.0])  # rescaled by 0.05 / 0.1
+
+
+def test_callbacks_validate_their_options():
+    with pytest.raises(ConfigError, match="initial_lr > 0"):
+        LearningRateScheduleCallback(initial_lr=0, multiplier=1.0)
+    with pytest.raises(ConfigError, match="end_epoch > start_epoch"):
+        LearningRateScheduleCallback(initial_lr=0.1, multiplier=1.0, start_epoch=3, end_epoch=2)
+    with pytest.raises(ConfigError, match="root_rank"):
+        BroadcastGlobalVariablesCallback(root_rank=-1)
+
+
+def test_metric_average_and_broadcast_callbacks_in_one_process(ddl):
+    logs = {"loss": 2.0, "accuracy": 0.5, "note": "text"}
+    MetricAverageCallback().on_epoch_end(0, logs)
+    assert logs == {"loss": 2.0, "accuracy": 0.5, "note": "text"}
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD()), loss="mse")
+    cb = BroadcastGlobalVariablesCallback(0)
+    cb.set_model(model)
+    cb.on_train_begin()
+    assert cb.broadcast_done and model.optimizer.built
+
+
+def test_keras_module_mirrors_horovod_names():
+    for name in (
+        "init",
+        "DistributedOptimizer",
+        "callbacks",
+        "load_model",
+        "allreduce",
+        "broadcast",
+        "allgather",
+        "Compression",
+        "Average",
+        "Sum",
+    ):
+        assert hasattr(hvd_keras, name), name
+    with pytest.raises(ConfigError, match="BroadcastGlobalVariablesCallback"):
+        hvd_keras.broadcast_global_variables(0)
