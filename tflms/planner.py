@@ -50,6 +50,12 @@ NAME_SENSITIVE = frozenset(
 )
 """Ops Grappler canonicalizes or reassociates by input name (see :mod:`tflms.plan`)."""
 
+ARITHMETIC_CHAIN = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "Neg"})
+"""Ops Grappler's arithmetic optimizer folds into trees (AddOpsRewrite, MinimizeBroadcasts)
+when the intermediate result has one consumer. A swap-out adds a consumer, so
+swapping a tensor that links two of them would change the tree and the float
+rounding; such tensors are not swapped."""
+
 CPU_PAIRED_INPUTS = {"MaxPoolGrad": 1, "MaxPoolGradV2": 1, "MaxPool3DGrad": 1, "LRNGrad": 2}
 """Gradient ops whose input (forward output) oneDNN links to the forward op on CPU."""
 
@@ -226,6 +232,11 @@ def _plan_tensor(view, producer, node, info, levels, config, trigger_ok):
             return (
                 None,
                 f"a far consumer ({cnode['type']}) is in control flow or off the compute device",
+            )
+        if node["type"] in ARITHMETIC_CHAIN and cnode["type"] in ARITHMETIC_CHAIN:
+            return None, (
+                f"{node['type']} -> {cnode['type']} may be folded by Grappler's arithmetic "
+                "optimizer; an extra consumer would change its float rounding"
             )
         if info.index and cnode["type"] in NAME_SENSITIVE:
             return None, (

@@ -233,3 +233,20 @@ def test_planning_is_deterministic():
     a = plan_of(fan_out(), swapout_threshold=5).to_json()
     b = plan_of(fan_out(), swapout_threshold=5).to_json()
     assert a == b
+
+
+def test_links_inside_an_arithmetic_chain_are_not_swapped():
+    # A residual block: the shortcut's y = x*s + b (AddV2) waits for the main branch,
+    # then out = y + main (AddV2). Grappler folds that Add tree only if y has one
+    # consumer, so a swap-out on y would change the float rounding.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, WIDTH], name="x")
+        shortcut = tf.add(x * 2.0, 1.0, name="shortcut")
+        main = long_chain(x, 12, "m")
+        tf.add(shortcut, main, name="residual")
+        relu_out = tf.nn.relu(x * 3.0, name="relu_out")
+        tf.add(relu_out, long_chain(x, 14, "n"), name="residual2")
+    plan = plan_of(g, swapout_threshold=5)
+    assert "arithmetic optimizer" in dict(plan.skipped)["shortcut:0"]
+    assert "relu_out:0" in {s.tensor for s in plan.swaps}  # a Relu is not folded into the Add tree
