@@ -182,6 +182,26 @@ def shutdown() -> None:
         current.shutdown()
 
 
+def collective_stats(reset: bool = False) -> dict[str, dict[str, float]]:
+    """Calls and wall seconds this rank spent in each kind of collective.
+
+    The time counts from entering a collective to leaving it, so it includes
+    waiting for slower ranks - the communication share of a step is the
+    allreduce seconds over the step time. Not a Horovod API; ddl_tf only.
+
+    Args:
+        reset: Clear the counters after reading them.
+
+    Returns:
+        ``{"allreduce": {"calls": int, "seconds": float}, ...}``.
+    """
+    stats = engine().stats
+    snapshot = stats.snapshot()
+    if reset:
+        stats.reset()
+    return snapshot
+
+
 def is_initialized() -> bool:
     """Whether ``init()`` has run (and ``shutdown()`` has not)."""
     return _engine is not None

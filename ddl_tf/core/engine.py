@@ -36,7 +36,7 @@ from ddl_tf.core.algorithms import Allreduce, make_allreduce, shard_layout
 from ddl_tf.core.comms import Communicators
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
-from ddl_tf.core.guard import CollectiveGuard, layout_text
+from ddl_tf.core.guard import CollectiveGuard, CollectiveStats, layout_text
 from ddl_tf.core.mpi import accumulation_dtype, check_reducible, dtype_info
 from ddl_tf.core.negotiation import Descriptor, Negotiator
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
@@ -78,6 +78,7 @@ class Engine:
         self._failed: BaseException | None = None
         self._closed = False
         self._host = host
+        self.stats = CollectiveStats()
         self.timeline = (
             Timeline(config.timeline, self.rank, host) if config.timeline else NullTimeline()
         )

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,13 +25,43 @@ import numpy as np
 
 from ddl_tf.errors import DDLError, StallError
 
-__all__ = ["CollectiveGuard", "layout_text"]
+__all__ = ["CollectiveGuard", "CollectiveStats", "layout_text"]
+
+
+class CollectiveStats:
+    """Calls and wall seconds per collective kind on this rank (negotiation and waiting included).
+
+    Example:
+        >>> stats = CollectiveStats()
+        >>> stats.record("allreduce", 0.25); stats.record("allreduce", 0.5)
+        >>> stats.snapshot()
+        {'allreduce': {'calls': 2, 'seconds': 0.75}}
+    """
+
+    __slots__ = ("_calls", "_seconds")
+
+    def __init__(self) -> None:
+        self._calls: dict[str, int] = {}
+        self._seconds: dict[str, float] = {}
+
+    def record(self, kind: str, seconds: float) -> None:
+        self._calls[kind] = self._calls.get(kind, 0) + 1
+        self._seconds[kind] = self._seconds.get(kind, 0.0) + seconds
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        return {
+            k: {"calls": self._calls[k], "seconds": self._seconds[k]} for k in sorted(self._calls)
+        }
+
+    def reset(self) -> None:
+        self._calls.clear()
+        self._seconds.clear()
 
 
 class CollectiveGuard:
     """One collective's critical section (a plain class: this is on every call's path)."""
 
-    __slots__ = ("engine", "kind", "name", "fields", "summary", "phase")
+    __slots__ = ("engine", "kind", "name", "fields", "summary", "phase", "start")
 
     def __init__(self, engine: Any, kind: str, name, fields: tuple, summary) -> None:
         self.engine, self.kind, self.name, self.fields, self.summary = (
@@ -41,10 +72,12 @@ class CollectiveGuard:
             summary,
         )
         self.phase = None
+        self.start = 0.0
 
     def __enter__(self) -> CollectiveGuard:
         engine = self.engine
         engine._lock.acquire()
+        self.start = time.perf_counter()
         try:
             if engine._failed is not None:
                 raise DDLError(
@@ -78,6 +111,8 @@ class CollectiveGuard:
             if not isinstance(exc, DDLError):  # an MPI or data error mid-collective
                 engine._failed = exc
         try:
+            if entered:
+                engine.stats.record(self.kind, time.perf_counter() - self.start)
             if self.phase is not None:
                 self.phase.__exit__(exc_type, exc, tb)
         finally:

@@ -33,6 +33,7 @@ import keras
 from ddl_tf import collectives as _collectives
 from ddl_tf.basics import (
     ccl_built,
+    collective_stats,
     cross_rank,
     cross_size,
     cuda_built,
@@ -85,6 +86,7 @@ __all__ = [
     "cuda_built",
     "rocm_built",
     "start_timeline",
+    "collective_stats",
     "stop_timeline",
     "DistributedOptimizer",
     "DistributedGradientTape",

@@ -14,9 +14,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from examples.unet3d.data import CHANNELS, CLASSES
+from .data import CHANNELS, CLASSES
 
-__all__ = ["build_unet3d", "SegmentationLoss", "dice_per_class"]
+__all__ = [
+    "build_unet3d",
+    "SegmentationLoss",
+    "dice_per_class",
+    "confusion_counts",
+    "dice_from_counts",
+]
 
 
 def _conv_block(x, filters: int, name: str):
@@ -83,11 +89,22 @@ class SegmentationLoss(keras.losses.Loss):
         return {**super().get_config(), "classes": self.classes, "dice_weight": self.dice_weight}
 
 
-def dice_per_class(pred: np.ndarray, label: np.ndarray, classes: int = CLASSES) -> np.ndarray:
-    """Dice coefficient per class over all voxels (1.0 when a class is absent from both)."""
-    scores = np.zeros(classes)
+def confusion_counts(pred: np.ndarray, label: np.ndarray, classes: int = CLASSES) -> np.ndarray:
+    """Per class: [true positives, predicted voxels, labelled voxels] (sum across ranks)."""
+    counts = np.zeros((classes, 3), np.float64)
     for c in range(classes):
         p, g = pred == c, label == c
-        denom = p.sum() + g.sum()
-        scores[c] = 1.0 if denom == 0 else 2.0 * np.logical_and(p, g).sum() / denom
-    return scores
+        counts[c] = (np.logical_and(p, g).sum(), p.sum(), g.sum())
+    return counts
+
+
+def dice_from_counts(counts: np.ndarray) -> np.ndarray:
+    """Dice per class from :func:`confusion_counts` (1.0 when a class is absent from both)."""
+    tp, predicted, labelled = counts[:, 0], counts[:, 1], counts[:, 2]
+    denom = predicted + labelled
+    return np.where(denom == 0, 1.0, 2.0 * tp / np.maximum(denom, 1))
+
+
+def dice_per_class(pred: np.ndarray, label: np.ndarray, classes: int = CLASSES) -> np.ndarray:
+    """Dice coefficient per class over all voxels (1.0 when a class is absent from both)."""
+    return dice_from_counts(confusion_counts(pred, label, classes))

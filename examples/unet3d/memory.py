@@ -1,0 +1,114 @@
+"""Simulated GPU memory of 3D U-Net training steps, without and with tflms.
+
+There is no GPU here, so peaks are predicted by :func:`tflms.simulate` on a
+virtual V100-16GB (every figure says so). For each requested cube size the
+training step of the U-Net is traced once (batch 1), analysed, simulated
+plainly, and auto-tuned to the budget (:func:`tflms.autotune`).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from tflms.simulator import SIMULATOR
+
+import tflms
+from tflms.errors import PlanInfeasibleError
+from tflms.units import parse_bytes
+
+from .model import SegmentationLoss, build_unet3d
+
+__all__ = ["train_step_view", "simulate_size", "simulate_demo"]
+
+
+def train_step_view(size: int, *, depth: int, base_filters: int, batch_size: int = 1):
+    """The analysis view of one Adam training step of the U-Net at ``size``^3."""
+    model = build_unet3d(size, depth=depth, base_filters=base_filters)
+    model.compile(keras.optimizers.Adam(1e-3), SegmentationLoss(), jit_compile=False)
+    model.optimizer.build(model.trainable_variables)
+    x_spec = tf.TensorSpec([None, *model.input_shape[1:]])
+    y_spec = tf.TensorSpec([None, size, size, size], tf.int32)
+    graph = (
+        tf.function(lambda x, y: model.train_step((x, y)))
+        .get_concrete_function(x_spec, y_spec)
+        .graph
+    )
+    return tflms.build_view(graph, batch_size=batch_size)
+
+
+def simulate_size(
+    size: int,
+    *,
+    depth: int,
+    base_filters: int,
+    budget: str = "16GiB",
+    device: str = "V100-16GB",
+    link: str = "nvlink2",
+    timeline_png=None,
+) -> dict:
+    """Peak at ``size``^3 (batch 1) without LMS and with the plan auto-tuned to ``budget``."""
+    view = train_step_view(size, depth=depth, base_filters=base_filters)
+    plain = tflms.simulate(view, device=device, link=link)
+    row = {
+        "size": size,
+        "voxels": size**3,
+        "depth": depth,
+        "base_filters": base_filters,
+        "batch": 1,
+        "device": device,
+        "link": link,
+        "simulator": SIMULATOR,
+        "simulated": True,
+        "peak_without_lms_bytes": plain.device_peak_bytes,
+        "fits_without_lms": plain.device_peak_bytes <= parse_bytes(budget),
+    }
+    try:
+        tuned = tflms.autotune(view, budget, device=device, link=link)
+    except PlanInfeasibleError as err:
+        row.update(fits_with_lms=False, best_peak_with_lms_bytes=err.best_peak_bytes)
+        return row
+    row.update(
+        lms_needed=tuned.lms_needed,
+        peak_with_lms_bytes=tuned.result.device_peak_bytes,
+        fits_with_lms=True,
+        swaps=len(tuned.plan.swaps),
+        bytes_swapped=tuned.plan.bytes_swapped,
+        overhead=round(tuned.overhead, 4),
+    )
+    if timeline_png is not None:
+        tuned.result.plot(
+            timeline_png,
+            budget_bytes=parse_bytes(budget),
+            title=f"3D U-Net {size}^3, batch 1, one training step (simulated, {device}, {link})",
+        )
+    return row
+
+
+def simulate_demo(
+    size: int,
+    *,
+    depth: int,
+    base_filters: int,
+    batch_size: int,
+    config,
+    device: str = "V100-16GB",
+    link: str = "nvlink2",
+) -> dict:
+    """Peak of the demo's own training step without and with the plan its config makes."""
+    view = train_step_view(size, depth=depth, base_filters=base_filters, batch_size=batch_size)
+    plan = tflms.make_plan(view, config)
+    result = tflms.simulate(view, plan, device=device, link=link)
+    plain = result.baseline or result
+    return {
+        "size": size,
+        "batch": batch_size,
+        "device": device,
+        "link": link,
+        "simulator": SIMULATOR,
+        "simulated": True,
+        "peak_without_lms_bytes": plain.device_peak_bytes,
+        "peak_with_lms_bytes": result.device_peak_bytes,
+        "swaps": len(plan.swaps),
+        "bytes_swapped": plan.bytes_swapped,
+        "overhead": round(result.overhead, 4),
+    }
