@@ -21,9 +21,11 @@ from .model import SegmentationLoss, build_unet3d
 __all__ = ["train_step_view", "simulate_size", "simulate_demo"]
 
 
-def train_step_view(size: int, *, depth: int, base_filters: int, batch_size: int = 1):
+def train_step_view(
+    size: int, *, depth: int, base_filters: int, batch_size: int = 1, widen: bool = False
+):
     """The analysis view of one Adam training step of the U-Net at ``size``^3."""
-    model = build_unet3d(size, depth=depth, base_filters=base_filters)
+    model = build_unet3d(size, depth=depth, base_filters=base_filters, widen=widen)
     model.compile(keras.optimizers.Adam(1e-3), SegmentationLoss(), jit_compile=False)
     model.optimizer.build(model.trainable_variables)
     x_spec = tf.TensorSpec([None, *model.input_shape[1:]])
@@ -45,15 +47,20 @@ def simulate_size(
     device: str = "V100-16GB",
     link: str = "nvlink2",
     timeline_png=None,
+    widen: bool = True,
 ) -> dict:
-    """Peak at ``size``^3 (batch 1) without LMS and with the plan auto-tuned to ``budget``."""
-    view = train_step_view(size, depth=depth, base_filters=base_filters)
+    """Peak at ``size``^3 (batch 1) without LMS and with the plan auto-tuned to ``budget``.
+
+    ``widen=True`` with ``depth=4, base_filters=32`` is the seed paper's model.
+    """
+    view = train_step_view(size, depth=depth, base_filters=base_filters, widen=widen)
     plain = tflms.simulate(view, device=device, link=link)
     row = {
         "size": size,
         "voxels": size**3,
         "depth": depth,
         "base_filters": base_filters,
+        "widen": widen,
         "batch": 1,
         "device": device,
         "link": link,
