@@ -390,7 +390,10 @@ class _Search:
 
     def lowest(self, pool=None) -> _Evaluated:
         pool = list(self._seen.values()) if pool is None else list(pool)
-        return min(pool, key=lambda e: (e.result.device_peak_bytes, e.result.step_time_s))
+        return min(
+            pool,
+            key=lambda e: (e.result.device_peak_bytes, not e.plan.swaps, e.result.step_time_s),
+        )
 
     def pick(self, pool) -> _Evaluated:
         """The best fitting evaluation, else the one with the lowest peak."""
@@ -421,9 +424,16 @@ class _Search:
         return self.best(list(self._seen.values()) + [trimmed])
 
     def _rescue(self, current: _Evaluated) -> _Evaluated:
-        """Options that lower the peak at a time cost: sync modes, serialization."""
+        """Options that lower the peak at a time cost: sync modes, serialization.
+
+        They are tried on the best plan so far and on the one that swaps most:
+        when copies are slower than compute, only a synchronous plan frees
+        memory in time.
+        """
+        most = max(self._seen.values(), key=lambda e: (len(e.plan.swaps), -e.result.step_time_s))
         pool = [current]
-        pool += [self.evaluate(**_opts(current.config, sync_mode=m)) for m in (1, 2, 3)]
+        for start in {id(current): current, id(most): most}.values():
+            pool += [self.evaluate(**_opts(start.config, sync_mode=m)) for m in (1, 2, 3)]
         current = self.pick(pool)
         level = self._peak_level(current)
         if level is not None:

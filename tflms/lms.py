@@ -21,8 +21,11 @@ Example:
     ['h:0']
     >>> g.get_operation_by_name("lms/swapout_h_0").device
     '/device:CPU:0'
+    >>> small = tf.Graph()
+    >>> with small.as_default():
+    ...     _ = tf.nn.relu(tf.compat.v1.placeholder(tf.float32, [64, 1024]))
     >>> lms = tflms.LMS(memory_budget="1GiB")  # fits without swapping
-    >>> lms.plan(g).swaps, lms.tuning.lms_needed
+    >>> lms.plan(small).swaps, lms.tuning.lms_needed
     ((), False)
 """
 

@@ -132,6 +132,7 @@ def grappler_timeline(
     device: str = "/device:GPU:0",
     host_device: str = "/device:CPU:0",
     batch_size: int | None = None,
+    slowdown: int = 1,
 ) -> GrapplerTimeline:
     """Grappler's schedule and tensor sizes for ``graph`` on its virtual cluster.
 
@@ -142,13 +143,15 @@ def grappler_timeline(
         graph: a ``tf.Graph`` or ``FuncGraph``.
         device, host_device: the virtual GPU and host.
         batch_size: replaces an unknown leading placeholder dimension.
+        slowdown: divide the virtual devices' speed by this factor (as for
+            :func:`tflms.grappler.grappler_peak`).
 
     Returns:
         A :class:`GrapplerTimeline`.
     """
     prepared = _grappler._prepare(graph, None, device, host_device, batch_size, None)  # noqa: SLF001
     item = _grappler._item(prepared.metagraph)  # noqa: SLF001
-    cluster = _grappler._cluster(device, host_device, 16 * _grappler.GIB, None, None, 1)  # noqa: SLF001
+    cluster = _grappler._cluster(device, host_device, 16 * _grappler.GIB, None, None, slowdown)  # noqa: SLF001
     cluster._generate_timeline = True  # noqa: SLF001
     try:
         _, run_time, step_stats = cluster.MeasureCosts(item)
@@ -168,7 +171,9 @@ def grappler_timeline(
     return GrapplerTimeline(ops=ops, sizes=sizes, step_time_s=float(run_time))
 
 
-def crosscheck(graph, *, batch_size: int | None = None, config=None) -> CrossCheck:
+def crosscheck(
+    graph, *, batch_size: int | None = None, config=None, slowdown: int = 1
+) -> CrossCheck:
     """Simulate ``graph`` with tflms and with Grappler and compare the peaks.
 
     Args:
@@ -176,14 +181,21 @@ def crosscheck(graph, *, batch_size: int | None = None, config=None) -> CrossChe
             (rewrite a fresh trace with :func:`tflms.apply_plan` first).
         batch_size: sizes an unknown batch dimension, for both simulators.
         config: an :class:`~tflms.LMSConfig` naming the host device.
+        slowdown: slow Grappler's virtual devices down by this factor. Grappler
+            keeps whole microseconds, so ops shorter than 1 us start "at once"
+            and their buffers pile up; our times differ from Grappler's, so on
+            graphs of tiny ops use e.g. ``slowdown=100`` to compare schedules
+            rather than rounding artifacts.
 
     Returns:
         A :class:`CrossCheck`.
     """
     view = build_view(graph, config=config, batch_size=batch_size)
     host = config.host_device if config is not None else "/device:CPU:0"
-    peak = _grappler.grappler_peak(graph, batch_size=batch_size, host_device=host)
-    timeline = grappler_timeline(graph, batch_size=batch_size, host_device=host)
+    peak = _grappler.grappler_peak(
+        graph, batch_size=batch_size, host_device=host, slowdown=slowdown
+    )
+    timeline = grappler_timeline(graph, batch_size=batch_size, host_device=host, slowdown=slowdown)
     ours = simulate(view, link="ideal", accounting="grappler")
     realistic = simulate(view, link="ideal")
 
