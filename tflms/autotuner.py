@@ -8,14 +8,18 @@ whose predicted step time is lowest:
 1. ``swapout_threshold`` over a ladder scaled to the graph depth (large
    thresholds swap only the longest-lived tensors);
 2. ``swapin_ahead`` then ``swapin_groupby`` around the best threshold;
-3. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
-   traffic, less overhead;
+3. swap-in triggers chosen by simulated time rather than level distance
+   (:func:`tflms.sim_retime.retime_triggers`), with a few slacks;
 4. only if nothing fits yet: ``sync_mode`` 1-3, ``serialization`` of the
-   levels around the peak, and ``min_tensor_bytes=0``.
+   levels around the peak, and ``min_tensor_bytes=0``;
+5. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
+   traffic, less overhead.
 
 A plan *fits* when its predicted device peak is at most the budget minus the
 safety margin (``LMSConfig.safety_margin``), which is kept for what static
-sizes miss (workspaces, fragmentation). If the plain step fits, the answer is
+sizes miss (workspaces, fragmentation) - over the given link *and* with
+instantaneous copies, so that no fit depends on a slow link holding swap-ins
+back. If the plain step fits, the answer is
 "LMS not needed" and an empty plan; if no plan fits,
 :class:`~tflms.errors.PlanInfeasibleError` reports the smallest peak found.
 
@@ -52,6 +56,8 @@ from tflms.graph_view import build_view
 from tflms.plan import SwapPlan
 from tflms.planner import make_plan
 from tflms.sim_hardware import DEVICES, DeviceModel, LinkModel, get_device, get_link
+from tflms.sim_retime import retime_triggers
+from tflms.sim_schedule import compile_view, first_ready
 from tflms.simulator import SimulationResult, simulate
 from tflms.units import format_bytes, parse_bytes
 
@@ -74,6 +80,7 @@ _AHEADS = (1, 2, 4, 8, 16, 32)
 _GROUPBYS = (0, 5, 20)
 _DEPTH_FRACTIONS = (0.5, 0.35, 0.25, 0.15, 0.1, 0.06, 0.03)
 _SMALL_THRESHOLDS = (8, 4, 2, 1)
+_SLACKS = (1.0, 1.5, 2.5)
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,8 @@ class Candidate:
         step_time_s: its predicted step time.
         swaps: tensors swapped; bytes_swapped: bytes swapped out.
         fits: whether the peak is within the usable budget.
+        instant_copies_peak_bytes: the peak with instantaneous copies, when
+            it was checked (plans that fit over the link).
     """
 
     options: dict
@@ -94,6 +103,7 @@ class Candidate:
     swaps: int
     bytes_swapped: int
     fits: bool
+    instant_copies_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,9 @@ class AutotuneResult:
         usable_bytes: the budget minus the safety margin: what plans must fit.
         candidates: every plan simulated, in search order.
         device, link: the presets used for time predictions.
+        retime: the ``slack`` of :func:`tflms.sim_retime.retime_triggers`
+            if the chosen plan's swap-in triggers were chosen by simulated
+            time, ``None`` if they are the planner's (level-based) ones.
     """
 
     lms_needed: bool
@@ -123,6 +136,7 @@ class AutotuneResult:
     candidates: tuple[Candidate, ...]
     device: str
     link: str
+    retime: float | None = None
 
     @property
     def overhead(self) -> float:
@@ -149,7 +163,12 @@ class AutotuneResult:
                 f"{format_bytes(self.result.device_peak_bytes)}, {len(self.plan.swaps)} tensors "
                 f"swapped ({format_bytes(self.plan.bytes_swapped)} each way), predicted overhead "
                 f"{self.overhead:+.1%} ({len(self.candidates)} plans simulated)",
-                f"  options: {options}",
+                f"  options: {options}"
+                + (
+                    f", swap-ins retimed by simulation (slack {self.retime:g})"
+                    if self.retime
+                    else ""
+                ),
             ]
         )
 
@@ -163,6 +182,7 @@ class AutotuneResult:
             "device": self.device,
             "link": self.link,
             "config": self.config.to_dict(),
+            "retime": self.retime,
             "swaps": len(self.plan.swaps),
             "bytes_swapped": self.plan.bytes_swapped,
             "result": self.result.to_dict(timeline=False),
@@ -214,6 +234,7 @@ def autotune(
     device: str | DeviceModel | None = None,
     link: str | LinkModel | None = None,
     safety_margin: float | None = None,
+    robust: bool = True,
 ) -> AutotuneResult:
     """Find the swap plan that fits ``budget`` with the lowest predicted overhead.
 
@@ -229,6 +250,11 @@ def autotune(
         link: link preset; default ``config.link``.
         safety_margin: fraction of the budget kept free; default
             ``config.safety_margin``.
+        robust: a plan fits only if it also fits with instantaneous copies.
+            Over a slow link, copies that lag keep swap-ins from being
+            allocated early (the consumers stall instead); a plan whose fit
+            relied on that would run out of memory on a faster or less busy
+            link. Instantaneous copies are also what Grappler assumes.
 
     Returns:
         An :class:`AutotuneResult`.
@@ -251,7 +277,7 @@ def autotune(
     link_model = get_link(link if link is not None else config.link)
     view = _as_view(graph_or_view, config, batch_size)
     usable = int(budget_bytes * (1.0 - margin))
-    search = _Search(view, config, usable, device_model, link_model)
+    search = _Search(view, config, usable, device_model, link_model, robust)
 
     if search.baseline.device_peak_bytes <= usable:
         plan = SwapPlan(
@@ -285,11 +311,11 @@ def autotune(
             f"No swap plan brings {view.graph.get('name') or 'the graph'} under "
             f"{format_bytes(usable)} ({format_bytes(budget_bytes)} budget less the "
             f"{margin:.0%} safety margin): the smallest predicted peak of the "
-            f"{len(search.candidates)} plans tried is {format_bytes(low.result.device_peak_bytes)}, "
+            f"{len(search.candidates)} plans tried is {format_bytes(low.peak)}, "
             f"at {low.result.peak_op} ({low.result.peak_op_type}), which needs its live tensors "
             "at once. Lower the batch size or input size, or use a device with more memory.",
             budget_bytes=budget_bytes,
-            best_peak_bytes=low.result.device_peak_bytes,
+            best_peak_bytes=low.peak,
         )
     outcome = AutotuneResult(
         True,
@@ -302,6 +328,7 @@ def autotune(
         tuple(search.candidates),
         device_model.name,
         link_model.name,
+        best.retime,
     )
     logger.info("%s", outcome.summary())
     return outcome
@@ -329,38 +356,59 @@ class _Evaluated:
     config: LMSConfig
     plan: SwapPlan
     result: SimulationResult
+    retime: float | None = None
+    instant_peak: int | None = None  # the peak with instantaneous copies, once computed
+
+    @property
+    def peak(self) -> int:
+        """The peak over the link, or with instantaneous copies if that is higher."""
+        return max(self.result.device_peak_bytes, self.instant_peak or 0)
 
 
 class _Search:
     """Memoized plan-and-simulate over option settings; keeps every candidate."""
 
-    def __init__(self, view, config: LMSConfig, usable: int, device, link):
+    def __init__(self, view, config: LMSConfig, usable: int, device, link, robust=True):
         self.view, self.base, self.usable = view, config, usable
         self.device, self.link = device, link
+        self.robust = robust and link.bandwidth != float("inf")
         self.baseline = simulate(view, device=device, link=link)
         self.candidates: list[Candidate] = []
         self._seen: dict[tuple, _Evaluated] = {}
+        self._timed = None
 
     # ------------------------------------------------------------ evaluation
-    def evaluate(self, **options) -> _Evaluated:
+    def evaluate(self, retime: float | None = None, **options) -> _Evaluated:
         cfg = self.base.replace(**options)
-        key = tuple(getattr(cfg, name) for name in TUNED_OPTIONS)
+        key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
         if key in self._seen:
             return self._seen[key]
         plan = make_plan(self.view, cfg)
+        if retime is not None and plan.swaps:
+            if self._timed is None:
+                compiled = compile_view(self.view, device=self.device, link=self.link)
+                self._timed = (compiled, first_ready(compiled))
+            plan = retime_triggers(
+                self.view, plan, device=self.device, link=self.link, slack=retime, timed=self._timed
+            )
         result = simulate(
             self.view, plan, device=self.device, link=self.link, baseline=self.baseline
         )
-        done = _Evaluated(cfg, plan, result)
+        done = _Evaluated(cfg, plan, result, retime)
         self._seen[key] = done
+        fits = self.fits(done)
         self.candidates.append(
             Candidate(
-                options={name: _jsonable(getattr(cfg, name)) for name in TUNED_OPTIONS},
+                options={
+                    **{name: _jsonable(getattr(cfg, name)) for name in TUNED_OPTIONS},
+                    "retime": retime,
+                },
                 device_peak_bytes=result.device_peak_bytes,
                 step_time_s=result.step_time_s,
                 swaps=len(plan.swaps),
                 bytes_swapped=plan.bytes_swapped,
-                fits=self.fits(done),
+                fits=fits,
+                instant_copies_peak_bytes=done.instant_peak,
             )
         )
         logger.debug(
@@ -373,7 +421,14 @@ class _Search:
         return done
 
     def fits(self, done: _Evaluated) -> bool:
-        return bool(done.plan.swaps) and done.result.device_peak_bytes <= self.usable
+        if not done.plan.swaps or done.result.device_peak_bytes > self.usable:
+            return False
+        if self.robust and done.instant_peak is None:
+            instant = simulate(
+                self.view, done.plan, device=self.device, link="ideal", baseline=False
+            )
+            done.instant_peak = instant.device_peak_bytes
+        return done.peak <= self.usable
 
     def best(self, pool) -> _Evaluated | None:
         fitting = [e for e in pool if self.fits(e)]
@@ -384,7 +439,7 @@ class _Search:
             key=lambda e: (
                 e.result.step_time_s,
                 e.plan.bytes_swapped,
-                e.result.device_peak_bytes,
+                e.peak,
             ),
         )
 
@@ -392,7 +447,7 @@ class _Search:
         pool = list(self._seen.values()) if pool is None else list(pool)
         return min(
             pool,
-            key=lambda e: (e.result.device_peak_bytes, not e.plan.swaps, e.result.step_time_s),
+            key=lambda e: (e.peak, not e.plan.swaps, e.result.step_time_s),
         )
 
     def pick(self, pool) -> _Evaluated:
@@ -416,6 +471,14 @@ class _Search:
             [current]
             + [self.evaluate(**_opts(current.config, swapin_groupby=k)) for k in _GROUPBYS]
         )
+        current = self.pick(
+            [current]
+            + [
+                self.evaluate(retime=slack, **_opts(current.config))
+                for slack in _SLACKS
+                if current.plan.swaps
+            ]
+        )
         if not self.fits(current):
             current = self._rescue(current)
         if not self.fits(current):
@@ -433,14 +496,23 @@ class _Search:
         most = max(self._seen.values(), key=lambda e: (len(e.plan.swaps), -e.result.step_time_s))
         pool = [current]
         for start in {id(current): current, id(most): most}.values():
-            pool += [self.evaluate(**_opts(start.config, sync_mode=m)) for m in (1, 2, 3)]
+            pool += [
+                self.evaluate(retime=start.retime, **_opts(start.config, sync_mode=m))
+                for m in (1, 2, 3)
+            ]
         current = self.pick(pool)
         level = self._peak_level(current)
         if level is not None:
             for half in (2, 8):
                 span = ((max(0, level - half), level + half),)
-                pool.append(self.evaluate(**_opts(current.config, serialization=span)))
-        pool.append(self.evaluate(**_opts(current.config, min_tensor_bytes=0)))
+                pool.append(
+                    self.evaluate(
+                        retime=current.retime, **_opts(current.config, serialization=span)
+                    )
+                )
+        pool.append(
+            self.evaluate(retime=current.retime, **_opts(current.config, min_tensor_bytes=0))
+        )
         return self.pick(pool)
 
     def _trim(self, current: _Evaluated) -> _Evaluated:
@@ -450,7 +522,7 @@ class _Search:
         best = current
         while lo < hi:
             mid = (lo + hi) // 2
-            trial = self.evaluate(**_opts(current.config, n_tensors=mid))
+            trial = self.evaluate(retime=current.retime, **_opts(current.config, n_tensors=mid))
             if self.fits(trial):
                 hi = mid
                 best = self.best([best, trial]) or best

@@ -10,8 +10,9 @@ Given a schedule (:mod:`tflms.sim_schedule`), every op output becomes a
   device tensor, so the device copy is freed only when the swap-out *and*
   the producer's other device consumers are done; the host copy lives until
   the last swap-in has finished copying it back;
-* a swap-in (``h2d``) allocates device memory when its copy starts - that is,
-  when its trigger has fired - and frees it after its consumers;
+* a swap-in (``h2d``) allocates device memory when it is dispatched - once
+  its trigger has fired and its swap-out is done, even if its copy then
+  waits for the host-to-device stream - and frees it after its consumers;
 * frees at an instant come before allocations at the same instant (the
   allocator reuses memory on one stream at once), except for buffers that
   are born at that instant (zero-time ops).
@@ -161,7 +162,7 @@ def trace_memory(
             f"accounting must be one of {sorted(ACCOUNTINGS)}. Received accounting={accounting!r}."
         )
     realistic = accounting == "tensorflow"
-    start, end, order = schedule.start, schedule.end, schedule.order
+    end, order = schedule.end, schedule.order
     position = [0] * len(graph)
     for pos, i in enumerate(order):
         position[i] = pos
@@ -198,7 +199,7 @@ def trace_memory(
     events = []
     alloc_key, free_key = [], []
     for b, producer in enumerate(b_producer):
-        t_alloc = start[producer]
+        t_alloc = schedule.alloc_time(producer)
         t_free, last = end[producer], producer
         for i, k in b_tensors[b]:
             for c in graph.consumers.get((i, k), ()):
@@ -218,11 +219,11 @@ def trace_memory(
         events.append((*f_key, b, -1))
     marker = len(b_space)  # sorts after the op's own allocations
     for i in order:
-        events.append((start[i], 1, position[i], marker, 0))  # a timeline point per op
+        events.append((schedule.alloc_time(i), 1, position[i], marker, 0))  # a point per op
     if not realistic:
         marks = len(events) - len(order)
         for n, i in enumerate(order):
-            events[marks + n] = (_whole_us(start[i]), 1, position[i], marker, 0)
+            events[marks + n] = (_whole_us(schedule.alloc_time(i)), 1, position[i], marker, 0)
     events.sort()
 
     variables = variable_bytes(graph) if realistic else 0

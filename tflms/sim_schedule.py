@@ -17,7 +17,9 @@ Streams (lanes): ``compute`` (the GPU's compute stream), ``d2h`` and ``h2d``
 (one copy stream per direction, as CUDA runs swap copies), ``host`` (ops
 placed on the host) and one lane per other device. Swap-outs run on ``d2h``
 and swap-ins on ``h2d``, so a copy overlaps with compute and a consumer waits
-for its swap-in. A copy is a ``tflms`` swap op or any ``Identity`` whose input
+for its swap-in. A swap-in is a GPU op: the executor dispatches it in
+FirstReady order among the compute ops (allocating its device buffer then),
+and its copy starts when the host-to-device stream is free. A copy is a ``tflms`` swap op or any ``Identity`` whose input
 sits on the other side of the link (so hand-made swaps are understood too).
 
 Why this is a fair model of TensorFlow's executor: TensorFlow also runs an op
@@ -114,6 +116,10 @@ class Schedule:
         start, end: seconds, per op number.
         lanes: busy seconds per lane.
         makespan: end of the last op (the predicted step time).
+        alloc: when each op's outputs are allocated: its start, except for a
+            swap-in, whose buffer is allocated when it is dispatched, even if
+            the copy then waits for the host-to-device stream (``None``:
+            ``start``).
     """
 
     order: tuple
@@ -121,6 +127,11 @@ class Schedule:
     end: list
     lanes: dict
     makespan: float
+    alloc: list | None = None
+
+    def alloc_time(self, i: int) -> float:
+        """When op ``i`` allocates its outputs."""
+        return self.start[i] if self.alloc is None else self.alloc[i]
 
 
 def _lane_and_space(node: dict) -> tuple[str, str | None]:
@@ -232,6 +243,7 @@ def first_ready(graph: CompiledGraph) -> Schedule:
     ready_at = [0.0] * n
     start = [0.0] * n
     end = [0.0] * n
+    alloc = [0.0] * n
     lane_free: dict[str, float] = {}
     busy: dict[str, float] = {}
     heap = [(0.0, names[i], i) for i in range(n) if waiting[i] == 0]
@@ -247,6 +259,7 @@ def first_ready(graph: CompiledGraph) -> Schedule:
         t0 = max(t_ready, lane_free.get(lane, 0.0))
         t1 = t0 + durations[i]
         start[i], end[i] = t0, t1
+        alloc[i] = t_ready if lane == "h2d" else t0
         lane_free[lane] = t1
         busy[lane] = busy.get(lane, 0.0) + durations[i]
         order.append(i)
@@ -268,4 +281,5 @@ def first_ready(graph: CompiledGraph) -> Schedule:
         end=end,
         lanes=busy,
         makespan=max(end, default=0.0),
+        alloc=alloc,
     )
