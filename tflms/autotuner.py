@@ -7,7 +7,8 @@ whose predicted step time is lowest:
 
 1. ``swapout_threshold`` over a ladder scaled to the graph depth (large
    thresholds swap only the longest-lived tensors);
-2. ``swapin_ahead`` then ``swapin_groupby`` around the best threshold;
+2. ``swapin_ahead`` for the three most promising thresholds, then
+   ``swapin_groupby`` around the best pair;
 3. swap-in triggers chosen by simulated time rather than level distance
    (:func:`tflms.sim_retime.retime_triggers`), with a few slacks;
 4. only if nothing fits yet: ``sync_mode`` 1-3, ``serialization`` of the
@@ -81,6 +82,7 @@ _GROUPBYS = (0, 5, 20)
 _DEPTH_FRACTIONS = (0.5, 0.35, 0.25, 0.15, 0.1, 0.06, 0.03)
 _SMALL_THRESHOLDS = (8, 4, 2, 1)
 _SLACKS = (1.0, 1.5, 2.5)
+_PROMISING = 3
 
 
 @dataclass(frozen=True)
@@ -443,6 +445,12 @@ class _Search:
             ),
         )
 
+    def rank(self, done: _Evaluated) -> tuple:
+        """Sort key: fitting plans by time, then the others by peak."""
+        if self.fits(done):
+            return (0, done.result.step_time_s, done.peak)
+        return (1, done.peak, done.result.step_time_s)
+
     def lowest(self, pool=None) -> _Evaluated:
         pool = list(self._seen.values()) if pool is None else list(pool)
         return min(
@@ -461,11 +469,19 @@ class _Search:
         ladder = {max(0, int(depth * f)) for f in _DEPTH_FRACTIONS} | set(_SMALL_THRESHOLDS)
         ladder.add(self.base.swapout_threshold)
         thresholds = sorted(ladder, reverse=True)
-        current = self.pick(
+        ladder = [
             self.evaluate(swapout_threshold=t, n_tensors=None, sync_mode=0) for t in thresholds
-        )
+        ]
+        # How far ahead a swap-in must start depends on the threshold (a short-lived
+        # tensor needs a late trigger): sweep the lead for the most promising few.
+        promising = sorted(ladder, key=self.rank)[:_PROMISING]
         current = self.pick(
-            [current] + [self.evaluate(**_opts(current.config, swapin_ahead=a)) for a in _AHEADS]
+            ladder
+            + [
+                self.evaluate(**_opts(start.config, swapin_ahead=a))
+                for start in promising
+                for a in _AHEADS
+            ]
         )
         current = self.pick(
             [current]
