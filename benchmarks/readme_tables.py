@@ -20,23 +20,35 @@ def _pct(value) -> str:
 
 def capacity_table(data: dict) -> list[str]:
     lines = [
-        "| model (virtual V100, 16 GiB) | without LMS | with LMS (ours) | ratio (ours) | "
-        "with LMS (Grappler judges) | ratio (Grappler) | overhead at 2x: PCIe3 / NVLink2 |",
+        "| virtual V100-16GB | without LMS | with LMS over PCIe3 (overhead) "
+        "| with LMS over NVLink2 (overhead) | ratio | Grappler judges: without / with LMS "
+        "| at the first 2x-oversubscribed size: PCIe3 / NVLink2 overhead |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, label in (("resnet50", "ResNet-50 224x224, batch"), ("unet3d", "3D U-Net, cube edge")):
+    for name, label in (
+        ("resnet50", "ResNet-50 224x224: batch"),
+        ("unet3d", "3D U-Net: cube edge"),
+    ):
         model = data["models"][name]
         summary = data["summary"][name]
         plain = model["without_lms"]
-        best = max(("pcie3", "nvlink2"), key=lambda k: model["with_lms"][k]["ours"])
-        lms = model["with_lms"][best]
+        cells = []
+        for link in ("pcie3", "nvlink2"):
+            point = model["with_lms"][link]
+            cells.append(f"{point['ours']} ({_pct(point['at_ours'][link].get('overhead'))})")
         over = model["oversubscribed_2x"]
-        unit = summary["ratio_is"]
+        if over["pcie3"]["fits"] or over["nvlink2"]["fits"]:
+            at_2x = (
+                f"{over['size']}: {_pct(over['pcie3'].get('overhead'))} / "
+                f"{_pct(over['nvlink2'].get('overhead'))}"
+            )
+        else:
+            at_2x = f"{over['size']}: does not fit with LMS"
         lines.append(
-            f"| {label} | {plain['ours']} (Grappler: {plain['grappler']}) | {lms['ours']} "
-            f"| {summary['ratio_ours']:.2f}x {unit} | {lms['grappler']} "
-            f"| {summary['ratio_grappler']:.2f}x | at {over['size']}: "
-            f"{_pct(over['pcie3'].get('overhead'))} / {_pct(over['nvlink2'].get('overhead'))} |"
+            f"| {label} | {plain['ours']} | {cells[0]} | {cells[1]} "
+            f"| {summary['ratio_ours']:.2f}x ({summary['ratio_is']}) "
+            f"| {plain['grappler']} / {model['with_lms']['grappler']['size']} "
+            f"({summary['ratio_grappler']:.2f}x) | {at_2x} |"
         )
     return lines
 
@@ -57,7 +69,10 @@ def fidelity_table(data: dict) -> list[str]:
 
 
 def main() -> int:
-    for name, table in (("capacity.json", capacity_table), ("simulator_fidelity.json", fidelity_table)):
+    for name, table in (
+        ("capacity.json", capacity_table),
+        ("simulator_fidelity.json", fidelity_table),
+    ):
         path = RESULTS / name
         if not path.exists():
             print(f"{path} missing: run make bench", file=sys.stderr)

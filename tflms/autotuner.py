@@ -237,6 +237,7 @@ def autotune(
     link: str | LinkModel | None = None,
     safety_margin: float | None = None,
     robust: bool = True,
+    accounting: str = "tensorflow",
 ) -> AutotuneResult:
     """Find the swap plan that fits ``budget`` with the lowest predicted overhead.
 
@@ -257,6 +258,9 @@ def autotune(
             allocated early (the consumers stall instead); a plan whose fit
             relied on that would run out of memory on a faster or less busy
             link. Instantaneous copies are also what Grappler assumes.
+        accounting: memory conventions plans are judged by (see
+            :mod:`tflms.sim_memory`): ``"tensorflow"`` (a GPU, the default) or
+            ``"grappler"`` (to find plans that Grappler's estimate accepts).
 
     Returns:
         An :class:`AutotuneResult`.
@@ -279,7 +283,7 @@ def autotune(
     link_model = get_link(link if link is not None else config.link)
     view = _as_view(graph_or_view, config, batch_size)
     usable = int(budget_bytes * (1.0 - margin))
-    search = _Search(view, config, usable, device_model, link_model, robust)
+    search = _Search(view, config, usable, device_model, link_model, robust, accounting)
 
     if search.baseline.device_peak_bytes <= usable:
         plan = SwapPlan(
@@ -370,11 +374,14 @@ class _Evaluated:
 class _Search:
     """Memoized plan-and-simulate over option settings; keeps every candidate."""
 
-    def __init__(self, view, config: LMSConfig, usable: int, device, link, robust=True):
+    def __init__(
+        self, view, config: LMSConfig, usable: int, device, link, robust=True, accounting=None
+    ):
         self.view, self.base, self.usable = view, config, usable
         self.device, self.link = device, link
         self.robust = robust and link.bandwidth != float("inf")
-        self.baseline = simulate(view, device=device, link=link)
+        self.accounting = accounting or "tensorflow"
+        self.baseline = simulate(view, device=device, link=link, accounting=self.accounting)
         self.candidates: list[Candidate] = []
         self._seen: dict[tuple, _Evaluated] = {}
         self._timed = None
@@ -394,7 +401,12 @@ class _Search:
                 self.view, plan, device=self.device, link=self.link, slack=retime, timed=self._timed
             )
         result = simulate(
-            self.view, plan, device=self.device, link=self.link, baseline=self.baseline
+            self.view,
+            plan,
+            device=self.device,
+            link=self.link,
+            baseline=self.baseline,
+            accounting=self.accounting,
         )
         done = _Evaluated(cfg, plan, result, retime)
         self._seen[key] = done
@@ -427,7 +439,12 @@ class _Search:
             return False
         if self.robust and done.instant_peak is None:
             instant = simulate(
-                self.view, done.plan, device=self.device, link="ideal", baseline=False
+                self.view,
+                done.plan,
+                device=self.device,
+                link="ideal",
+                baseline=False,
+                accounting=self.accounting,
             )
             done.instant_peak = instant.device_peak_bytes
         return done.peak <= self.usable

@@ -47,5 +47,6 @@ def test_capacity_reports_both_judges_and_both_links():
         for link in ("pcie3", "nvlink2"):
             point = model["with_lms"][link]
             assert point["ours"] >= model["without_lms"]["ours"]
-            assert "grappler" in point
+            assert "grappler_peak_with_variables_bytes" in point["at_ours"][link]
+        assert model["with_lms"]["grappler"]["size"] >= model["without_lms"]["grappler"]
         assert set(data["summary"][name]) >= {"ratio_ours", "ratio_grappler"}
