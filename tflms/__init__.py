@@ -23,6 +23,7 @@ except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
 
 from tflms import errors
 from tflms.apply import apply_plan, apply_to_view
+from tflms.autotuner import AutotuneResult, autotune
 from tflms.config import LMSConfig
 from tflms.graph_view import build_view
 from tflms.keras_callback import LMSCallback
@@ -30,6 +31,7 @@ from tflms.lms import LMS
 from tflms.lms_function import LMSFunction, function
 from tflms.plan import Swap, SwapIn, SwapPlan
 from tflms.planner import make_plan
+from tflms.simulator import SimulationResult, simulate
 from tflms.validate import validate
 
 try:
@@ -48,9 +50,13 @@ __all__ = [
     "SwapPlan",
     "apply_plan",
     "apply_to_view",
+    "autotune",
+    "AutotuneResult",
     "build_view",
     "function",
     "LMSFunction",
     "make_plan",
+    "simulate",
+    "SimulationResult",
     "validate",
 ]

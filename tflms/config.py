@@ -12,6 +12,8 @@ Example:
     ((3, 3), (10, 12))
     >>> LMSConfig.from_dict(cfg.to_dict()) == cfg
     True
+    >>> LMSConfig(memory_budget="16GiB").memory_budget, LMSConfig(memory_budget="v100-16gb").memory_budget
+    (17179869184, 'V100-16GB')
     >>> LMSConfig(sync_mode=7)
     Traceback (most recent call last):
     ...
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tflms.errors import ConfigError
+from tflms.sim_hardware import DEVICES, LINKS
 from tflms.units import parse_bytes
 
 __all__ = ["LMSConfig", "SYNC_MODES"]
@@ -101,6 +104,24 @@ class LMSConfig:
     n_tensors: int | None = None
     """Swap at most this many tensors, largest first. ``None``: no cap."""
 
+    memory_budget: int | str | None = None
+    """Device memory the training step must fit in. When set, the swap options
+    above are *searched* (:func:`tflms.autotune`) for the plan that fits with
+    the lowest predicted overhead, and no plan is made when the step fits
+    without one. Bytes, a string such as ``"16GiB"``, or a device preset
+    (``"V100-16GB"``, ``"A100-80GB"``, ...; see ``tflms.sim_hardware.DEVICES``)
+    whose memory and speed are then used. ``None``: plan with the options as
+    given."""
+
+    safety_margin: float = 0.1
+    """Fraction of ``memory_budget`` held back for what static tensor sizes
+    miss: cuDNN/cuBLAS workspaces, allocator fragmentation and rounding,
+    tensors of unknown size. With 0.1 a 16 GiB budget plans for 14.4 GiB."""
+
+    link: str = "pcie3"
+    """Host link the auto-tuner times swap copies with: ``"pcie3"``,
+    ``"pcie4"``, ``"pcie5"``, ``"nvlink2"`` or ``"ideal"``."""
+
     def __post_init__(self) -> None:
         if self.device is not None and not isinstance(self.device, str):
             raise _fail(
@@ -151,6 +172,24 @@ class LMSConfig:
             object.__setattr__(self, name, _str_tuple(name, getattr(self, name)))
         if self.n_tensors is not None:
             _check_int("n_tensors", self.n_tensors, minimum=1, fix="Use None for no cap.")
+        if self.memory_budget is not None:
+            object.__setattr__(self, "memory_budget", _budget_field(self.memory_budget))
+        margin = self.safety_margin
+        if (
+            isinstance(margin, bool)
+            or not isinstance(margin, (int, float))
+            or not 0 <= margin < 0.9
+        ):
+            raise _fail(
+                "safety_margin",
+                margin,
+                "a fraction in [0, 0.9)",
+                "0.1 keeps 10% of the budget free for workspaces and fragmentation.",
+            )
+        object.__setattr__(self, "safety_margin", float(margin))
+        if not isinstance(self.link, str) or self.link.lower() not in LINKS:
+            raise _fail("link", self.link, f"one of {sorted(LINKS)}", 'Example: link="nvlink2".')
+        object.__setattr__(self, "link", self.link.lower())
 
     # ------------------------------------------------------------------ helpers
     def replace(self, **changes: Any) -> LMSConfig:
@@ -210,6 +249,25 @@ def _bytes_field(name: str, value: Any) -> int:
         parsed = parse_bytes(value)
     except ValueError as err:
         raise _fail(name, value, "a byte count (int or a string like '64KiB')", str(err)) from err
+    return parsed
+
+
+def _budget_field(value: Any) -> int | str:
+    if isinstance(value, str):
+        preset = {name.lower(): name for name in DEVICES}.get(value.strip().lower())
+        if preset is not None:
+            return preset
+    try:
+        parsed = parse_bytes(value)
+    except ValueError as err:
+        raise _fail(
+            "memory_budget",
+            value,
+            "a byte count, a size such as '16GiB', or a device preset",
+            f"Device presets: {', '.join(DEVICES)}.",
+        ) from err
+    if parsed <= 0:
+        raise _fail("memory_budget", value, "a positive size", "Example: memory_budget='16GiB'.")
     return parsed
 
 

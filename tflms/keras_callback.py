@@ -46,7 +46,9 @@ class _RewritingTrainStep:
                 "LMSCallback found no graph to rewrite (the train step ran eagerly). "
                 "Compile the model with run_eagerly=False."
             )
-        self.callback._add_plan(LMS(self.callback.config).run(graph))  # noqa: SLF001
+        lms = LMS(self.callback.config)
+        plan = lms.run(graph)
+        self.callback._add_plan(plan, lms.tuning)  # noqa: SLF001
         return outputs
 
 
@@ -55,9 +57,15 @@ class LMSCallback(keras.callbacks.Callback):
 
     Args:
         config: an :class:`~tflms.LMSConfig`; keyword ``overrides`` replace
-            its fields (``LMSCallback(swapout_threshold=20)``).
-        verbose: 0 is silent; 1 prints the plan summary when the train
-            function is traced.
+            its fields (``LMSCallback(swapout_threshold=20)``). With
+            ``memory_budget`` (``LMSCallback(memory_budget="16GiB")``) the
+            swap options are auto-tuned for each traced step (see
+            :func:`tflms.autotune`): no swaps when the step fits, the plan
+            with the lowest predicted overhead otherwise, and a
+            :class:`~tflms.errors.PlanInfeasibleError` before training if
+            nothing fits.
+        verbose: 0 is silent; 1 prints the plan summary (and the auto-tuning
+            verdict) when the train function is traced.
 
     Attributes:
         plans: one :class:`~tflms.SwapPlan` per traced train graph, in trace
@@ -66,6 +74,8 @@ class LMSCallback(keras.callbacks.Callback):
             batch may cause a retrace with a relaxed batch dimension.
         plan: the plan of the most recent trace - the graph in use
             (``None`` before training).
+        tunings: with ``memory_budget``, the
+            :class:`~tflms.autotuner.AutotuneResult` of each trace.
 
     Example:
         >>> import keras, numpy as np, tflms
@@ -87,11 +97,17 @@ class LMSCallback(keras.callbacks.Callback):
             )
         self.verbose = verbose
         self.plans: list[SwapPlan] = []
+        self.tunings: list = []
         self._original_train_step = None
 
     @property
     def plan(self) -> SwapPlan | None:
         return self.plans[-1] if self.plans else None
+
+    @property
+    def tuning(self):
+        """The auto-tuning result of the most recent trace (``None`` without a budget)."""
+        return self.tunings[-1] if self.tunings else None
 
     def summary(self) -> str:
         """Readable report of the plan(s): tensors, bytes, per layer."""
@@ -114,6 +130,7 @@ class LMSCallback(keras.callbacks.Callback):
             )
         _turn_off_xla(model)
         self.plans = []
+        self.tunings = []
         step = model.train_step
         if isinstance(step, _RewritingTrainStep):  # left over from an interrupted fit
             step = step.original
@@ -125,10 +142,15 @@ class LMSCallback(keras.callbacks.Callback):
         self._restore()
 
     # -------------------------------------------------------------- internals
-    def _add_plan(self, plan: SwapPlan) -> None:
+    def _add_plan(self, plan: SwapPlan, tuning=None) -> None:
         self.plans.append(plan)
+        if tuning is not None:
+            self.tunings.append(tuning)
         if self.verbose > 0:
-            sys.stdout.write(plan.summary() + "\n")
+            text = plan.summary()
+            if tuning is not None:
+                text = tuning.summary() + ("\n" + text if plan.swaps else "")
+            sys.stdout.write(text + "\n")
             sys.stdout.flush()
 
     def _restore(self) -> None:

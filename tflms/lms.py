@@ -1,7 +1,9 @@
 """LMS: analyse, plan, apply and validate one graph in a single call.
 
 For ``tf.compat.v1`` graphs (Session users) and any ``FuncGraph``; Keras users
-use :class:`tflms.LMSCallback`, custom loops :func:`tflms.function`.
+use :class:`tflms.LMSCallback`, custom loops :func:`tflms.function`. With
+``memory_budget`` the options are auto-tuned (:func:`tflms.autotune`) so the
+step fits the budget at the lowest predicted cost.
 
 Example:
     >>> import tensorflow as tf
@@ -19,6 +21,12 @@ Example:
     ['h:0']
     >>> g.get_operation_by_name("lms/swapout_h_0").device
     '/device:CPU:0'
+    >>> small = tf.Graph()
+    >>> with small.as_default():
+    ...     _ = tf.nn.relu(tf.compat.v1.placeholder(tf.float32, [64, 1024]))
+    >>> lms = tflms.LMS(memory_budget="1GiB")  # fits without swapping
+    >>> lms.plan(small).swaps, lms.tuning.lms_needed
+    ((), False)
 """
 
 from __future__ import annotations
@@ -62,11 +70,27 @@ class LMS:
 
     def __init__(self, config: LMSConfig | None = None, **overrides):
         self.config = resolve_config(config, overrides)
+        self.tuning = None
 
     @tf.autograph.experimental.do_not_convert
     def plan(self, graph: tf.Graph) -> SwapPlan:
-        """Analyse ``graph`` and return a plan without changing anything."""
-        return make_plan(build_view(graph, config=self.config), self.config)
+        """Analyse ``graph`` and return a plan without changing anything.
+
+        With ``memory_budget`` set, the plan is the one :func:`tflms.autotune`
+        picks (kept in :attr:`tuning`); it has no swaps if the step fits.
+
+        Raises:
+            PlanInfeasibleError: with ``memory_budget``, no plan fits.
+        """
+        return self._plan(build_view(graph, config=self.config))
+
+    def _plan(self, view) -> SwapPlan:
+        if self.config.memory_budget is None:
+            return make_plan(view, self.config)
+        from tflms.autotuner import autotune
+
+        self.tuning = autotune(view, config=self.config)
+        return self.tuning.plan
 
     @tf.autograph.experimental.do_not_convert
     def run(self, graph: tf.Graph) -> SwapPlan:
@@ -75,6 +99,7 @@ class LMS:
         Raises:
             AlreadyRewrittenError: ``graph`` already holds tflms swap ops.
             ValidationError: the rewritten graph breaks an invariant.
+            PlanInfeasibleError: with ``memory_budget``, no plan fits.
         """
         view = build_view(graph, config=self.config)
         rewritten = [n for n, d in view.nodes(data=True) if d["tflms"]]
@@ -83,7 +108,7 @@ class LMS:
                 f"Graph {view.graph['name']!r} was already rewritten by tflms "
                 f"({len(rewritten)} swap ops, e.g. {rewritten[0]!r}); run LMS once per graph."
             )
-        plan = make_plan(view, self.config)
+        plan = self._plan(view)
         if not plan.swaps:
             logger.info("tflms: nothing to swap in %s\n%s", plan.graph_name, plan.summary())
             return plan

@@ -1,0 +1,63 @@
+"""Will a training step fit a 16 GiB GPU, and what does LMS cost? (simulated)
+
+Traces the training step of Keras' ResNet-50 at a batch of 384 (about twice
+what a 16 GiB V100 holds), simulates it without swaps, lets tflms.autotune
+pick the swap plan that fits over PCIe3 and over NVLink2, and writes the
+memory timeline to ``resnet50_timeline.png``. Every number printed is
+simulated by tflms.simulate; nothing runs on a GPU.
+
+Run: ``.venv/bin/python examples/simulate_and_autotune.py [batch]``
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tflms  # noqa: E402
+from tflms.errors import PlanInfeasibleError  # noqa: E402
+
+
+def train_step_graph(batch: int) -> tf.Graph:
+    model = keras.applications.ResNet50(weights=None)
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    specs = (tf.TensorSpec([batch, 224, 224, 3]), tf.TensorSpec([batch], tf.int32))
+    return step.get_concrete_function(*specs).graph
+
+
+def main(argv: list[str]) -> int:
+    batch = int(argv[1]) if len(argv) > 1 else 384
+    view = tflms.build_view(train_step_graph(batch))
+    plain = tflms.simulate(view, device="V100-16GB")
+    print(plain.summary())
+    for link in ("pcie3", "nvlink2"):
+        try:
+            tuned = tflms.autotune(view, "V100-16GB", link=link)
+        except PlanInfeasibleError as err:
+            print(f"{link}: {err}")
+            continue
+        print(tuned.summary())
+        if link == "nvlink2":
+            tuned.result.plot("resnet50_timeline.png", budget_bytes=tuned.budget_bytes)
+            print("wrote resnet50_timeline.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

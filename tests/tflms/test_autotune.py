@@ -1,0 +1,210 @@
+"""tflms.autotune: the plan that fits a budget, "not needed", or infeasible.
+
+The budgets are set relative to the simulated peak of each graph, so the
+tests do not depend on the time model's constants.
+"""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflms
+from tests.tflms.models import dense_chain_step
+from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
+
+BATCH, WIDTH, DEPTH = 4096, 64, 8  # activations of 1 MiB
+
+
+@pytest.fixture(scope="module")
+def chain():
+    step = dense_chain_step(BATCH, WIDTH, DEPTH)
+    view = tflms.build_view(step.graph)
+    return step, view, tflms.simulate(view).device_peak_bytes
+
+
+@pytest.mark.parametrize("link", ["pcie3", "nvlink2"])
+def test_finds_a_fitting_plan_for_a_graph_that_needs_swaps(chain, link):
+    _, view, plain = chain
+    budget = int(plain * 0.7)
+
+    tuned = tflms.autotune(view, budget, safety_margin=0, link=link)
+
+    assert tuned.lms_needed and tuned.plan.swaps
+    assert tuned.result.device_peak_bytes <= budget == tuned.usable_bytes
+    assert tuned.baseline.device_peak_bytes == plain
+    assert tuned.overhead >= 0 and tuned.link == link
+    fitting = [c for c in tuned.candidates if c.fits]
+    assert fitting and min(c.step_time_s for c in fitting) == tuned.result.step_time_s
+    assert tuned.config.n_tensors is None or tuned.config.n_tensors >= len(tuned.plan.swaps)
+    # The chosen options reproduce the chosen plan (unless its triggers were retimed).
+    again = tflms.make_plan(view, tuned.config)
+    if tuned.retime is None:
+        assert again == tuned.plan
+    else:
+        assert [s.tensor for s in again.swaps] == [s.tensor for s in tuned.plan.swaps]
+    assert json.loads(json.dumps(tuned.to_dict()))["lms_needed"] is True
+    assert "predicted overhead" in tuned.summary()
+
+
+def test_faster_link_costs_less(chain):
+    _, view, plain = chain
+    slow = tflms.autotune(view, int(plain * 0.7), safety_margin=0, link="pcie3")
+    fast = tflms.autotune(view, int(plain * 0.7), safety_margin=0, link="nvlink2")
+    assert fast.overhead < slow.overhead
+
+
+def test_lms_not_needed_when_the_plain_step_fits(chain):
+    _, view, plain = chain
+
+    tuned = tflms.autotune(view, 2 * plain)
+
+    assert not tuned.lms_needed and not tuned.plan.swaps and tuned.overhead == 0.0
+    assert tuned.plan.notes[0].startswith("LMS not needed")
+    assert "LMS not needed" in tuned.summary()
+    assert tuned.candidates == ()
+
+
+def test_safety_margin_is_held_back(chain):
+    _, view, plain = chain
+    budget = int(plain * 1.05)
+
+    assert not tflms.autotune(view, budget, safety_margin=0).lms_needed
+    tuned = tflms.autotune(view, budget, safety_margin=0.2)
+    assert tuned.lms_needed and tuned.usable_bytes == int(budget * 0.8)
+    assert tuned.result.device_peak_bytes <= tuned.usable_bytes
+
+
+def test_infeasible_budget_reports_the_smallest_peak(chain):
+    step, view, _ = chain
+    budget = 3 * step.activation_bytes  # below one backward op's working set
+
+    with pytest.raises(PlanInfeasibleError, match="No swap plan brings step under") as caught:
+        tflms.autotune(view, budget, safety_margin=0)
+
+    assert caught.value.budget_bytes == budget
+    assert budget < caught.value.best_peak_bytes
+    assert "Lower the batch size" in str(caught.value)
+
+
+def test_budget_from_config_and_device_presets(chain):
+    step, view, plain = chain
+    config = tflms.LMSConfig(memory_budget=int(plain * 0.7), safety_margin=0, link="nvlink2")
+
+    tuned = tflms.autotune(step.graph, config=config)
+
+    assert tuned.lms_needed and tuned.link == "nvlink2"
+    assert tuned.config.memory_budget == config.memory_budget
+    on_a100 = tflms.autotune(view, "A100-80GB")
+    assert not on_a100.lms_needed and on_a100.device == "A100-80GB"
+    assert on_a100.budget_bytes == 80 << 30
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({}, ConfigError, "No memory budget"),
+        ({"budget": "lots"}, ConfigError, "Received 'lots'"),
+        ({"budget": "1GiB", "safety_margin": 1.5}, ConfigError, "safety_margin"),
+        ({"budget": "1GiB", "link": "usb"}, ConfigError, "Unknown link model"),
+    ],
+)
+def test_bad_arguments(chain, kwargs, error, message):
+    _, view, _ = chain
+    with pytest.raises(error, match=message):
+        tflms.autotune(view, **kwargs)
+
+
+def test_rewritten_views_and_non_graphs_are_refused(chain):
+    _, view, _ = chain
+    plan = tflms.make_plan(view, tflms.LMSConfig(swapout_threshold=4))
+    with pytest.raises(UnsupportedGraphError, match="already rewritten"):
+        tflms.autotune(tflms.apply_to_view(view, plan), "1GiB")
+    with pytest.raises(UnsupportedGraphError, match="needs a tf.Graph"):
+        tflms.autotune("graph", "1GiB")
+
+
+def test_lms_run_applies_the_tuned_plan(chain):
+    _, _, plain = chain
+    step = dense_chain_step(BATCH, WIDTH, DEPTH)
+    lms = tflms.LMS(memory_budget=int(plain * 0.7), safety_margin=0)
+
+    plan = lms.run(step.graph)  # plans, rewrites in place and validates
+
+    assert plan.swaps and plan == lms.tuning.plan
+    rewritten = tflms.build_view(step.graph)
+    assert sum(1 for _, d in rewritten.nodes(data=True) if d["tflms"]) == len(plan.op_names())
+
+
+def _conv_model():
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((64, 64, 8))
+    x = inp
+    for _ in range(6):
+        x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
+    out = keras.layers.Dense(4)(keras.layers.GlobalAveragePooling2D()(x))
+    model = keras.Model(inp, out)
+    model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=False)
+    return model
+
+
+def test_lms_callback_with_a_memory_budget(devices):
+    x = np.random.default_rng(0).standard_normal((16, 64, 64, 8)).astype("float32")
+    y = np.zeros((16, 4), "float32")
+    options = {"batch_size": 8, "device": devices.compute, "safety_margin": 0.0}
+
+    roomy = tflms.LMSCallback(memory_budget="1GiB", **options)
+    with tf.device(devices.compute):
+        _conv_model().fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[roomy])
+    assert not roomy.tuning.lms_needed and not roomy.plan.swaps
+    plain = roomy.tuning.baseline.device_peak_bytes
+
+    tight = tflms.LMSCallback(memory_budget=int(plain * 0.8), **options)
+    with tf.device(devices.compute):
+        history = _conv_model().fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tight])
+    assert tight.tuning.lms_needed and tight.plan.swaps
+    assert tight.tuning.result.device_peak_bytes <= int(plain * 0.8)
+    assert np.isfinite(history.history["loss"]).all()
+
+    hopeless = tflms.LMSCallback(memory_budget=int(plain * 0.05), **options)
+    with pytest.raises(PlanInfeasibleError), tf.device(devices.compute):
+        _conv_model().fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[hopeless])
+
+
+@pytest.mark.parametrize("link", ["pcie3", "nvlink2"])
+def test_a_fit_never_depends_on_slow_copies(chain, link):
+    _, view, plain = chain
+    budget = int(plain * 0.7)
+
+    tuned = tflms.autotune(view, budget, safety_margin=0, link=link)
+
+    instant = tflms.simulate(view, tuned.plan, link="ideal")
+    assert instant.device_peak_bytes <= budget
+    chosen = [c for c in tuned.candidates if c.fits]
+    assert all(c.instant_copies_peak_bytes <= budget for c in chosen)
+
+
+def test_retimed_triggers_keep_the_graph_valid_and_hide_copies():
+    from tflms.sim_retime import retime_triggers
+
+    step = dense_chain_step(BATCH, WIDTH, DEPTH)
+    view = tflms.build_view(step.graph)
+    plan = tflms.make_plan(view, tflms.LMSConfig(swapout_threshold=4, swapin_ahead=1))
+    levels = {n: d["level"] for n, d in view.nodes(data=True)}
+
+    retimed = retime_triggers(view, plan, link="nvlink2", slack=1.5)
+
+    assert [s.tensor for s in retimed.swaps] == [s.tensor for s in plan.swaps]
+    for swap in retimed.swaps:
+        for swap_in in swap.swap_ins:
+            assert levels[swap_in.trigger] < swap_in.consumer_level  # edges go up: acyclic
+    before = tflms.simulate(view, plan, link="nvlink2")
+    after = tflms.simulate(view, retimed, link="nvlink2")
+    assert after.step_time_s <= before.step_time_s
+    assert "simulated time" in retimed.notes[-1]
+    tflms.apply_plan(step.graph, retimed)
+    tflms.validate(step.graph, retimed)

@@ -1,0 +1,329 @@
+"""tflms.simulate against peaks derived by hand on tiny graphs.
+
+The graphs are built directly as analysis views (as the planner's own tests
+do), so every tensor has an exact, known size and nothing else is live.
+Unless a test is about copy timing, copies use the ``ideal`` link.
+"""
+
+from __future__ import annotations
+
+import json
+
+import networkx as nx
+import pytest
+
+from tflms import simulate
+from tflms.apply import apply_to_view
+from tflms.errors import ConfigError
+from tflms.graph_view import TensorInfo, assign_levels
+from tflms.plan import Swap, SwapIn, SwapPlan
+from tflms.sim_cost import op_cost
+from tflms.sim_hardware import LinkModel, get_device
+
+A = 4 << 20  # one activation: 4 MiB, so every op lasts a few microseconds
+
+
+def tensor(name: str, nbytes: int, dtype: str = "float32") -> TensorInfo:
+    cols = 256
+    return TensorInfo(f"{name}:0", 0, dtype, (max(1, nbytes // 4 // cols), cols), nbytes)
+
+
+def make_view(nodes, edges, controls=(), name="hand"):
+    """``nodes``: (name, bytes or None[, type]); ``edges``: (src, dst, input index)."""
+    view = nx.DiGraph(name=name)
+    for spec in nodes:
+        op, nbytes, op_type = (*spec, "Relu")[:3]
+        outputs = () if nbytes is None else (tensor(op, nbytes),)
+        if op_type == "VarHandleOp":
+            outputs = (TensorInfo(f"{op}:0", 0, "resource", (), 0),)
+        view.add_node(
+            op,
+            type=op_type,
+            device="",
+            placement="compute",
+            outputs=outputs,
+            control_flow=False,
+            functions=(),
+            stateful=False,
+            tflms=None,
+        )
+    for src, dst, in_idx in edges:
+        view.add_edge(src, dst, tensors=[(0, in_idx)], control=False)
+    for src, dst in controls:
+        view.add_edge(src, dst, tensors=[], control=True)
+    assign_levels(view)
+    return view
+
+
+def chain(n: int, nbytes: int = A):
+    nodes = [(f"op{i}", nbytes) for i in range(n)]
+    edges = [(f"op{i - 1}", f"op{i}", 0) for i in range(1, n)]
+    return nodes, edges
+
+
+def training_chain(layers: int):
+    """x -> f1..fL -> bL..b1; b_i reads f_i and b_(i+1) (bL reads fL twice)."""
+    nodes = [("x", A)] + [(f"f{i}", A) for i in range(1, layers + 1)]
+    nodes += [(f"b{i}", A) for i in range(layers, 0, -1)]
+    edges = [("x", "f1", 0)] + [(f"f{i - 1}", f"f{i}", 0) for i in range(2, layers + 1)]
+    edges += [(f"f{layers}", f"b{layers}", 0)]
+    edges += [(f"b{i + 1}", f"b{i}", 0) for i in range(1, layers)]
+    edges += [(f"f{i}", f"b{i}", 1) for i in range(1, layers)]
+    return make_view(nodes, edges, name="training_chain")
+
+
+def swap_f1(view, trigger: str) -> SwapPlan:
+    swap_in = SwapIn(
+        consumers=(("b1", 1),),
+        trigger=trigger,
+        trigger_level=view.nodes[trigger]["level"],
+        consumer_level=view.nodes["b1"]["level"],
+    )
+    swap = Swap(
+        tensor="f1:0",
+        producer="f1",
+        index=0,
+        bytes=A,
+        dtype="float32",
+        producer_level=view.nodes["f1"]["level"],
+        device="",
+        swap_ins=(swap_in,),
+    )
+    return SwapPlan(swaps=(swap,), graph_name=view.graph["name"], config={})
+
+
+# --------------------------------------------------------------------------- chains
+
+
+def test_chain_peaks_at_two_tensors():
+    result = simulate(make_view(*chain(6)), link="ideal")
+
+    # op_i runs with its input alive and its output allocated: 2 A, first reached by op1.
+    assert result.device_peak_bytes == 2 * A
+    assert result.peak_op == "op1"
+    assert result.host_peak_bytes == 0
+    assert result.timeline_ops[0] == "op0" and result.timeline_device[0] == A
+    assert len(result.timeline_ops) == 6
+
+
+def test_chain_with_a_long_skip_keeps_the_skipped_tensor():
+    nodes, edges = chain(6)
+    edges.append(("op1", "op5", 1))
+
+    result = simulate(make_view(nodes, edges), link="ideal")
+
+    assert result.device_peak_bytes == 3 * A  # op1 lives until op5 ends
+    assert result.peak_op == "op3"
+
+
+def test_grappler_accounting_keeps_the_dying_input_for_one_more_op():
+    # Grappler frees a buffer 1 ns after its last consumer ends, so the next op's
+    # output overlaps it: 3 A where TensorFlow's allocator needs 2 A.
+    result = simulate(make_view(*chain(6)), link="ideal", accounting="grappler")
+
+    assert result.device_peak_bytes == 3 * A
+
+
+def test_diamond_peak_is_the_widest_cut():
+    a, b, c, d = A, 2 * A, 3 * A, 5 * A
+    view = make_view(
+        [("a", a), ("b", b), ("c", c), ("d", d)],
+        [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 1)],
+    )
+
+    result = simulate(view, link="ideal")
+
+    # FirstReady runs b before c (name order); a dies with c; at d: b, c and d.
+    assert [n for n in result.timeline_ops] == ["a", "b", "c", "d"]
+    assert result.device_peak_bytes == max(a + b + c, b + c + d) == b + c + d
+    assert result.peak_op == "d"
+
+
+def test_diamond_with_the_wide_branch_first():
+    view = make_view(
+        [("a", 4 * A), ("b", A), ("c", A), ("d", A)],
+        [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 1)],
+    )
+
+    result = simulate(view, link="ideal")
+
+    assert result.device_peak_bytes == 4 * A + A + A  # a, b and c while c runs
+    assert result.peak_op == "c"
+
+
+# --------------------------------------------------------------------------- training chain and swaps
+
+
+@pytest.mark.parametrize("layers", [4, 6])
+def test_training_chain_keeps_every_activation(layers):
+    result = simulate(training_chain(layers), link="ideal")
+
+    # At b_L: f1..fL (all still needed) and b_L: (L + 1) A.
+    assert result.device_peak_bytes == (layers + 1) * A
+    assert result.peak_op == f"b{layers}"
+
+
+@pytest.mark.parametrize("layers", [4, 6])
+def test_swapping_the_first_activation_saves_it(layers):
+    view = training_chain(layers)
+    plan = swap_f1(view, trigger="b3")
+
+    result = simulate(view, plan, link="ideal")
+
+    # f1 leaves the device once f2 and the swap-out are done: L A at b_L; it
+    # comes back when b3 has finished (4 A at b2: f1', f2, b3, b2).
+    assert result.device_peak_bytes == layers * A
+    assert result.baseline.device_peak_bytes == (layers + 1) * A
+    assert result.host_peak_bytes == A
+    assert (result.bytes_swapped_out, result.bytes_swapped_in) == (A, A)
+    assert (result.swap_outs, result.swap_ins) == (1, 1)
+    assert result.overhead == pytest.approx(0.0, abs=1e-4)  # a few 1 ns dispatch slots
+
+
+def test_swap_in_without_a_late_trigger_saves_nothing():
+    view = training_chain(4)
+    # Triggered by f2, the swap-in runs right away in the forward pass.
+    result = simulate(view, swap_f1(view, trigger="f2"), link="ideal")
+
+    assert result.device_peak_bytes == 5 * A
+
+
+def test_slow_link_delays_frees_and_consumers():
+    view = training_chain(4)
+    slow = LinkModel("slow", bandwidth=A / 0.5, latency_s=0.0)  # 0.5 s per copy
+    plan = swap_f1(view, trigger="b3")
+
+    result = simulate(view, plan, link=slow)
+
+    # The swap-out is still copying while the forward pass ends: f1 stays on
+    # the device until it is done, so nothing is saved; b1 waits for the
+    # swap-in, which waits for the swap-out: the step takes both copies.
+    assert result.device_peak_bytes == 5 * A
+    assert result.step_time_s == pytest.approx(1.0, abs=2e-3)
+    assert result.copy_time_s == {"d2h": pytest.approx(0.5), "h2d": pytest.approx(0.5)}
+    assert result.overhead > 100
+    assert result.compute_time_s == pytest.approx(result.baseline.compute_time_s)
+
+
+def test_copies_overlap_with_compute():
+    view = training_chain(6)
+    plan = swap_f1(view, trigger="b5")
+    compute = simulate(view, link="ideal").step_time_s
+    link = LinkModel("fast-enough", bandwidth=A / (compute / 10), latency_s=0.0)
+
+    result = simulate(view, plan, link=link)
+
+    assert result.step_time_s == pytest.approx(compute, rel=1e-4)  # fully hidden
+
+
+def test_a_rewritten_view_simulates_as_the_plan():
+    view = training_chain(4)
+    plan = swap_f1(view, trigger="b3")
+
+    direct = simulate(apply_to_view(view, plan), link="ideal")
+
+    assert direct.device_peak_bytes == simulate(view, plan, link="ideal").device_peak_bytes
+    assert direct.baseline is None and direct.overhead == 0.0
+
+
+# --------------------------------------------------------------------------- variables and aliases
+
+
+def test_variables_are_resident_and_reads_alias_them():
+    w = 3 * A
+    view = make_view(
+        [("w", None, "VarHandleOp"), ("read", w, "ReadVariableOp"), ("x", A), ("mm", A, "MatMul")]
+        + [("out", A)],
+        [("w", "read", 0), ("x", "mm", 0), ("read", "mm", 1), ("mm", "out", 0)],
+    )
+
+    result = simulate(view, link="ideal")
+
+    assert result.variable_bytes == w
+    assert result.device_peak_bytes == w + 2 * A  # x and mm at mm, mm and out at out
+    assert min(result.timeline_device) >= w
+
+
+def test_identity_and_reshape_share_their_input_buffer():
+    view = make_view(
+        [("a", A), ("ident", A, "Identity"), ("shaped", A, "Reshape"), ("b", A)],
+        [("a", "ident", 0), ("ident", "shaped", 0), ("shaped", "b", 0)],
+    )
+
+    assert simulate(view, link="ideal").device_peak_bytes == 2 * A
+    assert simulate(view, link="ideal", accounting="grappler").device_peak_bytes > 2 * A
+
+
+# --------------------------------------------------------------------------- time model
+
+
+def test_convolution_and_matmul_flops():
+    dev = get_device("V100-16GB")
+    x = TensorInfo("x:0", 0, "float32", (8, 32, 32, 16), 8 * 32 * 32 * 16 * 4)
+    k = TensorInfo("k:0", 0, "float32", (3, 3, 16, 64), 3 * 3 * 16 * 64 * 4)
+    y = TensorInfo("y:0", 0, "float32", (8, 32, 32, 64), 8 * 32 * 32 * 64 * 4)
+    conv = op_cost("Conv2D", [x, k], [y], dev)
+    assert conv.flops == 2 * 8 * 32 * 32 * 64 * 3 * 3 * 16 and conv.dense
+    sizes = TensorInfo("s:0", 0, "int32", (4,), 16)
+    assert op_cost("Conv2DBackpropInput", [sizes, k, y], [x], dev).flops == conv.flops
+    assert op_cost("Conv2DBackpropFilter", [x, sizes, y], [k], dev).flops == conv.flops
+    a = TensorInfo("a:0", 0, "float32", (128, 512), 128 * 512 * 4)
+    b = TensorInfo("b:0", 0, "float32", (512, 256), 512 * 256 * 4)
+    c = TensorInfo("c:0", 0, "float32", (128, 256), 128 * 256 * 4)
+    assert op_cost("MatMul", [a, b], [c], dev).flops == 2 * 128 * 512 * 256
+    relu = op_cost("Relu", [y], [y], dev)
+    bandwidth = dev.memory_bandwidth * dev.memory_efficiency
+    assert relu.seconds == pytest.approx(dev.kernel_overhead_s + 2 * y.bytes / bandwidth)
+    assert op_cost("Reshape", [y], [y], dev).seconds < 1e-6
+
+
+def test_faster_device_is_faster():
+    view = training_chain(4)
+    v100 = simulate(view, device="V100-16GB").step_time_s
+    h100 = simulate(view, device="H100-80GB").step_time_s
+    assert h100 < v100
+
+
+# --------------------------------------------------------------------------- export and errors
+
+
+def test_json_export_round_trips(tmp_path):
+    view = training_chain(4)
+    result = simulate(view, swap_f1(view, trigger="b3"), link="nvlink2")
+    path = tmp_path / "result.json"
+
+    result.save_json(path)
+    data = json.loads(path.read_text())
+
+    assert data["simulated"] is True and "FirstReady" in data["simulator"]
+    assert data["device_peak_bytes"] == result.device_peak_bytes
+    assert data["link"] == "nvlink2" and data["device"] == "V100-16GB"
+    assert len(data["timeline"]["ops"]) == len(result.timeline_ops)
+    assert data["baseline"]["device_peak_bytes"] == 5 * A
+    assert "timeline" not in json.loads(result.to_json(timeline=False))
+    assert "device peak" in result.summary()
+
+
+def test_plot_writes_a_png(tmp_path):
+    view = training_chain(6)
+    result = simulate(view, swap_f1(view, trigger="b3"), link="pcie3")
+    path = tmp_path / "plots" / "timeline.png"
+
+    result.plot(path, budget_bytes=6 * A, title="training chain")
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"device": "P100"}, "Unknown device model 'P100'"),
+        ({"link": "usb2"}, "Unknown link model 'usb2'"),
+        ({"accounting": "exact"}, "accounting must be one of"),
+        ({"plan": "f1"}, "plan must be a tflms.SwapPlan"),
+    ],
+)
+def test_bad_arguments_raise_config_errors(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        simulate(training_chain(2), **kwargs)
