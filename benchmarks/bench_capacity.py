@@ -100,9 +100,7 @@ class Workload:
             graph = self.trace(n)
             if plan is not None and plan.swaps:
                 tflms.apply_plan(graph, plan)
-            # Grappler raises (ResourceExhausted) instead of reporting a peak over its
-            # memory size: give it room and compare with the budget here.
-            peak = grappler_peak(graph, gpu_memory_bytes=1 << 40)
+            peak = grappler_peak(graph, gpu_memory_bytes=BUDGET)  # compared with BUDGET below
             self._grappler[key] = (peak.peak_bytes, peak.peak_with_variables_bytes)
         return self._grappler[key]
 

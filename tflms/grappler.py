@@ -88,6 +88,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
+_UNLIMITED = 1 << 50  # 1 PiB: the virtual device size that never refuses a graph
 SIMULATOR = f"grappler VirtualCluster + GraphMemory.InferStatically (TF {tf.__version__})"
 _RESOURCE = types_pb2.DT_RESOURCE
 _VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
@@ -294,8 +295,15 @@ def grappler_peak(
     if prepared.unknown:
         logger.warning("Grappler sizes unknown dimensions as 1 for %s", prepared.unknown)
     item = _item(prepared.metagraph)
+    # Grappler refuses (ResourceExhausted) a graph whose peak exceeds the device's memory;
+    # simulate on a device large enough for any graph and judge `fits` against the real size.
     cluster = _cluster(
-        device, host_device, gpu_memory_bytes, gpu_properties, cpu_properties, slowdown
+        device,
+        host_device,
+        max(gpu_memory_bytes, _UNLIMITED),
+        gpu_properties,
+        cpu_properties,
+        slowdown,
     )
     try:
         raw = cluster.DeterminePeakMemoryUsage(item)

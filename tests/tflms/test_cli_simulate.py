@@ -45,7 +45,7 @@ def test_analyze_includes_the_predicted_peak(capsys, models):
 
 def test_simulate_with_a_budget_autotunes_and_plots(capsys, models, tmp_path):
     peak = baseline_peak(capsys, models["tf2"])
-    budget = str(int(peak * 0.97))
+    budget = str(int(peak * 0.99))
     plot = tmp_path / "timeline.png"
     argv = ["simulate", models["tf2"], "--budget", budget, "--safety-margin", "0", "--plot", plot]
     code, out, _ = run(capsys, *argv, "--json")
@@ -60,7 +60,7 @@ def test_simulate_with_a_budget_autotunes_and_plots(capsys, models, tmp_path):
 def test_rewrite_with_a_budget_writes_the_tuned_plan(capsys, models, tmp_path):
     peak = baseline_peak(capsys, models["tf2"])
     dst = tmp_path / "lms"
-    budget = str(int(peak * 0.97))
+    budget = str(int(peak * 0.99))
     code, out, _ = run(
         capsys, "rewrite", models["tf2"], dst, "--budget", budget, "--safety-margin", "0"
     )

@@ -391,3 +391,13 @@ def test_bad_options_raise_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message) as caught:
         grappler_peak(graph, **kwargs)
     assert isinstance(caught.value, TFLMSError)
+
+
+def test_a_graph_larger_than_the_device_is_reported_as_not_fitting():
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(tf.nn.relu(x) * 2.0)
+
+    graph = step.get_concrete_function(tf.TensorSpec([None, 1024])).graph
+    peak = grappler_peak(graph, batch_size=512, gpu_memory_bytes=1 << 20)  # 1 MiB device
+    assert not peak.fits and peak.peak_bytes // (512 * 1024 * 4) == 3  # x, relu(x), the product
