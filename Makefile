@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 EXTRAS ?= cpu,mpi,dev
 PYTEST_ARGS ?=
 
-export TF_CPP_MIN_LOG_LEVEL ?= 2
+export TF_CPP_MIN_LOG_LEVEL ?= 3
 
 .PHONY: install test demo bench lint clean
 
@@ -27,6 +27,12 @@ $(STAMP): $(PY) setup.cfg pyproject.toml
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The main job: a 3D U-Net with tflms.LMSCallback + ddl_tf on 2 MPI ranks.
+# Pass flags with DEMO_ARGS, e.g. make demo DEMO_ARGS="--epochs 5 --size 32".
+DEMO_ARGS ?=
+demo: install
+	$(VENV)/bin/ddlrun -np 2 examples/unet3d_demo.py --out out/demo $(DEMO_ARGS)
 
 bench: install
 	@mkdir -p benchmarks/results

@@ -65,11 +65,14 @@ class LMSConfig:
     ``None``: take it from the traced input signature; if that is unknown too,
     sizes are per sample (the analysis reports which tensors this affects)."""
 
-    min_tensor_bytes: int = 32 * 1024
+    min_tensor_bytes: int = 1024 * 1024
     """Tensors smaller than this are never swapped (transfers of tiny tensors
-    cost more in latency than they save). Accepts ``"64KiB"`` style strings."""
+    cost more in latency than they save). Accepts ``"64KiB"`` style strings.
+    The defaults of this and the next three fields were chosen with the
+    simulator on ResNet-50, VGG16 and a 3D U-Net
+    (``benchmarks/results/defaults_sweep.json``)."""
 
-    swapout_threshold: int = 30
+    swapout_threshold: int = 40
     """A tensor is swapped out for each consumer whose level exceeds the
     producer's level by more than this many levels."""
 
@@ -77,7 +80,7 @@ class LMSConfig:
     """The swap-in is triggered by an op about this many levels before its
     earliest consumer, so the copy back overlaps with compute."""
 
-    swapin_groupby: int = 5
+    swapin_groupby: int = 50
     """Consumers of one tensor whose levels lie within this many levels of the
     group's first consumer share one swap-in."""
 

@@ -48,7 +48,7 @@ class _RewritingTrainStep:
             )
         lms = LMS(self.callback.config)
         plan = lms.run(graph)
-        self.callback._add_plan(plan, lms.tuning)  # noqa: SLF001
+        self.callback._add_plan(plan, lms.tuning, lms.view)  # noqa: SLF001
         return outputs
 
 
@@ -76,6 +76,8 @@ class LMSCallback(keras.callbacks.Callback):
             (``None`` before training).
         tunings: with ``memory_budget``, the
             :class:`~tflms.autotuner.AutotuneResult` of each trace.
+        view: the analysis view of the most recent traced step (see
+            :meth:`simulate`).
 
     Example:
         >>> import keras, numpy as np, tflms
@@ -98,6 +100,7 @@ class LMSCallback(keras.callbacks.Callback):
         self.verbose = verbose
         self.plans: list[SwapPlan] = []
         self.tunings: list = []
+        self.view = None
         self._original_train_step = None
 
     @property
@@ -108,6 +111,21 @@ class LMSCallback(keras.callbacks.Callback):
     def tuning(self):
         """The auto-tuning result of the most recent trace (``None`` without a budget)."""
         return self.tunings[-1] if self.tunings else None
+
+    def simulate(self, **kwargs):
+        """Simulate the traced train step without and with :attr:`plan`.
+
+        Keyword arguments go to :func:`tflms.simulate` (``device``, ``link``,
+        ``accounting``). Every figure of the result is simulated.
+
+        Raises:
+            ConfigError: no train function was traced yet.
+        """
+        if self.view is None:
+            raise ConfigError("LMSCallback.simulate() needs a traced train step: call fit first.")
+        from tflms.simulator import simulate
+
+        return simulate(self.view, self.plan, **kwargs)
 
     def summary(self) -> str:
         """Readable report of the plan(s): tensors, bytes, per layer."""
@@ -131,6 +149,7 @@ class LMSCallback(keras.callbacks.Callback):
         _turn_off_xla(model)
         self.plans = []
         self.tunings = []
+        self.view = None
         step = model.train_step
         if isinstance(step, _RewritingTrainStep):  # left over from an interrupted fit
             step = step.original
@@ -142,7 +161,8 @@ class LMSCallback(keras.callbacks.Callback):
         self._restore()
 
     # -------------------------------------------------------------- internals
-    def _add_plan(self, plan: SwapPlan, tuning=None) -> None:
+    def _add_plan(self, plan: SwapPlan, tuning=None, view=None) -> None:
+        self.view = view
         self.plans.append(plan)
         if tuning is not None:
             self.tunings.append(tuning)

@@ -16,7 +16,7 @@ Example:
     ...     for i in range(12):
     ...         y = tf.nn.relu(y * 1.01, name=f"act{i}")
     ...     out = tf.add(y, h, name="out")  # h lives long: worth swapping
-    >>> plan = tflms.LMS(swapout_threshold=10, swapin_ahead=4).run(g)
+    >>> plan = tflms.LMS(swapout_threshold=10, swapin_ahead=4, min_tensor_bytes=0).run(g)
     >>> [s.tensor for s in plan.swaps]
     ['h:0']
     >>> g.get_operation_by_name("lms/swapout_h_0").device
@@ -71,6 +71,7 @@ class LMS:
     def __init__(self, config: LMSConfig | None = None, **overrides):
         self.config = resolve_config(config, overrides)
         self.tuning = None
+        self.view = None  # the analysis view of the last graph planned (before any rewrite)
 
     @tf.autograph.experimental.do_not_convert
     def plan(self, graph: tf.Graph) -> SwapPlan:
@@ -85,6 +86,7 @@ class LMS:
         return self._plan(build_view(graph, config=self.config))
 
     def _plan(self, view) -> SwapPlan:
+        self.view = view
         if self.config.memory_budget is None:
             return make_plan(view, self.config)
         from tflms.autotuner import autotune

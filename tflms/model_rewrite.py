@@ -26,7 +26,7 @@ Example:
     ...     train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(h))
     >>> path = os.path.join(tempfile.mkdtemp(), "train.pb")
     >>> _ = tf.io.write_graph(g, os.path.dirname(path), "train.pb", as_text=False)
-    >>> analysis = analyze_model(read_model(path), LMSConfig(swapout_threshold=4))
+    >>> analysis = analyze_model(read_model(path), LMSConfig(swapout_threshold=4, min_tensor_bytes=0))
     >>> [(t.name, len(t.plan.swaps)) for t in analysis.training]
     [('graph', 8)]
     >>> rewritten = rewrite_model(analysis)

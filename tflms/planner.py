@@ -113,7 +113,7 @@ def make_plan(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
         ...         v.add_edge(f"op{i-1}", f"op{i}", tensors=[(0, 0)], control=False)
         >>> v.add_edge("op1", "op11", tensors=[(0, 1)], control=False)
         >>> assign_levels(v)
-        >>> plan = make_plan(v, LMSConfig(swapout_threshold=5, swapin_ahead=3))
+        >>> plan = make_plan(v, LMSConfig(swapout_threshold=5, swapin_ahead=3, min_tensor_bytes=0))
         >>> [(s.tensor, s.swap_ins[0].trigger) for s in plan.swaps]
         [('op1:0', 'op8')]
     """

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from tflms.simulator import SIMULATOR
 
 import tflms
 from tflms.errors import PlanInfeasibleError
+from tflms.simulator import SIMULATOR
 from tflms.units import parse_bytes
 
 from .model import SegmentationLoss, build_unet3d
 
-__all__ = ["train_step_view", "simulate_size", "simulate_demo"]
+__all__ = ["train_step_view", "simulate_size", "describe"]
 
 
 def train_step_view(
@@ -91,31 +91,18 @@ def simulate_size(
     return row
 
 
-def simulate_demo(
-    size: int,
-    *,
-    depth: int,
-    base_filters: int,
-    batch_size: int,
-    config,
-    device: str = "V100-16GB",
-    link: str = "nvlink2",
-) -> dict:
-    """Peak of the demo's own training step without and with the plan its config makes."""
-    view = train_step_view(size, depth=depth, base_filters=base_filters, batch_size=batch_size)
-    plan = tflms.make_plan(view, config)
-    result = tflms.simulate(view, plan, device=device, link=link)
+def describe(result, *, size: int, batch: int, device: str, link: str) -> dict:
+    """JSON row for a :class:`tflms.simulator.SimulationResult` of a planned step."""
     plain = result.baseline or result
     return {
         "size": size,
-        "batch": batch_size,
+        "batch": batch,
         "device": device,
         "link": link,
         "simulator": SIMULATOR,
         "simulated": True,
         "peak_without_lms_bytes": plain.device_peak_bytes,
         "peak_with_lms_bytes": result.device_peak_bytes,
-        "swaps": len(plan.swaps),
-        "bytes_swapped": plan.bytes_swapped,
+        "swaps_out_bytes": result.bytes_swapped_out,
         "overhead": round(result.overhead, 4),
     }

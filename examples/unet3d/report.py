@@ -48,7 +48,9 @@ def plot_training(epochs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _mem_line(row: dict) -> str:
+def _mem_line(row: dict | None) -> str:
+    if row is None:
+        return "  demo size: trained without LMS (--no-lms), not simulated"
     without = format_bytes(row["peak_without_lms_bytes"])
     if row.get("fits_with_lms") is False:
         best = format_bytes(row["best_peak_with_lms_bytes"])
@@ -57,9 +59,10 @@ def _mem_line(row: dict) -> str:
         return f"  {row['size']}^3: {without}"
     with_lms = format_bytes(row["peak_with_lms_bytes"])
     note = " (LMS not needed)" if row.get("lms_needed") is False else ""
+    swaps = f"{row['swaps']} swaps, " if "swaps" in row else ""
     return (
         f"  {row['size']}^3, batch {row.get('batch', 1)}: without LMS {without}, with LMS {with_lms}{note}, "
-        f"{row.get('swaps', 0)} swaps, predicted overhead {100 * row.get('overhead', 0):.1f}%"
+        f"{swaps}predicted overhead {100 * row.get('overhead', 0):.1f}%"
     )
 
 

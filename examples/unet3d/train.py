@@ -63,6 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-lms", action="store_true", help="train without LMSCallback")
     p.add_argument(
+        "--lms-config",
+        default="{}",
+        help="tflms.LMSConfig options as JSON, e.g. '{\"min_tensor_bytes\": 0}' (default: the defaults)",
+    )
+    p.add_argument(
         "--simulate-sizes",
         default="144,192,240",
         help="cube sizes to simulate on a 16 GiB GPU (default 144,192,240; the seed paper: 144 -> 192)",
@@ -93,6 +98,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         problems.append(
             f"--simulate-sizes must be comma-separated ints, got {args.simulate_sizes!r}"
         )
+    try:
+        import json
+
+        from tflms.config import LMSConfig
+
+        args.lms_config = LMSConfig.from_dict(json.loads(args.lms_config))
+    except (ValueError, TypeError) as err:  # JSON errors and tflms ConfigError are ValueErrors
+        problems.append(f"--lms-config: {err}")
     if problems:
         p.error("; ".join(problems))
     return args
@@ -106,21 +119,18 @@ def _weights_digest(model) -> str:
 
 
 def _load(args, rank: int, ranks: int):
-    from .data import DataError, load_volumes, synthetic_dataset
+    """This rank's training and validation shards. Raises DataError."""
+    from .data import load_volumes, synthetic_dataset
 
-    try:
-        if args.data:
-            x, y = load_volumes(args.data, args.size, rank=rank, ranks=ranks)
-            xv, yv = x[-1:], y[-1:]  # real data: hold out each rank's last case
-            x, y = x[:-1] if len(x) > 1 else x, y[:-1] if len(y) > 1 else y
-            return x, y, xv, yv, "real"
-        x, y = synthetic_dataset(args.volumes, args.size, args.seed, rank=rank, ranks=ranks)
-        xv, yv = synthetic_dataset(
-            args.val_volumes, args.size, args.seed + 10_000, rank=rank, ranks=ranks
-        )
-        return x, y, xv, yv, "synthetic BraTS-like"
-    except DataError as err:
-        raise SystemExit(f"error: {err}") from None
+    if args.data:
+        x, y = load_volumes(args.data, args.size, rank=rank, ranks=ranks)
+        xv, yv = x[-1:], y[-1:]  # real data: hold out each rank's last case
+        x, y = (x[:-1], y[:-1]) if len(x) > 1 else (x, y)
+        return x, y, xv, yv, "real"
+    x, y = synthetic_dataset(args.volumes, args.size, args.seed, rank=rank, ranks=ranks)
+    seed = args.seed + 10_000
+    xv, yv = synthetic_dataset(args.val_volumes, args.size, seed, rank=rank, ranks=ranks)
+    return x, y, xv, yv, "synthetic BraTS-like"
 
 
 def main(argv=None) -> int:
@@ -141,7 +151,7 @@ def main(argv=None) -> int:
     import tflms
 
     from .callbacks import EpochStats
-    from .memory import simulate_demo, simulate_size
+    from .memory import describe, simulate_size
     from .model import SegmentationLoss, build_unet3d
     from .report import format_report, plot_training, write_json
 
@@ -149,14 +159,21 @@ def main(argv=None) -> int:
     keras.utils.set_random_seed(
         args.seed
     )  # same initial weights everywhere (rank 0's are broadcast anyway)
-    x, y, xv, yv, source = _load(args, rank, ranks)
+    from .data import DataError
+
+    try:
+        x, y, xv, yv, source = _load(args, rank, ranks)
+    except DataError as err:
+        sys.stderr.write(f"error: {err}\n")
+        hvd.shutdown()
+        return 2
 
     model = build_unet3d(args.size, depth=args.depth, base_filters=args.base_filters)
     # Adam adapts its step size per weight, so the global learning rate is not scaled
     # by the number of ranks as Horovod's SGD recipe does; a short warmup still helps.
     optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(args.lr))
     model.compile(optimizer=optimizer, loss=SegmentationLoss(), jit_compile=False)
-    lms_config = tflms.LMSConfig(batch_size=args.batch_size)
+    lms_config = args.lms_config.replace(batch_size=args.batch_size)
     lms = tflms.LMSCallback(lms_config)
     stats = EpochStats(hvd, xv, yv, volumes_per_epoch=len(x))
     callbacks = [
@@ -188,14 +205,17 @@ def main(argv=None) -> int:
     tasks = [("demo", args.size)] + [("seed", s) for s in args.simulate_sizes]
     mine = {}
     for kind, size in tasks[rank::ranks]:
-        if kind == "demo":
-            mine[(kind, size)] = simulate_demo(
-                size,
-                depth=args.depth,
-                base_filters=args.base_filters,
-                batch_size=args.batch_size,
-                config=lms_config,
-                link=args.link,
+        if kind == "demo":  # the step this run trained, with the plan LMSCallback applied
+            mine[(kind, size)] = (
+                None
+                if args.no_lms
+                else describe(
+                    lms.simulate(link=args.link),
+                    size=size,
+                    batch=args.batch_size,
+                    device="V100-16GB",
+                    link=args.link,
+                )
             )
         else:
             png = files["memory_timeline"] if size == max(args.simulate_sizes) else None

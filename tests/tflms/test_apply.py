@@ -10,7 +10,7 @@ from tflms import LMS, LMSConfig, apply_plan, apply_to_view, build_view, make_pl
 from tflms.errors import AlreadyRewrittenError, UnsupportedGraphError, ValidationError
 from tflms.graph_view import SWAP_ATTR
 
-OPTIONS = dict(swapout_threshold=5, swapin_ahead=2)
+OPTIONS = dict(swapout_threshold=5, swapin_ahead=2, min_tensor_bytes=0)
 
 
 def run(graph, fetch, feed_value):

@@ -23,7 +23,7 @@ def test_every_field_is_an_option_with_its_docstring_and_default():
     for field in fields:
         assert field.doc, f"LMSConfig.{field.name} has no attribute docstring"
         assert field.option in help_text
-    assert "(default: 30)" in help_text  # swapout_threshold
+    assert "(default: 40)" in help_text  # swapout_threshold
     assert "3: both 1 and 2" in help_text  # SYNC_MODES inlined into --sync-mode
     (threshold,) = [f for f in fields if f.name == "swapout_threshold"]
     assert threshold.doc.startswith("A tensor is swapped out for each consumer")

@@ -48,6 +48,7 @@ def test_simulate_with_a_budget_autotunes_and_plots(capsys, models, tmp_path):
     budget = str(int(peak * 0.99))
     plot = tmp_path / "timeline.png"
     argv = ["simulate", models["tf2"], "--budget", budget, "--safety-margin", "0", "--plot", plot]
+    argv += ["--min-tensor-bytes", "0"]  # the test model's tensors are small
     code, out, _ = run(capsys, *argv, "--json")
     assert code == ExitCode.OK
     (graph,) = json.loads(out)["graphs"].values()
@@ -62,7 +63,16 @@ def test_rewrite_with_a_budget_writes_the_tuned_plan(capsys, models, tmp_path):
     dst = tmp_path / "lms"
     budget = str(int(peak * 0.99))
     code, out, _ = run(
-        capsys, "rewrite", models["tf2"], dst, "--budget", budget, "--safety-margin", "0"
+        capsys,
+        "rewrite",
+        models["tf2"],
+        dst,
+        "--budget",
+        budget,
+        "--safety-margin",
+        "0",
+        "--min-tensor-bytes",
+        "0",
     )
     assert code == ExitCode.OK and "tensors swapped" in out
     assert sm.train_tf2(dst)[0] == sm.train_tf2(models["tf2"])[0]

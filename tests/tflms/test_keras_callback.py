@@ -153,3 +153,18 @@ def test_silent_by_default(capsys, devices):
 def test_bad_options_fail_at_construction(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         tflms.LMSCallback(**kwargs)
+
+
+def test_simulate_predicts_the_traced_step_with_and_without_the_plan(devices):
+    model, x, y = mlp(BATCH * 2)
+    callback = tflms.LMSCallback(**OPTIONS)
+    with pytest.raises(ConfigError, match="call fit first"):
+        callback.simulate()
+    with tf.device(devices.compute):
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[callback])
+    result = callback.simulate(device="V100-16GB", link="nvlink2")
+    assert (
+        result.baseline is not None
+        and result.device_peak_bytes <= result.baseline.device_peak_bytes
+    )
+    assert result.bytes_swapped_out == callback.plan.bytes_swapped

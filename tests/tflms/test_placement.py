@@ -35,7 +35,7 @@ def test_session_graph_places_swap_ops_as_planned(devices):
     with g.as_default():
         for op in g.get_operations():
             op._set_device(devices.compute)
-    plan = tflms.LMS(device=devices.compute, swapout_threshold=5).run(g)
+    plan = tflms.LMS(device=devices.compute, swapout_threshold=5, min_tensor_bytes=0).run(g)
     assert plan.swaps
     options = tf.compat.v1.RunOptions(output_partition_graphs=True)
     metadata = tf.compat.v1.RunMetadata()

@@ -8,6 +8,8 @@ from tflms import LMSConfig, SwapPlan, build_view, make_plan
 
 
 def plan_of(graph, **options):
+    options.setdefault("min_tensor_bytes", "32KiB")  # the test tensors are 32 KiB and up
+    options.setdefault("swapin_groupby", 5)
     config = LMSConfig(**options)
     return make_plan(build_view(graph, config=config), config)
 

@@ -10,7 +10,7 @@ from tflms import LMS, validate
 from tflms.errors import ValidationError
 from tflms.graph_view import SWAP_ATTR
 
-OPTIONS = dict(swapout_threshold=5, swapin_ahead=2)
+OPTIONS = dict(swapout_threshold=5, swapin_ahead=2, min_tensor_bytes=0)
 
 
 def rewritten():
