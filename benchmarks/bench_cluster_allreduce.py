@@ -133,6 +133,40 @@ def derive_tables(rows: list[dict], key: str) -> tuple[dict, dict]:
     return tables, winners
 
 
+def derive_general(layouts: list[dict]) -> dict:
+    """``multi_node`` tables for layouts that were not measured: least worst-case regret.
+
+    At each wire size measured in every layout, the algorithm whose largest
+    ratio to that layout's fastest is smallest wins.
+    """
+    tables = {}
+    for compression, situation in (("none", "multi_node"), ("fp16", "multi_node/custom_op")):
+        times: list[dict[int, dict[str, float]]] = []
+        for layout in layouts:
+            by_size: dict[int, dict[str, float]] = {}
+            for row in layout["rows"]:
+                if row["compression"] == compression:
+                    by_size.setdefault(row["wire_bytes"], {})[row["algorithm"]] = row["seconds"]
+            times.append(by_size)
+        sizes = sorted(set.intersection(*(set(t) for t in times))) if times else []
+        rules: list[list] = []
+        for i, wire in enumerate(sizes):
+            regret = {
+                algo: max(t[wire][algo] / min(t[wire].values()) for t in times)
+                for algo in ALGOS
+                if all(algo in t[wire] for t in times)
+            }
+            algo = min(regret, key=regret.get)
+            bound = None if i == len(sizes) - 1 else int(math.sqrt(wire * sizes[i + 1]))
+            if rules and rules[-1][1] == algo:
+                rules[-1][0] = bound
+            else:
+                rules.append([bound, algo])
+        if rules:
+            tables[situation] = rules
+    return tables
+
+
 def evaluate(main_rows: list[dict], auto_rows: list[dict]) -> dict:
     t = {(r["bytes"], r["algorithm"], r["compression"]): r for r in main_rows}
     big = sorted({b for b, a, c in t if b >= 16 << 20 and a == "hierarchical"})
@@ -143,6 +177,8 @@ def evaluate(main_rows: list[dict], auto_rows: list[dict]) -> dict:
     }
     fp16 = {}
     for b in big:
+        if (b, "hierarchical", "fp16") not in t:
+            continue  # skipped for time
         best32 = min(t[(b, a, "none")]["seconds"] for a in ALGOS if (b, a, "none") in t)
         best16 = min(t[(b, a, "fp16")]["seconds"] for a in ALGOS if (b, a, "fp16") in t)
         fp16[b] = {
@@ -426,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         layouts.append(layout)
         policy["steps"].update(learned.pop("steps"))
         policy.update(learned)
+    policy.update(derive_general(layouts))
     import mpi4py
     import numpy
 

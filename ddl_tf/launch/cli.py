@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ddl_tf import env
 from ddl_tf.config import ALGORITHMS, COMPRESSIONS, DDLConfig
+from ddl_tf.core.selection import load_policy
 from ddl_tf.core.topology import Topology, pseudo_node_names
 from ddl_tf.core.topology_file import load_topology_file
 from ddl_tf.errors import DDLError, LaunchError
@@ -81,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--topology", help="JSON topology file (levels, groups, algorithms)")
     parser.add_argument("--algo", choices=ALGORITHMS, help="allreduce algorithm (default auto)")
+    parser.add_argument(
+        "--auto-policy", help="JSON table behind --algo auto (e.g. a cluster_auto_policy.json)"
+    )
     parser.add_argument("--fusion-threshold-mb", type=float, help="fusion bucket size in MiB")
     parser.add_argument("--compression", choices=COMPRESSIONS, help="default wire compression")
     parser.add_argument("--timeline", help="write a Chrome-trace timeline to this file")
@@ -121,6 +125,9 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
         values[env.DDL_TIMELINE] = str(Path(args.timeline).resolve())
     if args.topology:
         values[env.DDL_TOPOLOGY_FILE] = str(Path(args.topology).resolve())
+    if args.auto_policy:
+        values[env.DDL_AUTO_POLICY] = str(Path(args.auto_policy).resolve())
+        load_policy(values[env.DDL_AUTO_POLICY])  # raises ConfigError naming the problem
     if args.pseudo_nodes:
         values[env.DDL_PSEUDO_NODES] = args.pseudo_nodes
     if args.stall_warning_seconds is not None:

@@ -165,3 +165,46 @@ def test_cluster_cli_usage_errors(capsys):
         [sys.executable, "-m", "ddl_tf.cluster", "--help"], capture_output=True, text=True
     ).stdout
     assert "cleanup" in help_text and "probe" in help_text
+
+
+def test_cluster_policy_files_carry_layout_tables_and_steps(tmp_path):
+    import json
+
+    from ddl_tf.core.selection import DEFAULT_POLICY, load_policy
+
+    data = {
+        **DEFAULT_POLICY.to_json(),
+        "multi_node@2x2": [[1 << 20, "flat"], [None, "hierarchical"]],
+        "multi_node@2x2/custom_op": [[None, "ring"]],
+        "steps": {"multi_node@2x2": {"node": "ring", "world": "flat"}},
+    }
+    path = tmp_path / "cluster_auto_policy.json"
+    path.write_text(json.dumps(data))
+    policy = load_policy(path)
+    kwargs = {"num_nodes": 2, "hierarchical_ok": True}
+    assert policy.choose(64 << 20, custom_op=False, layout=(2, 2), **kwargs) == "hierarchical"
+    assert policy.choose(64 << 10, custom_op=False, layout=(2, 2), **kwargs) == "flat"
+    assert policy.choose(64 << 20, custom_op=True, layout=(2, 2), **kwargs) == "ring"
+    # another layout, an uneven one (layout None) or one node: the general tables
+    assert policy.choose(64 << 20, custom_op=False, layout=(4, 1), **kwargs) == "flat"
+    assert policy.choose(64 << 20, custom_op=False, layout=None, **kwargs) == "flat"
+    assert policy.step_algorithm("node", layout=(2, 2)) == "ring"
+    assert policy.step_algorithm("node", layout=(2, 4)) is None
+    assert load_policy(path).digest() == policy.digest() != DEFAULT_POLICY.digest()
+    assert json.loads(json.dumps(policy.to_json())) == data
+    path.write_text(json.dumps({"steps": {"multi_node@2x2": {"node": "tree"}}}))
+    with pytest.raises(ConfigError, match="step algorithm 'tree'"):
+        load_policy(path)
+    path.write_text(json.dumps({"multi_node@2y2": [[None, "flat"]]}))
+    with pytest.raises(ConfigError, match="unknown situation"):
+        load_policy(path)
+
+
+def test_ddlrun_auto_policy_option_sets_the_variable(capsys, tmp_path):
+    policy = tmp_path / "p.json"
+    policy.write_text('{"multi_node": [[null, "flat"]]}')
+    code, out, err = run(capsys, "-np", "2", "--auto-policy", str(policy), "--dry-run", SCRIPT)
+    assert code == 0, err
+    assert f"DDL_AUTO_POLICY={policy}" in out and "-x DDL_AUTO_POLICY" in out
+    code, _, err = run(capsys, "-np", "2", "--auto-policy", str(tmp_path / "no.json"), SCRIPT)
+    assert code == cli.EXIT_PREFLIGHT and "could not be read" in err
