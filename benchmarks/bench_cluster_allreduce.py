@@ -421,9 +421,7 @@ def plot(report: dict, path: Path) -> None:
         top.grid(alpha=0.3)
         bottom.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, ncol=2)
-    fig.suptitle(
-        "Allreduce on a rehearsal cluster (network namespaces, htb-shaped links), fp16 dashed"
-    )
+    fig.suptitle("Allreduce across virtual nodes, 1 Gbit/s links (fp16 dashed)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
