@@ -153,7 +153,7 @@ def test_optimizer_slot_reads_are_charged_for_the_whole_step():
     slot_reads = [
         t
         for t in peak.live_tensors
-        if t.node.startswith("adam/") and types[t.node] == "ReadVariableOp"
+        if t.node.startswith(f"{opt.name}/") and types[t.node] == "ReadVariableOp"
     ]
     assert all(t.allocated_ns == 0 for t in slot_reads)
     assert sum(t.bytes for t in slot_reads) == peak.read_variable_bytes == 2 * weights
