@@ -314,8 +314,51 @@ def _time(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.2f} s"
 
 
+def topology_table(report: dict) -> str:
+    out = [
+        "| layout | ranks | ddl_tf sees | learned hierarchical steps | link TCP payload, each way | load avg before -> after | minutes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for layout in report["layouts"]:
+        first = layout["topology"].splitlines()[0]
+        steps = layout["steps"]["learned"]
+        probe = ", ".join(f"{k} {v:.2f}" for k, v in layout["link_payload_Gbps"].items())
+        out.append(
+            f"| {layout['nodes']} nodes x {layout['ranks_per_node']} | {layout['nodes'] * layout['ranks_per_node']} "
+            f"| {first} | node {steps['node']}, world {steps['world']} | {probe} Gbit/s "
+            f"| {layout['load_average_before'][0]} -> {layout['load_average_after'][0]} | {layout['seconds'] / 60:.1f} |"
+        )
+    return "\n".join(out)
+
+
+def targets_table(report: dict) -> str:
+    out = [
+        "| layout | hierarchical / bound (>= 16 MiB) | ring / hierarchical | fp32 / fp16 (best vs best) | auto / best, worst size |",
+        "|---|---|---|---|---|",
+    ]
+    for layout in report["layouts"]:
+        t = layout["targets"]
+        hier = ", ".join(
+            f"{_size(int(b))}: {v:.2f}"
+            for b, v in t["hierarchical_ratio_to_bound_ge_16MiB"].items()
+        )
+        ring = ", ".join(
+            f"{_size(int(b))}: {v:.2f}" for b, v in t["ring_over_hierarchical_ge_16MiB"].items()
+        )
+        fp16 = ", ".join(
+            f"{_size(int(b))}: {v['best']:.2f}" for b, v in t["fp32_over_fp16_ge_16MiB"].items()
+        )
+        worst = max(t["auto_over_best"].items(), key=lambda kv: kv[1]["ratio"])
+        comp, size = worst[0].split("/")
+        out.append(
+            f"| {layout['layout']} | {hier} | {ring} | {fp16} | {worst[1]['ratio']:.2f} "
+            f"({_size(int(size))} {'fp16' if comp == 'fp16' else 'float32'}) |"
+        )
+    return "\n".join(out)
+
+
 def markdown(report: dict) -> str:
-    out = []
+    out = [topology_table(report), "", targets_table(report)]
     for layout in report["layouts"]:
         for compression in COMPRESSIONS:
             rows = [r for r in layout["rows"] if r["compression"] == compression]
