@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 round of 10 steps")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default=str(RESULTS / "cluster_training.json"))
     args = parser.parse_args(argv)
     reason = unavailable_reason()
