@@ -93,6 +93,8 @@ class Engine:
         self._descriptors: dict[tuple, Descriptor] = {}
         self._reducible: set[tuple[np.dtype, ReduceOp]] = set()
         steps = topology.steps()
+        # (nodes, ranks per node) only when uniform: every rank must see the same key
+        self._layout = (topology.num_nodes, topology.local_size) if topology.is_uniform else None
         self.algorithms: dict[str, Allreduce] = {
             name: make_allreduce(name, comms.data, trace=trace) for name in ("flat", "ring", "asa")
         }
@@ -101,7 +103,10 @@ class Engine:
                 "hierarchical",
                 comms.data,
                 step_comms=comms.steps,
-                step_algorithms=[s.algorithm for s in steps],
+                step_algorithms=[
+                    s.algorithm or policy.step_algorithm(s.level, layout=self._layout)
+                    for s in steps
+                ],
                 trace=trace,
             )
         elif config.algorithm == "hierarchical":
@@ -122,6 +127,7 @@ class Engine:
                 num_nodes=self.topology.num_nodes,
                 hierarchical_ok="hierarchical" in self.algorithms,
                 custom_op=dtype_info(dtype).custom_op,
+                layout=self._layout,
             )
         if len(self._choices) > 4096:  # many distinct sizes: keep the cache bounded
             self._choices.clear()

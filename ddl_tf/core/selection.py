@@ -7,6 +7,15 @@ exceeded wins (``None`` is unbounded). Situations are ``single_node`` and
 natively (``/custom_op``: bfloat16, and float16 on MPIs without it), where
 ddl_tf's own algorithms sum in float32 instead of calling back into Python.
 
+A ``multi_node`` table may also be specialised for one layout of nodes x
+ranks per node, ``multi_node@2x4`` (and ``multi_node@2x4/custom_op``), which
+wins over the general table for jobs with exactly that layout; and an
+optional ``"steps"`` entry names the step algorithm of each level of the
+hierarchical allreduce per layout (``{"multi_node@2x4": {"node": "ring",
+"world": "flat"}}``), unless a topology file names them.
+``benchmarks/bench_cluster_allreduce.py`` writes such tables, one per layout
+it measured on a rehearsal cluster (:mod:`ddl_tf.cluster`).
+
 :data:`DEFAULT_POLICY` comes from ``benchmarks/bench_allreduce.py`` on the
 development machine (see the comment above it); re-run the benchmark on a
 cluster and point ``DDL_AUTO_POLICY`` at the ``auto_policy.json`` it writes
@@ -20,19 +29,29 @@ Example:
     'flat'
     >>> policy.choose(1 << 24, num_nodes=1, hierarchical_ok=False, custom_op=False)
     'ring'
+    >>> tuned = AutoPolicy({"multi_node": ((None, "flat"),),
+    ...                     "multi_node@2x2": ((1 << 20, "flat"), (None, "hierarchical"))},
+    ...                    steps={"multi_node@2x2": {"node": "ring"}})
+    >>> tuned.choose(1 << 24, num_nodes=2, hierarchical_ok=True, custom_op=False, layout=(2, 2))
+    'hierarchical'
+    >>> tuned.choose(1 << 24, num_nodes=2, hierarchical_ok=True, custom_op=False, layout=(2, 4))
+    'flat'
+    >>> tuned.step_algorithm("node", layout=(2, 2)), tuned.step_algorithm("world", layout=(2, 2))
+    ('ring', None)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddl_tf.errors import ConfigError
 
-__all__ = ["AutoPolicy", "DEFAULT_POLICY", "load_policy"]
+__all__ = ["AutoPolicy", "DEFAULT_POLICY", "load_policy", "layout_key"]
 
 _ALGOS = ("flat", "ring", "asa", "hierarchical")
 _SITUATIONS = (
@@ -41,8 +60,15 @@ _SITUATIONS = (
     "single_node/custom_op",
     "multi_node/custom_op",
 )
+_LAYOUT_SITUATION = re.compile(r"^multi_node@(\d+)x(\d+)(/custom_op)?$")
+_STEP_ALGOS = ("flat", "ring", "asa")
 
 Rules = tuple[tuple[int | None, str], ...]
+
+
+def layout_key(layout: tuple[int, int]) -> str:
+    """``multi_node@NxL`` for ``N`` nodes of ``L`` ranks each."""
+    return f"multi_node@{layout[0]}x{layout[1]}"
 
 
 @dataclass(frozen=True)
@@ -53,17 +79,21 @@ class AutoPolicy:
         tables: ``{situation: ((max_bytes or None, algorithm), ...)}``. The
             last rule of each table should be unbounded.
         source: Where the table came from (logged by ``init()``).
+        steps: ``{"multi_node@NxL" or "multi_node": {level: step algorithm}}``
+            for the hierarchical allreduce (levels without an entry use flat).
     """
 
     tables: Mapping[str, Rules]
     source: str = "built-in"
+    steps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for situation, rules in self.tables.items():
-            if situation not in _SITUATIONS:
+            if situation not in _SITUATIONS and not _LAYOUT_SITUATION.match(situation):
                 raise ConfigError(
                     f"auto policy {self.source}: unknown situation {situation!r}; use "
-                    f"{', '.join(_SITUATIONS)}."
+                    f"{', '.join(_SITUATIONS)}, or multi_node@NxL[/custom_op] for N nodes of "
+                    "L ranks."
                 )
             for bound, algo in rules:
                 if algo not in _ALGOS or not (bound is None or int(bound) >= 0):
@@ -71,8 +101,28 @@ class AutoPolicy:
                         f"auto policy {self.source}: bad rule {[bound, algo]!r} for "
                         f"{situation!r}; each rule is [max_bytes or null, one of {_ALGOS}]."
                     )
+        for situation, levels in self.steps.items():
+            if situation != "multi_node" and not _LAYOUT_SITUATION.match(situation):
+                raise ConfigError(
+                    f"auto policy {self.source}: 'steps' entry {situation!r} must be "
+                    "multi_node or multi_node@NxL."
+                )
+            for level, algo in levels.items():
+                if algo not in _STEP_ALGOS:
+                    raise ConfigError(
+                        f"auto policy {self.source}: step algorithm {algo!r} for level "
+                        f"{level!r} in {situation!r}; use one of {_STEP_ALGOS}."
+                    )
 
-    def choose(self, nbytes: int, *, num_nodes: int, hierarchical_ok: bool, custom_op: bool) -> str:
+    def choose(
+        self,
+        nbytes: int,
+        *,
+        num_nodes: int,
+        hierarchical_ok: bool,
+        custom_op: bool,
+        layout: tuple[int, int] | None = None,
+    ) -> str:
         """The algorithm for a message of ``nbytes`` bytes.
 
         Args:
@@ -80,12 +130,16 @@ class AutoPolicy:
             num_nodes: Nodes in the job.
             hierarchical_ok: Whether the topology allows ``hierarchical``.
             custom_op: Whether MPI would need a Python reduction for this dtype.
+            layout: ``(nodes, ranks per node)`` when every node runs the same
+                number of ranks (selects a ``multi_node@NxL`` table if present).
 
         Returns:
             ``flat``, ``ring``, ``asa`` or ``hierarchical``. A rule naming
             ``hierarchical`` on a topology that cannot use it yields ``flat``.
         """
         scope = "multi_node" if num_nodes > 1 else "single_node"
+        if num_nodes > 1 and layout is not None and layout_key(layout) in self.tables:
+            scope = layout_key(layout)
         rules = (custom_op and self.tables.get(scope + "/custom_op")) or self.tables.get(scope, ())
         for bound, algo in rules:
             if bound is None or nbytes <= bound:
@@ -94,14 +148,26 @@ class AutoPolicy:
                 return algo
         return "flat"
 
+    def step_algorithm(self, level: str, *, layout: tuple[int, int] | None) -> str | None:
+        """The measured step algorithm for ``level`` of the hierarchical allreduce, or None."""
+        for key in ([layout_key(layout)] if layout else []) + ["multi_node"]:
+            if key in self.steps:
+                return self.steps[key].get(level)
+        return None
+
     def digest(self) -> str:
         """Short digest of the tables (ranks compare it at ``init()``)."""
         text = json.dumps({k: list(v) for k, v in sorted(self.tables.items())})
+        if self.steps:
+            text += json.dumps({k: dict(sorted(v.items())) for k, v in sorted(self.steps.items())})
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
     def to_json(self) -> dict:
         """The JSON form :func:`load_policy` reads."""
-        return {k: [list(rule) for rule in v] for k, v in self.tables.items()}
+        data: dict = {k: [list(rule) for rule in v] for k, v in self.tables.items()}
+        if self.steps:
+            data["steps"] = {k: dict(v) for k, v in self.steps.items()}
+        return data
 
 
 # Derived with benchmarks/bench_allreduce.py (derive_policy: another algorithm replaces flat
@@ -139,8 +205,15 @@ def load_policy(path: str | Path | None) -> AutoPolicy:
         ) from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"auto policy {path}: expected a JSON object of situations.")
+    data = dict(data)
+    steps = data.pop("steps", {})
+    if not isinstance(steps, Mapping) or not all(isinstance(v, Mapping) for v in steps.values()):
+        raise ConfigError(
+            f'auto policy {path}: "steps" must map situations to {{level: algorithm}}, e.g. '
+            '{"multi_node@2x2": {"node": "ring", "world": "flat"}}.'
+        )
     tables = {
         key: tuple((None if b is None else int(b), str(a)) for b, a in rules)
         for key, rules in data.items()
     }
-    return AutoPolicy(tables, source=str(path))
+    return AutoPolicy(tables, source=str(path), steps={k: dict(v) for k, v in steps.items()})

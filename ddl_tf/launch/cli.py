@@ -5,6 +5,11 @@ Usage::
     ddlrun -np 4 -H node1:2,node2:2 python train.py --epochs 10
     ddlrun -np 4 --pseudo-nodes 2 --algo hierarchical train.py     # .py runs with this Python
     ddlrun -np 8 --hostfile hosts --topology topo.json --compression fp16 --timeline t.json train.py
+    ddlrun --rehearse 2 -np 4 --link 1gbit train.py    # 2 virtual nodes on this machine (root)
+
+With ``--rehearse N`` the hosts are ``N`` virtual nodes that ddlrun creates
+on this machine (network namespaces joined by links shaped to ``--link``,
+see :mod:`ddl_tf.cluster`) and removes when the job ends.
 
 It prints the (predicted) topology and the exact mpirun command, then runs it
 with the ddl_tf settings exported to every rank (``-x DDL_...``). It adds
@@ -31,6 +36,7 @@ from pathlib import Path
 
 from ddl_tf import env
 from ddl_tf.config import ALGORITHMS, COMPRESSIONS, DDLConfig
+from ddl_tf.core.selection import load_policy
 from ddl_tf.core.topology import Topology, pseudo_node_names
 from ddl_tf.core.topology_file import load_topology_file
 from ddl_tf.errors import DDLError, LaunchError
@@ -62,8 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:2,node2:2")
     where.add_argument("--hostfile", help="file with lines 'host slots=N'")
+    where.add_argument(
+        "--rehearse",
+        type=int,
+        metavar="N",
+        help="run on N virtual nodes of this machine (network namespaces; needs root)",
+    )
+    parser.add_argument(
+        "--link", default="1gbit", help="with --rehearse: node link rate (default 1gbit; none)"
+    )
+    parser.add_argument(
+        "--latency", help="with --rehearse: added node-to-node latency, e.g. 100us (needs netem)"
+    )
     parser.add_argument("--topology", help="JSON topology file (levels, groups, algorithms)")
     parser.add_argument("--algo", choices=ALGORITHMS, help="allreduce algorithm (default auto)")
+    parser.add_argument(
+        "--auto-policy", help="JSON table behind --algo auto (e.g. a cluster_auto_policy.json)"
+    )
     parser.add_argument("--fusion-threshold-mb", type=float, help="fusion bucket size in MiB")
     parser.add_argument("--compression", choices=COMPRESSIONS, help="default wire compression")
     parser.add_argument("--timeline", help="write a Chrome-trace timeline to this file")
@@ -104,6 +125,9 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
         values[env.DDL_TIMELINE] = str(Path(args.timeline).resolve())
     if args.topology:
         values[env.DDL_TOPOLOGY_FILE] = str(Path(args.topology).resolve())
+    if args.auto_policy:
+        values[env.DDL_AUTO_POLICY] = str(Path(args.auto_policy).resolve())
+        load_policy(values[env.DDL_AUTO_POLICY])  # raises ConfigError naming the problem
     if args.pseudo_nodes:
         values[env.DDL_PSEUDO_NODES] = args.pseudo_nodes
     if args.stall_warning_seconds is not None:
@@ -118,6 +142,10 @@ def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, list[str]]:
     hosts = parse_host_list(args.hosts) if args.hosts else []
     if args.hostfile:
         hosts = parse_hostfile(args.hostfile)
+    if args.rehearse is not None:
+        from ddl_tf.cluster.rehearse import rehearsal_hosts
+
+        hosts = rehearsal_hosts(args.rehearse, args.np if args.np is not None else args.rehearse)
     np_ = args.np if args.np is not None else sum(h.slots for h in hosts)
     if not np_ or np_ < 1:
         raise LaunchError(f"ddlrun: give the number of ranks with -np N (>= 1); e.g. {EXAMPLE}")
@@ -137,7 +165,7 @@ def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, list[str]]:
     plan = LaunchPlan(
         np=np_,
         program=program,
-        hosts=hosts if args.hosts else [],
+        hosts=hosts if args.hosts or args.rehearse is not None else [],
         hostfile=args.hostfile,
         env=_settings(args),
         forward=forward,
@@ -163,10 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         return EXIT_USAGE if exit_.code else EXIT_OK
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    spec = None
     try:
         plan, placement = _plan(args)
         checks.check_program(plan.program)
-        checks.check_hosts_resolve(plan.hosts or [])
+        if args.rehearse is not None:
+            from ddl_tf.cluster.mpi import mca_arguments
+            from ddl_tf.cluster.rehearse import rehearsal_spec, require_cluster
+
+            spec = rehearsal_spec(args.rehearse, args.link, args.latency)
+            plan.mpi_args = mca_arguments(spec) + plan.mpi_args
+            if not args.dry_run:
+                require_cluster()
+        checks.check_hosts_resolve([] if spec else plan.hosts or [])
         mpirun = find_mpirun(args.mpirun)
         flavor = mpi_flavor(mpirun)
         command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
@@ -174,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         topology_text = _describe_topology(args, placement)
         python = checks.python_of(plan.program)
         if python and not args.skip_checks:
-            remote = [h for h in plan.hosts if not is_local(h.name)]
+            # virtual nodes share this machine's files: checking the local Python suffices
+            remote = [h for h in plan.hosts if not is_local(h.name)] if spec is None else []
             prefix = [
                 mpirun,
                 "-np",
@@ -193,11 +231,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ddlrun: {plan.np} rank(s); topology:")
     for line in topology_text.splitlines():
         print(f"ddlrun:   {line}")
+    if spec is not None:
+        print("ddlrun: rehearsal " + spec.describe().replace("\n", "\nddlrun:   "))
     if plan.env:
         print("ddlrun: settings: " + " ".join(f"{k}={v}" for k, v in sorted(plan.env.items())))
     print("ddlrun: running: " + shlex.join(command), flush=True)
     if args.dry_run:
         return EXIT_OK
+    if spec is not None:
+        from ddl_tf.cluster.rehearse import run_rehearsal
+
+        try:
+            return _exit_code(run_rehearsal(spec, command, child_env))
+        except DDLError as err:
+            print(str(err), file=sys.stderr)
+            return EXIT_PREFLIGHT
+        except KeyboardInterrupt:  # the job was stopped and the cluster removed
+            return 128 + signal.SIGINT
     return _run(command, child_env)
 
 
@@ -211,6 +261,10 @@ def _run(command: list[str], child_env: dict[str, str]) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
+    return _exit_code(code)
+
+
+def _exit_code(code: int) -> int:
     if code < 0:
         return 128 - code
     if code != 0:

@@ -1,0 +1,50 @@
+"""Rehearse a multi-node job on one machine: network-namespace nodes, shaped links, real MPI.
+
+Topology-aware allreduce only pays off when links differ: fast inside a
+node, slow between nodes. This package builds such a machine: every virtual
+node is a Linux network namespace with its own hostname and address, linked
+to a bridge through a veth pair whose both directions are shaped with ``tc``
+(htb) to a link rate, and Open MPI jobs run across the nodes without ssh.
+Needs root, ``ip``, ``tc`` and ``unshare``.
+
+* :mod:`~ddl_tf.cluster.spec`: :class:`ClusterSpec` (nodes, link, latency, names);
+* :mod:`~ddl_tf.cluster.netns`: the ``ip``/``tc`` commands, process sweep, removal;
+* :mod:`~ddl_tf.cluster.mpi`: Open MPI's launch agent and arguments;
+* :mod:`~ddl_tf.cluster.cluster`: :class:`Cluster` (context manager), :func:`cleanup`;
+* :mod:`~ddl_tf.cluster.bounds`: the bandwidth lower bound of an allreduce;
+* :mod:`~ddl_tf.cluster.probe`: TCP throughput of the links, bounded in bytes and time;
+* :mod:`~ddl_tf.cluster.cli`: ``python -m ddl_tf.cluster`` (and ``ddlrun --rehearse N``).
+
+Example:
+    >>> from ddl_tf.cluster import ClusterSpec, allreduce_lower_bound
+    >>> spec = ClusterSpec(nodes=2, link="1gbit", prefix="ddlcdemo")
+    >>> round(allreduce_lower_bound(64 << 20, nodes=2, link_bps=spec.link_bps), 3)
+    0.537
+"""
+
+from ddl_tf.cluster.bounds import allreduce_lower_bound
+from ddl_tf.cluster.cluster import Cluster, cleanup, create, list_clusters
+from ddl_tf.cluster.errors import (
+    ClusterError,
+    ClusterJobTimeout,
+    ClusterUnavailableError,
+    NetemUnavailableError,
+)
+from ddl_tf.cluster.netns import unavailable_reason
+from ddl_tf.cluster.spec import ClusterSpec, parse_duration, parse_rate
+
+__all__ = [
+    "Cluster",
+    "ClusterSpec",
+    "create",
+    "cleanup",
+    "list_clusters",
+    "unavailable_reason",
+    "allreduce_lower_bound",
+    "parse_rate",
+    "parse_duration",
+    "ClusterError",
+    "ClusterUnavailableError",
+    "NetemUnavailableError",
+    "ClusterJobTimeout",
+]

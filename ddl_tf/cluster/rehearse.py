@@ -1,0 +1,63 @@
+"""``ddlrun --rehearse N``: run a ddlrun job on ``N`` virtual nodes of this machine.
+
+ddlrun builds its mpirun command as for a real cluster with hosts
+``node0..node<N-1>`` (``-np`` ranks, the same number per node), adds the
+cluster's Open MPI options (:func:`ddl_tf.cluster.mpi.mca_arguments`), then
+creates the cluster, runs mpirun inside node 0 and tears the cluster down
+however the job ends.
+
+Example:
+    >>> from ddl_tf.cluster.rehearse import rehearsal_hosts
+    >>> [str(h) for h in rehearsal_hosts(2, 4)]
+    ['node0:2', 'node1:2']
+"""
+
+from __future__ import annotations
+
+from ddl_tf.cluster.cluster import Cluster
+from ddl_tf.cluster.netns import unavailable_reason
+from ddl_tf.cluster.spec import ClusterSpec
+from ddl_tf.errors import LaunchError
+from ddl_tf.launch.hosts import Host
+
+__all__ = ["rehearsal_hosts", "rehearsal_spec", "require_cluster", "run_rehearsal", "EXAMPLE"]
+
+EXAMPLE = "ddlrun --rehearse 2 -np 4 --link 1gbit --algo hierarchical train.py"
+
+
+def rehearsal_hosts(nodes: int, np_: int) -> list[Host]:
+    """Hosts ``node0..`` with ``np_ / nodes`` slots each.
+
+    Raises:
+        LaunchError: ``np_`` is not a positive multiple of ``nodes``.
+    """
+    if nodes < 1 or np_ < 1 or np_ % nodes:
+        raise LaunchError(
+            f"ddlrun: --rehearse {nodes} needs -np to be a positive multiple of {nodes} (the "
+            f"same number of ranks on every virtual node). Received -np {np_}; e.g. {EXAMPLE}"
+        )
+    return [Host(f"node{k}", np_ // nodes) for k in range(nodes)]
+
+
+def rehearsal_spec(nodes: int, link: str | None, latency: str | None) -> ClusterSpec:
+    """The cluster for ``--rehearse``; ``link`` ``none`` or ``unlimited`` leaves links unshaped."""
+    if link is not None and link.lower() in ("none", "unlimited"):
+        link = None
+    return ClusterSpec(nodes=nodes, link=link, latency=latency)
+
+
+def require_cluster() -> None:
+    """Raise :class:`LaunchError` if this machine cannot host a rehearsal cluster, saying why."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise LaunchError(f"ddlrun: --rehearse: {reason}. Run as root, e.g. sudo {EXAMPLE}")
+
+
+def run_rehearsal(spec: ClusterSpec, command: list[str], child_env: dict[str, str]) -> int:
+    """Create the cluster, run ``command`` (mpirun) inside node 0, tear down; mpirun's return code.
+
+    Ctrl-C, SIGTERM and SIGHUP stop the job and remove the cluster.
+    """
+    with Cluster(spec) as cluster:
+        proc = cluster.popen(0, command, env=child_env, text=False)
+        return proc.wait()  # an exception or signal here stops it in Cluster.close()
