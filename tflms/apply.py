@@ -25,6 +25,7 @@ from itertools import pairwise
 from typing import Protocol
 
 from tflms.errors import AlreadyRewrittenError, ValidationError
+from tflms.gc_pause import gc_paused
 from tflms.plan import SwapPlan
 
 __all__ = ["Editor", "apply_with", "apply_plan", "apply_to_view"]
@@ -77,7 +78,7 @@ def apply_with(editor: Editor, plan: SwapPlan) -> int:
         )
     _check_plan_matches(editor, plan)
     host = plan.config.get("host_device", "/device:CPU:0")
-    with editor.editing():
+    with editor.editing(), gc_paused():
         inserted = _edit(editor, plan, host)
     logger.info(
         "tflms: rewrote %s: %d tensors swapped (%d bytes), %d ops inserted",

@@ -40,9 +40,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import logging
 from collections import Counter
 from typing import NamedTuple
@@ -53,6 +51,7 @@ import tensorflow as tf
 from tflms.config import LMSConfig
 from tflms.devices import DeviceMatcher, default_compute_type
 from tflms.errors import UnsupportedGraphError
+from tflms.gc_pause import gc_paused
 
 __all__ = [
     "TensorInfo",
@@ -143,25 +142,8 @@ def build_view(
             "For a tf.function, pass fn.get_concrete_function(...).graph."
         )
     config = config or LMSConfig()
-    with _gc_paused():
+    with gc_paused():
         return _build(graph, config, batch_size)
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """Pause the cyclic garbage collector while building a large view.
-
-    Building tens of thousands of node and edge dicts triggers repeated full
-    collections that scan everything built so far (quadratic in effect); the
-    view holds no reference cycles that need collecting meanwhile.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _build(graph: tf.Graph, config: LMSConfig, batch_size: int | None) -> nx.DiGraph:
