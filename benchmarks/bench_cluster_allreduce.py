@@ -111,8 +111,62 @@ def best_steps(rows: list[dict]) -> tuple[dict, dict]:
     return {"node": inner, "world": top}, {k: round(v, 4) for k, v in totals.items()}
 
 
+# Two timings of the same algorithm in one run differ by up to ~20 % on this shared machine
+# (ratio_to_its_choice_measured_alone); a table that switches algorithm at every size fits that
+# noise. An algorithm counts as tied with the fastest within this margin.
+MARGIN = 0.10
+
+
+def choose_per_size(costs: dict[int, dict[str, float]], margin: float = MARGIN) -> dict[int, str]:
+    """The algorithm per size from a cost per algorithm (seconds or regret; lower is better).
+
+    The candidates at a size are the algorithms within ``1 + margin`` of its
+    lowest cost. The previous (smaller) size's choice stays while it is a
+    candidate, so noise does not make the table flip-flop; otherwise MPI's own
+    ``flat`` if it is a candidate (the default needs no case made for it);
+    otherwise the cheapest.
+
+    >>> choose_per_size({1: {"flat": 1.0, "ring": 0.95}, 2: {"flat": 1.0, "ring": 0.5},
+    ...                  4: {"flat": 0.55, "ring": 0.58}, 8: {"flat": 0.5, "ring": 0.8}})
+    {1: 'flat', 2: 'ring', 4: 'ring', 8: 'flat'}
+    """
+    chosen: dict[int, str] = {}
+    previous = None
+    for size in sorted(costs):
+        best = min(costs[size].values())
+        tied = {a for a, c in costs[size].items() if c <= best * (1 + margin)}
+        if previous in tied:
+            algo = previous
+        elif "flat" in tied:
+            algo = "flat"
+        else:
+            algo = min(costs[size], key=costs[size].get)
+        chosen[size] = previous = algo
+    return chosen
+
+
+def rules_from(chosen: dict[int, str]) -> list[list]:
+    """``[[max_bytes or None, algo], ...]`` with boundaries at geometric midpoints of the sizes.
+
+    >>> rules_from({1024: "flat", 4096: "ring", 16384: "ring"})
+    [[2048, 'flat'], [None, 'ring']]
+    """
+    sizes = sorted(chosen)
+    rules: list[list] = []
+    for i, size in enumerate(sizes):
+        bound = None if i == len(sizes) - 1 else int(math.sqrt(size * sizes[i + 1]))
+        if rules and rules[-1][1] == chosen[size]:
+            rules[-1][0] = bound
+        else:
+            rules.append([bound, chosen[size]])
+    return rules
+
+
 def derive_tables(rows: list[dict], key: str) -> tuple[dict, dict]:
-    """Fastest algorithm per size -> rules by wire bytes (boundaries at geometric midpoints)."""
+    """Per wire format: the algorithm per size (:func:`choose_per_size`) -> rules by wire bytes.
+
+    Returns the tables and, per ``compression/wire bytes``, the fastest algorithm measured.
+    """
     tables, winners = {}, {}
     for compression, situation in (("none", key), ("fp16", key + "/custom_op")):
         by_size: dict[int, dict[str, float]] = {}
@@ -121,25 +175,18 @@ def derive_tables(rows: list[dict], key: str) -> tuple[dict, dict]:
                 by_size.setdefault(row["wire_bytes"], {})[row["algorithm"]] = row["seconds"]
         if not by_size:
             continue
-        rules: list[list] = []
-        sizes = sorted(by_size)
-        for i, wire in enumerate(sizes):
-            algo = min(by_size[wire], key=by_size[wire].get)
-            winners[f"{compression}/{wire}"] = algo
-            bound = None if i == len(sizes) - 1 else int(math.sqrt(wire * sizes[i + 1]))
-            if rules and rules[-1][1] == algo:
-                rules[-1][0] = bound
-            else:
-                rules.append([bound, algo])
-        tables[situation] = rules
+        for wire, times in by_size.items():
+            winners[f"{compression}/{wire}"] = min(times, key=times.get)
+        tables[situation] = rules_from(choose_per_size(by_size))
     return tables, winners
 
 
 def derive_general(layouts: list[dict]) -> dict:
     """``multi_node`` tables for layouts that were not measured: least worst-case regret.
 
-    At each wire size measured in every layout, the algorithm whose largest
-    ratio to that layout's fastest is smallest wins.
+    At each wire size measured in every layout, an algorithm's regret is its
+    largest ratio to the fastest of a layout; :func:`choose_per_size` picks
+    from those regrets.
     """
     tables = {}
     for compression, situation in (("none", "multi_node"), ("fp16", "multi_node/custom_op")):
@@ -147,25 +194,20 @@ def derive_general(layouts: list[dict]) -> dict:
         for layout in layouts:
             by_size: dict[int, dict[str, float]] = {}
             for row in layout["rows"]:
-                if row["compression"] == compression:
+                if row["compression"] == compression and row["algorithm"] in ALGOS:
                     by_size.setdefault(row["wire_bytes"], {})[row["algorithm"]] = row["seconds"]
             times.append(by_size)
         sizes = sorted(set.intersection(*(set(t) for t in times))) if times else []
-        rules: list[list] = []
-        for i, wire in enumerate(sizes):
-            regret = {
+        regrets = {
+            wire: {
                 algo: max(t[wire][algo] / min(t[wire].values()) for t in times)
                 for algo in ALGOS
                 if all(algo in t[wire] for t in times)
             }
-            algo = min(regret, key=regret.get)
-            bound = None if i == len(sizes) - 1 else int(math.sqrt(wire * sizes[i + 1]))
-            if rules and rules[-1][1] == algo:
-                rules[-1][0] = bound
-            else:
-                rules.append([bound, algo])
-        if rules:
-            tables[situation] = rules
+            for wire in sizes
+        }
+        if regrets:
+            tables[situation] = rules_from(choose_per_size(regrets))
     return tables
 
 
