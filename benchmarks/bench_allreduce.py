@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.machine import machine_info  # noqa: E402
+
 SIZES = [
     1 << 10,
     4 << 10,
@@ -223,21 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         print(table(result["rows"]), flush=True)
         print(json.dumps(layouts[-1]["targets"]), flush=True)
     policy = derive_policy(layouts)
-    import mpi4py
-    import numpy
-
     report = {
         "benchmark": "allreduce",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.time() - started, 1),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "mpi4py": mpi4py.__version__,
-            "numpy": numpy.__version__,
-            "mpirun": mpirun(),
-        },
+        "machine": machine_info(mpirun=mpirun()),
         "method": (
             "float32 buffers; per size and compression the algorithms run interleaved in "
             "rounds of back-to-back calls; time = median over rounds of the per-call mean on "

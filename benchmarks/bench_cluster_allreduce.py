@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.machine import machine_info  # noqa: E402
 from ddl_tf.cluster import Cluster, ClusterSpec, allreduce_lower_bound, unavailable_reason  # noqa: E402
 from ddl_tf.cluster.bounds import framing_overhead  # noqa: E402
 from ddl_tf.cluster.probe import link_throughput  # noqa: E402
@@ -530,20 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         policy["steps"].update(learned.pop("steps"))
         policy.update(learned)
     policy.update(derive_general(layouts))
-    import mpi4py
-    import numpy
-
     report = {
         "benchmark": "cluster_allreduce",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.time() - started, 1),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "mpi4py": mpi4py.__version__,
-            "numpy": numpy.__version__,
-        },
+        "machine": machine_info(),
         "cluster": {
             "link": f"{LINK} per node, each direction (htb on the node's eth0 and its switch port)",
             "mtu": 1500,

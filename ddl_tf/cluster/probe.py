@@ -77,28 +77,18 @@ def link_throughput(
     pairs = [(a, b)] + ([(b, a)] if both_directions else [])
     servers, clients = [], []
     limit = str(timeout)
+
+    def start(node: int, program: str, k: int, dst: int) -> subprocess.Popen:
+        args = [spec.addresses[dst], str(PORT + k), str(nbytes), limit]
+        command = [sys.executable, "-c", program, *args]
+        return cluster.popen(node, command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
     try:
         for k, (_src, dst) in enumerate(pairs):
-            args = [spec.addresses[dst], str(PORT + k), str(nbytes), limit]
-            servers.append(
-                cluster.popen(
-                    dst,
-                    [sys.executable, "-c", _SERVER, *args],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                )
-            )
+            servers.append(start(dst, _SERVER, k, dst))
         time.sleep(0.2)
         for k, (src, dst) in enumerate(pairs):
-            args = [spec.addresses[dst], str(PORT + k), str(nbytes), limit]
-            clients.append(
-                cluster.popen(
-                    src,
-                    [sys.executable, "-c", _CLIENT, *args],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                )
-            )
+            clients.append(start(src, _CLIENT, k, dst))
         deadline = time.monotonic() + timeout
         results = {}
         for (src, dst), server, client in zip(pairs, servers, clients, strict=True):
