@@ -33,6 +33,7 @@ except ValueError:  # a half-imported tensorflow module
 if _tf_spec is None:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(_MISSING_TF.format("No module named 'tensorflow'"))
 
+from ddl_tf import api_names as _names  # noqa: E402
 from ddl_tf import errors  # noqa: E402
 
 try:
@@ -43,58 +44,13 @@ except _metadata.PackageNotFoundError:  # running from a source tree
 # The public API is loaded on first use (PEP 562), so that `import ddl_tf` stays cheap:
 # ddlrun and the numpy/MPI core never import TensorFlow, and nothing here starts MPI.
 _EXPORTS = {
-    **dict.fromkeys(
-        [
-            "init",
-            "shutdown",
-            "is_initialized",
-            "size",
-            "rank",
-            "local_size",
-            "local_rank",
-            "cross_size",
-            "cross_rank",
-            "is_homogeneous",
-            "mpi_threads_supported",
-            "mpi_enabled",
-            "mpi_built",
-            "gloo_enabled",
-            "gloo_built",
-            "nccl_built",
-            "ddl_built",
-            "ccl_built",
-            "cuda_built",
-            "rocm_built",
-            "start_timeline",
-            "collective_stats",
-            "stop_timeline",
-        ],
-        "ddl_tf.basics",
-    ),
-    **dict.fromkeys(
-        [
-            "allreduce",
-            "grouped_allreduce",
-            "allgather",
-            "broadcast",
-            "reducescatter",
-            "alltoall",
-            "barrier",
-            "ProcessSet",
-            "global_process_set",
-        ],
-        "ddl_tf.collectives",
-    ),
-    **dict.fromkeys(
-        ["broadcast_variables", "broadcast_object", "allgather_object"], "ddl_tf.functions"
-    ),
-    **dict.fromkeys(["DistributedGradientTape", "PartialDistributedGradientTape"], "ddl_tf.tape"),
+    **dict.fromkeys(_names.BASICS, "ddl_tf.basics"),
+    **dict.fromkeys(_names.COLLECTIVES, "ddl_tf.collectives"),
+    **dict.fromkeys(_names.FUNCTIONS, "ddl_tf.functions"),
+    **dict.fromkeys(_names.TAPES, "ddl_tf.tape"),
     "DistributedOptimizer": "ddl_tf.keras.optimizer",
     "Compression": "ddl_tf.core.compression",
-    **dict.fromkeys(
-        ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum"],
-        "ddl_tf.core.reduce_ops",
-    ),
+    **dict.fromkeys(_names.REDUCE_OPS, "ddl_tf.core.reduce_ops"),
 }
 
 
@@ -117,53 +73,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-__all__ = [
-    "__version__",
-    "errors",
-    "init",
-    "shutdown",
-    "is_initialized",
-    "size",
-    "rank",
-    "local_size",
-    "local_rank",
-    "cross_size",
-    "cross_rank",
-    "is_homogeneous",
-    "mpi_threads_supported",
-    "mpi_enabled",
-    "mpi_built",
-    "gloo_enabled",
-    "gloo_built",
-    "nccl_built",
-    "ddl_built",
-    "ccl_built",
-    "cuda_built",
-    "rocm_built",
-    "start_timeline",
-    "stop_timeline",
-    "collective_stats",
-    "allreduce",
-    "grouped_allreduce",
-    "allgather",
-    "broadcast",
-    "reducescatter",
-    "alltoall",
-    "barrier",
-    "broadcast_variables",
-    "broadcast_object",
-    "allgather_object",
-    "DistributedGradientTape",
-    "PartialDistributedGradientTape",
-    "DistributedOptimizer",
-    "Compression",
-    "ReduceOp",
-    "Average",
-    "Sum",
-    "Min",
-    "Max",
-    "Product",
-    "Adasum",
-    "ProcessSet",
-    "global_process_set",
-]
+__all__ = ["__version__", "errors", *_EXPORTS]

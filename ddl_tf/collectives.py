@@ -29,21 +29,12 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf import basics, bridge
+from ddl_tf.api_names import COLLECTIVES
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError, DDLError
 
-__all__ = [
-    "allreduce",
-    "grouped_allreduce",
-    "allgather",
-    "broadcast",
-    "reducescatter",
-    "alltoall",
-    "barrier",
-    "ProcessSet",
-    "global_process_set",
-]
+__all__ = list(COLLECTIVES)
 
 _counter = itertools.count()
 

@@ -177,7 +177,7 @@ def _cmd_rewrite(args, progress) -> int:
     if args.plan:
         analysis = analysis.with_plans(read_plans(args.plan))
     if args.dry_run:
-        print(json.dumps(plans_dict(analysis), indent=1))
+        _out(json.dumps(plans_dict(analysis), indent=1))
         return ExitCode.OK if analysis.swaps else ExitCode.NOTHING_TO_SWAP
     if not analysis.swaps:
         return _nothing_to_swap(args, analysis, "rewrite")
@@ -235,21 +235,20 @@ def _nothing_to_swap(args, analysis, command: str) -> int:
         )
     if command == "rewrite":
         reason += " Nothing was written."
-    print(f"tflms {command}: {reason}", file=sys.stderr)
+    _out(f"tflms {command}: {reason}", sys.stderr)
     if args.json:
-        print(
-            json.dumps(
-                {"nothing_to_swap": True, "reason": reason, **analysis_dict(analysis)}, indent=1
-            )
-        )
+        data = {"nothing_to_swap": True, "reason": reason, **analysis_dict(analysis)}
+        _out(json.dumps(data, indent=1))
     return ExitCode.NOTHING_TO_SWAP
 
 
 def _emit(args, data: dict, text: str) -> None:
-    if args.json:
-        print(json.dumps(data, indent=1, default=str))
-    else:
-        print(text)
+    _out(json.dumps(data, indent=1, default=str) if args.json else text)
+
+
+def _out(text: str, stream=None) -> None:
+    """One line of the command's output: stdout (looked up now), or ``stream``."""
+    (stream or sys.stdout).write(text + "\n")
 
 
 COMMANDS = {"analyze": _cmd_analyze, "simulate": _cmd_simulate, "rewrite": _cmd_rewrite}

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import functools
 from typing import Any
 
@@ -65,7 +66,7 @@ def shard_layout(n: int, parts: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return counts, displs
 
 
-class StepAlgorithm:
+class StepAlgorithm(abc.ABC):
     """Reduce-scatter and allgather inside one communicator."""
 
     name = "abstract"
@@ -74,13 +75,13 @@ class StepAlgorithm:
         self.comm = comm
         self.trace = trace
 
+    @abc.abstractmethod
     def reduce_scatter(self, buf: np.ndarray, op: ReduceOp) -> slice:
         """Reduce ``buf`` across the communicator; return the shard this rank now owns."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def allgather(self, buf: np.ndarray, owned: slice) -> None:
         """Fill every shard of ``buf`` from its owner (``owned`` is this rank's shard)."""
-        raise NotImplementedError
 
     def _own(self, n: int) -> slice:
         counts, displs = shard_layout(n, self.comm.size)
@@ -204,13 +205,14 @@ STEP_ALGORITHMS: dict[str, type[StepAlgorithm]] = {
 }
 
 
-class Allreduce:
+class Allreduce(abc.ABC):
     """Interface: ``allreduce(buf, op)`` reduces a contiguous 1-D buffer in place."""
 
     name = "abstract"
 
+    @abc.abstractmethod
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
-        raise NotImplementedError
+        """Reduce ``buf`` in place across the communicator."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

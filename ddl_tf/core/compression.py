@@ -21,6 +21,8 @@ Example:
 
 from __future__ import annotations
 
+import abc
+
 import ml_dtypes
 import numpy as np
 
@@ -32,22 +34,22 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT16 = np.dtype(np.float16)
 
 
-class Compressor:
+class Compressor(abc.ABC):
     """Interface: ``compress`` before the collective, ``decompress`` after it."""
 
     name = "abstract"
 
+    @abc.abstractmethod
     def wire_dtype(self, dtype: np.dtype) -> np.dtype:
         """The dtype ``compress`` turns ``dtype`` into."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def compress(self, array: np.ndarray) -> tuple[np.ndarray, np.dtype | None]:
         """Return the array to send and the context ``decompress`` needs."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def decompress(self, array: np.ndarray, ctx: np.dtype | None) -> np.ndarray:
         """Undo ``compress`` on the reduced array."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"Compression.{self.name}"

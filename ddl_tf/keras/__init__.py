@@ -31,6 +31,7 @@ from typing import Any
 import keras
 
 from ddl_tf import collectives as _collectives
+from ddl_tf.api_names import BASICS
 from ddl_tf.basics import (
     ccl_built,
     collective_stats,
@@ -65,29 +66,7 @@ from ddl_tf.keras.optimizer import DistributedOptimizer
 from ddl_tf.tape import DistributedGradientTape
 
 __all__ = [
-    "init",
-    "shutdown",
-    "is_initialized",
-    "size",
-    "rank",
-    "local_size",
-    "local_rank",
-    "cross_size",
-    "cross_rank",
-    "is_homogeneous",
-    "mpi_threads_supported",
-    "mpi_enabled",
-    "mpi_built",
-    "gloo_enabled",
-    "gloo_built",
-    "nccl_built",
-    "ddl_built",
-    "ccl_built",
-    "cuda_built",
-    "rocm_built",
-    "start_timeline",
-    "collective_stats",
-    "stop_timeline",
+    *BASICS,
     "DistributedOptimizer",
     "DistributedGradientTape",
     "callbacks",
