@@ -35,7 +35,7 @@ import tflms  # noqa: E402
 from benchmarks import models  # noqa: E402
 from benchmarks.common import GIB, RESULTS, provenance, setup_logging, write_result  # noqa: E402
 from tflms.errors import PlanInfeasibleError  # noqa: E402
-from tflms.grappler import grappler_peak  # noqa: E402
+from tflms.simulation.grappler import grappler_peak  # noqa: E402
 
 BUDGET = 16 * GIB
 LINKS = ("pcie3", "nvlink2")
@@ -143,7 +143,7 @@ def lms_point(work, n, link):
         "plain_step_time_s": tuned.baseline.step_time_s,
         "swaps": len(tuned.plan.swaps),
         "bytes_swapped_each_way": tuned.plan.bytes_swapped,
-        "options": {k: tuned.to_dict()["config"][k] for k in tflms.autotuner.TUNED_OPTIONS},
+        "options": {k: tuned.to_dict()["config"][k] for k in tflms.tuning.autotuner.TUNED_OPTIONS},
         "grappler_peak_bytes": raw,
         "grappler_peak_with_variables_bytes": with_vars,
         "grappler_fits": with_vars <= BUDGET,

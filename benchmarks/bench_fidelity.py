@@ -4,7 +4,7 @@ For ResNet-50, VGG16, a 3D U-Net, a Transformer encoder and an MLP (see
 ``benchmarks/models.py``), each without swaps, with the default plan
 (``LMSConfig()``), with an aggressive plan and with the plan
 ``tflms.autotune`` picks for 60% of the plain peak, this traces a fresh
-training step, rewrites it, and runs :func:`tflms.sim_crosscheck.crosscheck`.
+training step, rewrites it, and runs :func:`tflms.simulation.crosscheck.crosscheck`.
 It writes ``benchmarks/results/simulator_fidelity.json`` and prints a table.
 
 A second 3D U-Net row uses Keras' ``UpSampling3D`` instead of transposed
@@ -27,7 +27,7 @@ import tflms  # noqa: E402
 from benchmarks import models  # noqa: E402
 from benchmarks.common import GIB, provenance, setup_logging, write_result  # noqa: E402
 from tflms.errors import PlanInfeasibleError  # noqa: E402
-from tflms.sim_crosscheck import crosscheck  # noqa: E402
+from tflms.simulation.crosscheck import crosscheck  # noqa: E402
 
 CASES = [
     ("resnet50", lambda: models.resnet50(), 64, None),

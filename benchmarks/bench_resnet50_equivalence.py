@@ -46,7 +46,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import tflms  # noqa: E402
-from tflms.simulator import write_atomic  # noqa: E402
+from tflms.files import write_json  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 HOST, COMPUTE = "/device:CPU:0", "/device:CPU:1"
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "tensorflow": tf.__version__,
         "configs": rows,
     }
-    write_atomic(Path(args.out), json.dumps(result, indent=1))
+    write_json(Path(args.out), result)
     print(f"wrote {args.out}")
     guaranteed = rows.get("no weight-gradient swaps", {}).values()
     return 0 if all(r["weights_bitwise_identical"] for r in guaranteed) else 1

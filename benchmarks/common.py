@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import platform
 import sys
@@ -15,9 +14,9 @@ if str(REPO) not in sys.path:
 
 import tensorflow as tf  # noqa: E402
 
-from tflms.grappler import SIMULATOR as GRAPPLER  # noqa: E402
-from tflms.simulator import SIMULATOR as TFLMS  # noqa: E402
-from tflms.simulator import write_atomic  # noqa: E402
+from tflms.files import write_json  # noqa: E402
+from tflms.simulation.grappler import SIMULATOR as GRAPPLER  # noqa: E402
+from tflms.simulation.simulator import SIMULATOR as TFLMS  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 GIB = 1 << 30
@@ -40,7 +39,7 @@ def provenance(note: str) -> dict:
 def write_result(name: str, data: dict) -> Path:
     """Write ``data`` to ``benchmarks/results/<name>`` atomically; returns the path."""
     path = RESULTS / name
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
+    write_json(path, data)
     return path
 
 

@@ -2,61 +2,69 @@
 
 Rewrites TensorFlow training graphs so that long-lived activations are swapped
 to host memory after the forward pass and brought back to the GPU just before
-the backward pass needs them. The pipeline is analysis (a networkx view of the
-graph), plan (a serializable :class:`SwapPlan`), apply (the only step that
-mutates a graph).
+the backward pass needs them. The pipeline, one sub-package per stage:
+
+* :mod:`tflms.graph` - analysis: a networkx view of the graph (read only);
+* :mod:`tflms.plan` - plan: a frozen, serializable :class:`SwapPlan`;
+* :mod:`tflms.apply` - apply: the only stage that mutates a graph, and
+  :func:`validate`, the contracts a rewritten graph must satisfy;
+* :mod:`tflms.simulation` - predicted peak memory and step time;
+* :mod:`tflms.tuning` - the plan that fits a memory budget;
+* :mod:`tflms.saved_model` and :mod:`tflms.cli` - the ``tflms`` command.
+
+Three front ends use them: :class:`LMSCallback` (Keras ``fit``),
+:func:`function` (custom loops) and :class:`LMS` (``tf.compat.v1`` graphs).
+The names below load on first use, so ``import tflms`` is cheap; it still
+fails at once, saying what to install, when TensorFlow is missing.
 
 Logging goes through ``logging.getLogger("tflms...")``; configure the
 ``tflms`` logger to see the per-pass debug lines.
 """
 
+import importlib.util as _importlib_util
 from importlib import metadata as _metadata
 
-try:
-    import tensorflow as _tf  # noqa: F401
-except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "tflms needs TensorFlow 2.21, which could not be imported "
-        f"({_err}). Install the extra for your machine: "
-        "pip install 'tflms-ddl[cpu]' (CPU only) or 'tflms-ddl[gpu]' (NVIDIA GPU)."
-    ) from _err
+from tflms.exports import lazy_exports as _lazy_exports
 
-from tflms import errors
-from tflms.apply import apply_plan, apply_to_view
-from tflms.autotuner import AutotuneResult, autotune
-from tflms.config import LMSConfig
-from tflms.graph_view import build_view
-from tflms.keras_callback import LMSCallback
-from tflms.lms import LMS
-from tflms.lms_function import LMSFunction, function
-from tflms.plan import Swap, SwapIn, SwapPlan
-from tflms.planner import make_plan
-from tflms.simulator import SimulationResult, simulate
-from tflms.validate import validate
+try:
+    _tf_spec = _importlib_util.find_spec("tensorflow")
+except ValueError:  # a half-imported tensorflow module
+    _tf_spec = None
+if _tf_spec is None:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "tflms needs TensorFlow 2.21, which could not be imported (No module named "
+        "'tensorflow'). Install the extra for your machine: pip install 'tflms-ddl[cpu]' "
+        "(CPU only) or 'tflms-ddl[gpu]' (NVIDIA GPU)."
+    )
+
+from tflms import errors  # noqa: E402 - after the TensorFlow check
 
 try:
     __version__ = _metadata.version("tflms-ddl")
 except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
-__all__ = [
-    "__version__",
-    "errors",
-    "LMS",
-    "LMSCallback",
-    "LMSConfig",
-    "Swap",
-    "SwapIn",
-    "SwapPlan",
-    "apply_plan",
-    "apply_to_view",
-    "autotune",
-    "AutotuneResult",
-    "build_view",
-    "function",
-    "LMSFunction",
-    "make_plan",
-    "simulate",
-    "SimulationResult",
-    "validate",
-]
+__getattr__, __dir__, _exported = _lazy_exports(
+    __name__,
+    {
+        "LMS": "tflms.lms",
+        "LMSCallback": "tflms.keras_callback",
+        "LMSConfig": "tflms.config",
+        "Swap": "tflms.plan.swap_plan",
+        "SwapIn": "tflms.plan.swap_plan",
+        "SwapPlan": "tflms.plan.swap_plan",
+        "apply_plan": "tflms.apply.core",
+        "apply_to_view": "tflms.apply.core",
+        "autotune": "tflms.tuning.autotuner",
+        "AutotuneResult": "tflms.tuning.autotuner",
+        "build_view": "tflms.graph.view",
+        "function": "tflms.lms_function",
+        "LMSFunction": "tflms.lms_function",
+        "make_plan": "tflms.plan.planner",
+        "simulate": "tflms.simulation.simulator",
+        "SimulationResult": "tflms.simulation.simulator",
+        "validate": "tflms.apply.validation",
+    },
+)
+
+__all__ = ["__version__", "errors", *_exported]

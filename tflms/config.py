@@ -23,11 +23,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from tflms.devices import check_device_string, same_device
 from tflms.errors import ConfigError
-from tflms.sim_hardware import DEVICES, LINKS
+from tflms.hardware import DEVICES, LINKS
 from tflms.units import parse_bytes
 
 __all__ = ["LMSConfig", "SYNC_MODES"]
@@ -112,7 +114,7 @@ class LMSConfig:
     above are *searched* (:func:`tflms.autotune`) for the plan that fits with
     the lowest predicted overhead, and no plan is made when the step fits
     without one. Bytes, a string such as ``"16GiB"``, or a device preset
-    (``"V100-16GB"``, ``"A100-80GB"``, ...; see ``tflms.sim_hardware.DEVICES``)
+    (``"V100-16GB"``, ``"A100-80GB"``, ...; see ``tflms.hardware.DEVICES``)
     whose memory and speed are then used. ``None``: plan with the options as
     given."""
 
@@ -126,61 +128,57 @@ class LMSConfig:
     ``"pcie4"``, ``"pcie5"``, ``"nvlink2"`` or ``"ideal"``."""
 
     def __post_init__(self) -> None:
-        if self.device is not None and not isinstance(self.device, str):
-            raise _fail(
-                "device", self.device, "a device string or None", 'Example: device="/device:GPU:0".'
-            )
-        if not isinstance(self.host_device, str) or not self.host_device:
-            raise _fail(
-                "host_device",
-                self.host_device,
-                "a device string",
-                'Example: host_device="/device:CPU:0".',
-            )
-        _check_device_string("host_device", self.host_device)
+        check_device_string("host_device", self.host_device, owner="LMSConfig.")
         if self.device is not None:
-            _check_device_string("device", self.device)
+            check_device_string("device", self.device, owner="LMSConfig.")
+            if same_device(self.device, self.host_device):
+                raise _fail(
+                    "device",
+                    self.device,
+                    "a different device from host_device",
+                    "Swapping to the device the tensors already live on saves nothing; "
+                    'the host is usually host_device="/device:CPU:0".',
+                )
         if self.batch_size is not None:
-            _check_int(
+            object.__setattr__(
+                self,
                 "batch_size",
-                self.batch_size,
-                minimum=1,
-                fix="Pass the global batch size per replica.",
+                _check_int(
+                    "batch_size",
+                    self.batch_size,
+                    minimum=1,
+                    fix="Pass the batch size each step sees (per replica).",
+                ),
             )
         object.__setattr__(
             self, "min_tensor_bytes", _bytes_field("min_tensor_bytes", self.min_tensor_bytes)
         )
-        _check_int(
-            "swapout_threshold",
-            self.swapout_threshold,
-            minimum=0,
-            fix="Smaller values swap more tensors; 0 swaps every tensor with a later consumer.",
-        )
-        _check_int(
-            "swapin_ahead",
-            self.swapin_ahead,
-            minimum=1,
-            fix="It counts levels between the swap-in trigger and the consumer; use 1 for the latest prefetch.",
-        )
-        _check_int(
-            "swapin_groupby",
-            self.swapin_groupby,
-            minimum=0,
-            fix="0 gives each consumer level its own swap-in.",
-        )
-        if self.sync_mode not in SYNC_MODES or isinstance(self.sync_mode, bool):
+        for name, minimum, fix in _INT_FIELDS:
+            object.__setattr__(
+                self, name, _check_int(name, getattr(self, name), minimum=minimum, fix=fix)
+            )
+        if (
+            isinstance(self.sync_mode, bool)
+            or not isinstance(self.sync_mode, numbers.Integral)
+            or self.sync_mode not in SYNC_MODES
+        ):
             raise _fail("sync_mode", self.sync_mode, "0, 1, 2 or 3", "See tflms.config.SYNC_MODES.")
+        object.__setattr__(self, "sync_mode", int(self.sync_mode))
         object.__setattr__(self, "serialization", _parse_levels(self.serialization))
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
             object.__setattr__(self, name, _str_tuple(name, getattr(self, name)))
         if self.n_tensors is not None:
-            _check_int("n_tensors", self.n_tensors, minimum=1, fix="Use None for no cap.")
+            object.__setattr__(
+                self,
+                "n_tensors",
+                _check_int("n_tensors", self.n_tensors, minimum=1, fix="Use None for no cap."),
+            )
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", _budget_field(self.memory_budget))
         margin = self.safety_margin
         if (
             isinstance(margin, bool)
-            or not isinstance(margin, (int, float))
+            or not isinstance(margin, numbers.Real)
             or not 0 <= margin < 0.9
         ):
             raise _fail(
@@ -231,20 +229,26 @@ class LMSConfig:
         return cls(**data)
 
 
-def _check_int(name: str, value: Any, *, minimum: int, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+_INT_FIELDS = (
+    (
+        "swapout_threshold",
+        0,
+        "Smaller values swap more tensors; 0 swaps every tensor with a later consumer.",
+    ),
+    (
+        "swapin_ahead",
+        1,
+        "It counts levels between the swap-in trigger and the consumer; use 1 for the latest prefetch.",
+    ),
+    ("swapin_groupby", 0, "0 gives each consumer level its own swap-in."),
+)
+
+
+def _check_int(name: str, value: Any, *, minimum: int, fix: str) -> int:
+    """``value`` as a plain int (numpy integers included), or a :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise _fail(name, value, f"an int >= {minimum}", fix)
-
-
-def _check_device_string(name: str, value: str) -> None:
-    import tensorflow as tf
-
-    try:
-        spec = tf.DeviceSpec.from_string(value)
-    except (ValueError, TypeError) as err:
-        raise _fail(name, value, "a TensorFlow device string", 'Example: "/device:GPU:0".') from err
-    if spec.device_type is None:
-        raise _fail(name, value, "a device string with a device type", 'Example: "/device:CPU:0".')
+    return int(value)
 
 
 def _bytes_field(name: str, value: Any) -> int:

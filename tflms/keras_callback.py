@@ -24,7 +24,7 @@ import tensorflow as tf
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.lms import LMS, resolve_config
-from tflms.plan import SwapPlan
+from tflms.plan.swap_plan import SwapPlan
 
 __all__ = ["LMSCallback"]
 
@@ -75,7 +75,7 @@ class LMSCallback(keras.callbacks.Callback):
         plan: the plan of the most recent trace - the graph in use
             (``None`` before training).
         tunings: with ``memory_budget``, the
-            :class:`~tflms.autotuner.AutotuneResult` of each trace.
+            :class:`~tflms.tuning.autotuner.AutotuneResult` of each trace.
         view: the analysis view of the most recent traced step (see
             :meth:`simulate`).
 
@@ -123,7 +123,7 @@ class LMSCallback(keras.callbacks.Callback):
         """
         if self.view is None:
             raise ConfigError("LMSCallback.simulate() needs a traced train step: call fit first.")
-        from tflms.simulator import simulate
+        from tflms.simulation.simulator import simulate
 
         return simulate(self.view, self.plan, **kwargs)
 

@@ -35,13 +35,13 @@ import logging
 
 import tensorflow as tf
 
-from tflms.apply import apply_plan
+from tflms.apply.core import apply_plan
+from tflms.apply.validation import validate
 from tflms.config import LMSConfig
 from tflms.errors import AlreadyRewrittenError, ConfigError
-from tflms.graph_view import build_view
-from tflms.plan import SwapPlan
-from tflms.planner import make_plan
-from tflms.validate import validate
+from tflms.graph.view import build_view
+from tflms.plan.planner import make_plan
+from tflms.plan.swap_plan import SwapPlan
 
 __all__ = ["LMS", "resolve_config"]
 
@@ -89,7 +89,7 @@ class LMS:
         self.view = view
         if self.config.memory_budget is None:
             return make_plan(view, self.config)
-        from tflms.autotuner import autotune
+        from tflms.tuning.autotuner import autotune
 
         self.tuning = autotune(view, config=self.config)
         return self.tuning.plan

@@ -32,7 +32,7 @@ import tensorflow as tf
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.lms import LMS, resolve_config
-from tflms.plan import SwapPlan
+from tflms.plan.swap_plan import SwapPlan
 
 __all__ = ["function", "LMSFunction"]
 

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 import re
 
 __all__ = ["parse_bytes", "format_bytes"]
@@ -45,7 +46,7 @@ def parse_bytes(value: int | float | str) -> int:
     """
     if isinstance(value, bool):
         raise ValueError(f"expected a byte count, got {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         if value < 0:
             raise ValueError(f"byte counts cannot be negative, got {value!r}")
         return int(value)

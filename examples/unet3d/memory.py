@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tflms
 from tflms.errors import PlanInfeasibleError
-from tflms.simulator import SIMULATOR
+from tflms.simulation.simulator import SIMULATOR
 from tflms.units import parse_bytes
 
 from .model import SegmentationLoss, build_unet3d
@@ -92,7 +92,7 @@ def simulate_size(
 
 
 def describe(result, *, size: int, batch: int, device: str, link: str) -> dict:
-    """JSON row for a :class:`tflms.simulator.SimulationResult` of a planned step."""
+    """JSON row for a :class:`tflms.simulation.simulator.SimulationResult` of a planned step."""
     plain = result.baseline or result
     return {
         "size": size,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -16,17 +13,7 @@ from tflms.units import format_bytes  # noqa: E402
 
 from .data import CLASS_NAMES  # noqa: E402
 
-__all__ = ["plot_training", "write_json", "format_report"]
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically (temporary file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out, indent=2)
-        out.write("\n")
-    os.replace(tmp, path)
+__all__ = ["plot_training", "format_report"]
 
 
 def plot_training(epochs: list[dict], path: Path) -> None:

@@ -149,11 +149,12 @@ def main(argv=None) -> int:
     import keras
 
     import tflms
+    from tflms.files import write_json
 
     from .callbacks import EpochStats
     from .memory import describe, simulate_size
     from .model import SegmentationLoss, build_unet3d
-    from .report import format_report, plot_training, write_json
+    from .report import format_report, plot_training
 
     rank, ranks = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(

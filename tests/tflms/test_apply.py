@@ -8,7 +8,7 @@ import tflms
 from tests.tflms.graphs import WIDTH, chain_with_skip, fan_out
 from tflms import LMS, LMSConfig, apply_plan, apply_to_view, build_view, make_plan, validate
 from tflms.errors import AlreadyRewrittenError, UnsupportedGraphError, ValidationError
-from tflms.graph_view import SWAP_ATTR
+from tflms.graph.view import SWAP_ATTR
 
 OPTIONS = dict(swapout_threshold=5, swapin_ahead=2, min_tensor_bytes=0)
 

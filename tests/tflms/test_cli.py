@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 from tests.tflms import saved_models as sm
-from tflms import cli_commands
-from tflms.cli import ExitCode, main
-from tflms.progress import Progress
+from tflms.cli import commands as cli_commands
+from tflms.cli.app import ExitCode, main
+from tflms.cli.progress import Progress
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_a_failing_write_leaves_no_partial_destination(run, models, tmp_path, mo
     def disk_full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(f"tflms.model_write.{fail_in}", disk_full)
+    monkeypatch.setattr(f"tflms.saved_model.write.{fail_in}", disk_full)
     dst = tmp_path / "out"
     assert_error(
         run("rewrite", models["tf2"], dst, *sm.SWAP_FLAGS), ExitCode.OUTPUT, "disk is full"
@@ -292,7 +292,7 @@ def test_internal_errors_are_reported_briefly(run, models, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr(cli_commands, "analyze_model", boom)
+    monkeypatch.setattr(cli_commands.saved_model, "analyze_model", boom)
     assert_error(run("analyze", models["tf2"]), ExitCode.INTERNAL, "internal error", "--traceback")
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from tflms import LMSConfig
-from tflms.cli_options import ConfigField, add_config_options, config_fields, config_from_args
+from tflms.cli.options import ConfigField, add_config_options, config_fields, config_from_args
 from tflms.errors import ConfigError
 
 
@@ -78,7 +78,7 @@ def test_invalid_values_get_lms_config_messages(argv, message):
 
 def test_kinds_cover_the_annotation_styles_lms_config_uses():
     def field(annotation):
-        from tflms.cli_options import _kinds
+        from tflms.cli.options import _kinds
 
         return ConfigField("x_bytes", annotation, _kinds(annotation), None, "")
 

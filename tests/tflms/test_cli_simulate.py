@@ -1,14 +1,18 @@
-"""``tflms simulate`` and ``--budget``: need the simulator (tflms.simulator, tflms.autotuner)."""
+"""``tflms simulate`` and ``--budget``: need the simulator (tflms.simulation.simulator, tflms.tuning.autotuner)."""
 
 import json
 
 import pytest
 
 from tests.tflms import saved_models as sm
-from tflms.cli import ExitCode, main
+from tflms.cli.app import ExitCode, main
 
-pytest.importorskip("tflms.simulator", reason="the simulator (branch sim) is not in this build")
-pytest.importorskip("tflms.autotuner", reason="the auto-tuner (branch sim) is not in this build")
+pytest.importorskip(
+    "tflms.simulation.simulator", reason="the simulator (branch sim) is not in this build"
+)
+pytest.importorskip(
+    "tflms.tuning.autotuner", reason="the auto-tuner (branch sim) is not in this build"
+)
 
 
 @pytest.fixture(scope="module")

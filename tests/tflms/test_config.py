@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from tflms import LMSConfig
@@ -23,7 +24,13 @@ from tflms.errors import ConfigError
         ("min_tensor_bytes", -5, "min_tensor_bytes=-5"),
         ("host_device", "", "host_device=''"),
         ("host_device", "/device:WHAT:0:1:2", "a TensorFlow device string"),
-        ("device", 3, "a device string or None"),
+        ("device", 3, "a device string such as '/device:GPU:0'"),
+        ("host_device", "cpu", "names no device index"),
+        ("host_device", "/gpu:*", "Write it as '/device:GPU:0'"),
+        ("device", "GPU", "names no device index"),
+        ("host_device", "/physical_device:CPU:0", "unknown part 'physical_device:CPU:0'"),
+        ("device", "/device:CPU:0", "a different device from host_device"),
+        ("device", "/cpu:0", "a different device from host_device"),
         ("incl_scopes", "conv", "Wrap a single value in a list"),
         ("excl_types", ["Relu", ""], "non-empty strings"),
         ("serialization", ["5:2"], "0 <= lo <= hi"),
@@ -59,3 +66,56 @@ def test_replace_validates_again():
     with pytest.raises(ConfigError):
         LMSConfig().replace(swapin_ahead=0)
     assert LMSConfig().replace(swapin_ahead=2).swapin_ahead == 2
+
+
+def test_numpy_integers_are_accepted_as_plain_ints():
+    cfg = LMSConfig(
+        swapout_threshold=np.int64(5),
+        swapin_ahead=np.int32(2),
+        sync_mode=np.int64(1),
+        batch_size=np.int16(8),
+        n_tensors=np.uint8(3),
+        min_tensor_bytes=np.int64(4096),
+        safety_margin=np.float32(0.25),
+    )
+    assert (cfg.swapout_threshold, cfg.swapin_ahead, cfg.sync_mode, cfg.batch_size) == (5, 2, 1, 8)
+    assert all(
+        type(v) is int
+        for v in (cfg.swapout_threshold, cfg.swapin_ahead, cfg.sync_mode, cfg.n_tensors)
+    )
+    assert LMSConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "/cpu:0",
+        "CPU:1",
+        "/device:gpu:3",
+        "/job:localhost/replica:0/task:0/device:CPU:0",
+        "/job:worker/task:1/device:GPU:0",
+        "/gpu:*",
+        "cpu",
+        "/device:XLA_GPU:0",
+        "",
+        "/task:2",
+    ],
+)
+def test_device_parser_agrees_with_tensorflow(spec):
+    import tensorflow as tf
+
+    from tflms.devices import canonical
+
+    assert canonical(spec) == tf.DeviceSpec.from_string(spec).to_string()
+
+
+@pytest.mark.parametrize("spec", ["foo", "/device:CPU", "/physical_device:GPU:0", "CPU:x"])
+def test_device_parser_refuses_what_tensorflow_refuses(spec):
+    import tensorflow as tf
+
+    from tflms.devices import parse_device
+
+    with pytest.raises(ValueError):
+        tf.DeviceSpec.from_string(spec)
+    with pytest.raises(ValueError):
+        parse_device(spec)

@@ -9,12 +9,12 @@ from tensorflow.core.framework import function_pb2, node_def_pb2
 
 from tests.tflms.graphs import WIDTH, chain_with_skip, fan_out
 from tflms import LMSConfig, apply_plan, build_view, make_plan, validate
-from tflms.apply import apply_with
-from tflms.editor_proto import ProtoEditor
+from tflms.apply.core import apply_with
+from tflms.apply.proto_editor import ProtoEditor
 from tflms.errors import AlreadyRewrittenError, UnsupportedGraphError, ValidationError
-from tflms.graph_view import SWAP_ATTR
-from tflms.proto_graph import graph_from_function_def, graph_from_graph_def
-from tflms.proto_ops import OpSignatures
+from tflms.graph.graph_def import graph_from_function_def, graph_from_graph_def
+from tflms.graph.op_signatures import OpSignatures
+from tflms.graph.view import SWAP_ATTR
 
 OPTIONS = dict(swapout_threshold=5, swapin_ahead=2, min_tensor_bytes=0)
 

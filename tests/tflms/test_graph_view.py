@@ -7,7 +7,7 @@ import tensorflow as tf
 from tests.tflms.graphs import WIDTH, chain_with_skip, diamond
 from tflms import LMSConfig, build_view
 from tflms.errors import UnsupportedGraphError
-from tflms.graph_view import assign_levels, consumers
+from tflms.graph.view import assign_levels, consumers
 
 
 def test_levels_edges_and_sizes_of_a_chain_with_a_skip():

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tests.tflms.models import dense_chain_step, keras_cnn_step, protect, swap_by_hand
 from tflms.errors import ConfigError, TFLMSError, UnsupportedGraphError
-from tflms.grappler import GrapplerPeak, grappler_optimize, grappler_peak
+from tflms.simulation.grappler import GrapplerPeak, grappler_optimize, grappler_peak
 
 GPU = "/device:GPU:0"
 CPU = "/device:CPU:0"
@@ -336,7 +336,7 @@ def test_optimize_inlines_function_calls_that_peak_treats_as_one_op(caplog):
 
     graph = outer.get_concrete_function(tf.TensorSpec([BATCH, WIDTH])).graph
     assert "PartitionedCall" in {op.type for op in graph.get_operations()}
-    with caplog.at_level(logging.WARNING, logger="tflms.grappler"):
+    with caplog.at_level(logging.WARNING, logger="tflms.simulation.grappler"):
         grappler_peak(graph)
     assert "simulates PartitionedCall 'PartitionedCall' as one op" in caplog.text
 

@@ -4,7 +4,7 @@ import tensorflow as tf
 
 import tflms
 from tests.tflms.keras_models import BATCH, cnn_bn
-from tflms.grappler import grappler_optimize
+from tflms.simulation.grappler import grappler_optimize
 
 
 def rewritten_train_step():

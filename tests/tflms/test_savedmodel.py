@@ -10,10 +10,10 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 
 from tests.tflms import saved_models as sm
 from tflms import LMSConfig
-from tflms.model_io import read_model
-from tflms.model_rewrite import analyze_model, rewrite_model
-from tflms.model_write import write_model
-from tflms.resource_args import resource_arguments
+from tflms.saved_model.read import read_model
+from tflms.saved_model.resource_args import resource_arguments
+from tflms.saved_model.rewrite import analyze_model, rewrite_model
+from tflms.saved_model.write import write_model
 
 SWAP = LMSConfig(swapout_threshold=3, swapin_ahead=2, min_tensor_bytes=0)
 

@@ -13,12 +13,12 @@ import networkx as nx
 import pytest
 
 from tflms import simulate
-from tflms.apply import apply_to_view
+from tflms.apply.core import apply_to_view
 from tflms.errors import ConfigError
-from tflms.graph_view import TensorInfo, assign_levels
-from tflms.plan import Swap, SwapIn, SwapPlan
-from tflms.sim_cost import op_cost
-from tflms.sim_hardware import LinkModel, get_device
+from tflms.graph.view import TensorInfo, assign_levels
+from tflms.hardware import LinkModel, get_device
+from tflms.plan.swap_plan import Swap, SwapIn, SwapPlan
+from tflms.simulation.cost import op_cost
 
 A = 4 << 20  # one activation: 4 MiB, so every op lasts a few microseconds
 

@@ -12,7 +12,7 @@ import pytest
 
 import tflms
 from tests.tflms.models import dense_chain_step, keras_cnn_step
-from tflms.sim_crosscheck import crosscheck
+from tflms.simulation.crosscheck import crosscheck
 
 BATCH, WIDTH = 4096, 64  # activations of 1 MiB: every op lasts over a microsecond
 

@@ -8,7 +8,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tests.tflms.graphs import chain_with_skip
 from tflms import LMS, validate
 from tflms.errors import ValidationError
-from tflms.graph_view import SWAP_ATTR
+from tflms.graph.view import SWAP_ATTR
 
 OPTIONS = dict(swapout_threshold=5, swapin_ahead=2, min_tensor_bytes=0)
 

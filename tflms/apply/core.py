@@ -1,0 +1,156 @@
+"""Apply: execute a SwapPlan on a graph - the only step that mutates.
+
+One applier core drives interchangeable *editors*, so every graph
+representation gets exactly the same rewrite:
+
+* :class:`tflms.apply.graph_editor.GraphEditor` edits a live ``tf.Graph`` /
+  ``FuncGraph`` in place (Keras train functions, ``tf.function``, TF1 graphs);
+* :class:`tflms.apply.view_editor.ViewEditor` edits a copy of the networkx view
+  (used by the simulator and by property tests);
+* :class:`tflms.apply.proto_editor.ProtoEditor` edits ``GraphDef`` /
+  ``FunctionDef`` protobufs (SavedModels, frozen graphs).
+
+For every swap the core inserts ``lms/swapout_<tensor>`` (an Identity on the
+host device) fed by the tensor, one swap-in ``<producer>-lms/swapin`` per
+consumer group (an Identity on the consumers' device; see
+:mod:`tflms.plan.swap_plan` for why it is named so) fed by the swap-out, reroutes the
+consumers' inputs to the swap-in and adds the trigger control edge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from itertools import pairwise
+from typing import Protocol
+
+from tflms.errors import AlreadyRewrittenError, ValidationError
+from tflms.gc_pause import gc_paused
+from tflms.plan.swap_plan import SwapPlan
+
+__all__ = ["Editor", "apply_with", "apply_plan", "apply_to_view"]
+
+logger = logging.getLogger(__name__)
+
+
+class Editor(Protocol):
+    """What the applier core needs from a graph representation."""
+
+    def swap_ops(self) -> list[str]:
+        """Names of tflms swap ops already in the graph."""
+
+    def missing(self, names: set[str]) -> list[str]:
+        """Which of ``names`` are not ops of the graph."""
+
+    def device_of(self, op: str) -> str:
+        """The device string of ``op``."""
+
+    def has_op(self, name: str) -> bool:
+        """Whether an op called ``name`` exists."""
+
+    def add_identity(self, name: str, source: tuple[str, int], device: str, kind: str) -> None:
+        """Insert an Identity ``name`` reading ``source`` on ``device``, marked as swap ``kind``."""
+
+    def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
+        """Make input ``input_index`` of ``consumer`` read ``source``."""
+
+    def add_control(self, src: str, dst: str) -> None:
+        """Add a control edge ``src -> dst``."""
+
+    def editing(self) -> contextlib.AbstractContextManager:
+        """Context entered around all edits of one plan."""
+
+
+def apply_with(editor: Editor, plan: SwapPlan) -> int:
+    """Apply ``plan`` through ``editor``; returns the number of ops inserted.
+
+    Raises:
+        AlreadyRewrittenError: the graph already holds tflms swap ops.
+        ValidationError: the plan names ops the graph does not have, or an
+            op name the plan needs is taken.
+    """
+    existing = editor.swap_ops()
+    if existing:
+        raise AlreadyRewrittenError(
+            f"Graph {plan.graph_name!r} already holds {len(existing)} tflms swap ops "
+            f"(e.g. {sorted(existing)[0]!r}); a plan is applied once per graph. "
+            "Plan and apply on the original graph (re-trace the function or reload the model)."
+        )
+    _check_plan_matches(editor, plan)
+    host = plan.config.get("host_device", "/device:CPU:0")
+    with editor.editing(), gc_paused():
+        inserted = _edit(editor, plan, host)
+    logger.info(
+        "tflms: rewrote %s: %d tensors swapped (%d bytes), %d ops inserted",
+        plan.graph_name or "graph",
+        len(plan.swaps),
+        plan.bytes_swapped,
+        inserted,
+    )
+    return inserted
+
+
+def _edit(editor: Editor, plan: SwapPlan, host: str) -> int:
+    inserted = 0
+    for swap in plan.swaps:
+        editor.add_identity(swap.swapout_name, (swap.producer, swap.index), host, "out")
+        inserted += 1
+        for k, swap_in in enumerate(swap.swap_ins):
+            name = swap.swapin_name(k)
+            device = editor.device_of(swap_in.consumers[0][0])
+            editor.add_identity(name, (swap.swapout_name, 0), device, "in")
+            inserted += 1
+            for consumer, index in swap_in.consumers:
+                editor.reroute(consumer, index, (name, 0))
+            if swap_in.trigger is not None:
+                editor.add_control(swap_in.trigger, name)
+            for op in swap_in.control_inputs:
+                editor.add_control(op, name)
+        for op in swap.wait_for_swapout:
+            editor.add_control(swap.swapout_name, op)
+    for chain in plan.serialization:
+        for before, after in pairwise(chain):
+            editor.add_control(before, after)
+    return inserted
+
+
+def _check_plan_matches(editor: Editor, plan: SwapPlan) -> None:
+    needed = set()
+    for swap in plan.swaps:
+        needed.add(swap.producer)
+        needed.update(swap.wait_for_swapout)
+        for swap_in in swap.swap_ins:
+            needed.update(c for c, _ in swap_in.consumers)
+            needed.update(swap_in.control_inputs)
+            if swap_in.trigger is not None:
+                needed.add(swap_in.trigger)
+    needed.update(op for chain in plan.serialization for op in chain)
+    missing = editor.missing(needed)
+    if missing:
+        raise ValidationError(
+            f"The plan for {plan.graph_name!r} does not match this graph: {len(missing)} ops it names "
+            f"are missing (e.g. {sorted(missing)[:3]}). Make the plan from this very graph."
+        )
+    taken = sorted(name for name in plan.op_names() if editor.has_op(name))
+    if taken:
+        raise ValidationError(f"Op names reserved for swap ops are already taken: {taken[:3]}.")
+
+
+def apply_plan(graph, plan: SwapPlan) -> int:
+    """Rewrite a ``tf.Graph``/``FuncGraph`` in place; returns the ops inserted.
+
+    Call it while the graph is still being built (for a ``FuncGraph``: before
+    tracing ends), as :class:`tflms.LMSCallback` and :func:`tflms.function` do.
+    """
+    from tflms.apply.graph_editor import GraphEditor
+
+    return apply_with(GraphEditor(graph), plan)
+
+
+def apply_to_view(view, plan: SwapPlan):
+    """Return a rewritten copy of an analysis view (the input is not changed)."""
+    from tflms.apply.view_editor import ViewEditor
+
+    editor = ViewEditor(view, host_device=plan.config.get("host_device", "/device:CPU:0"))
+    apply_with(editor, plan)
+    return editor.finish()

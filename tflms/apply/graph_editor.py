@@ -1,0 +1,102 @@
+"""Editor for live ``tf.Graph`` / ``FuncGraph`` objects (in-place rewrite).
+
+Swap ops are created with every ambient graph context cleared (control
+dependencies, colocation, device and name scopes of whoever is tracing), then
+placed explicitly. They carry ``_grappler_do_not_remove`` so Grappler keeps
+them, and ``_tflms_swap`` so tflms recognises a rewritten graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from tflms.errors import UnsupportedGraphError, ValidationError
+from tflms.graph.view import SWAP_ATTR
+
+__all__ = ["GraphEditor", "GRAPPLER_KEEP_ATTR"]
+
+GRAPPLER_KEEP_ATTR = "_grappler_do_not_remove"
+
+
+class GraphEditor:
+    """Applies swap-plan edits to a ``tf.Graph`` in place."""
+
+    def __init__(self, graph: tf.Graph):
+        if not isinstance(graph, tf.Graph):
+            raise UnsupportedGraphError(
+                f"apply_plan needs a tf.Graph or FuncGraph, got {type(graph).__name__}."
+            )
+        if graph.finalized:
+            raise UnsupportedGraphError(
+                f"Graph {getattr(graph, 'name', '')!r} is finalized (a Session or MonitoredSession "
+                "froze it); rewrite it before creating the session."
+            )
+        self.graph = graph
+
+    # -- queries
+    def swap_ops(self) -> list[str]:
+        found = []
+        for op in self.graph.get_operations():
+            if op.type == "Identity" and "lms/swap" in op.name:
+                try:
+                    op.get_attr(SWAP_ATTR)
+                except ValueError:
+                    continue
+                found.append(op.name)
+        return found
+
+    def missing(self, names: set[str]) -> list[str]:
+        return [n for n in names if not self.has_op(n)]
+
+    def has_op(self, name: str) -> bool:
+        try:
+            self.graph.get_operation_by_name(name)
+        except KeyError:
+            return False
+        return True
+
+    def device_of(self, op: str) -> str:
+        return self._op(op).device
+
+    # -- edits
+    @contextlib.contextmanager
+    def editing(self):
+        """Clear the ambient contexts of whoever is tracing, once for all edits."""
+        g = self.graph
+        with (
+            g.as_default(),
+            g.control_dependencies(None),
+            g.colocate_with(None, ignore_existing=True),
+        ):
+            yield
+
+    def add_identity(self, name: str, source: tuple[str, int], device: str, kind: str) -> None:
+        tensor = self._op(source[0]).outputs[source[1]]
+        attrs = {
+            "T": attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum),
+            SWAP_ATTR: attr_value_pb2.AttrValue(s=kind.encode()),
+            GRAPPLER_KEEP_ATTR: attr_value_pb2.AttrValue(b=True),
+        }
+        # A trailing "/" makes TensorFlow use the name as given (clashes were
+        # ruled out before any edit); device functions of the tracer are skipped.
+        op = self.graph._create_op_internal(  # noqa: SLF001
+            "Identity", [tensor], name=name + "/", attrs=attrs, compute_device=False
+        )
+        if op.name != name:
+            raise ValidationError(f"Could not create op {name!r}: TensorFlow named it {op.name!r}.")
+        if device:
+            op._set_device(device)  # noqa: SLF001
+
+    def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
+        op = self._op(consumer)
+        op._update_input(input_index, self._op(source[0]).outputs[source[1]])  # noqa: SLF001
+
+    def add_control(self, src: str, dst: str) -> None:
+        self._op(dst)._add_control_input(self._op(src))  # noqa: SLF001
+
+    # -- helpers
+    def _op(self, name: str) -> tf.Operation:
+        return self.graph.get_operation_by_name(name)

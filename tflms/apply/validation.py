@@ -1,0 +1,155 @@
+"""Contracts a rewritten graph must satisfy (the ``Graph.lint()`` of tflms).
+
+:func:`validate` checks a ``tf.Graph``/``FuncGraph`` or an analysis view,
+optionally against the :class:`~tflms.plan.swap_plan.SwapPlan` that was applied:
+
+* the graph is acyclic (TF1 loop back edges aside);
+* every swap-out is an Identity on the host device reading its tensor, and
+  feeds at least one swap-in;
+* every swap-in is an Identity reading a swap-out, placed on its consumers'
+  device, and every consumer it serves reads it at the planned input;
+* every trigger and wait edge of the plan is present;
+* there are no swap ops the plan does not account for.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import networkx as nx
+
+from tflms.devices import same_device
+from tflms.errors import UnsupportedGraphError, ValidationError
+from tflms.graph.view import assign_levels, build_view
+from tflms.plan.swap_plan import SwapPlan
+
+__all__ = ["validate"]
+
+
+def validate(graph, plan: SwapPlan | None = None, *, host_device: str | None = None) -> None:
+    """Raise :class:`ValidationError` listing every broken invariant.
+
+    Args:
+        graph: a ``tf.Graph``/``FuncGraph`` or an analysis view.
+        plan: the plan applied to it; without one only the structural rules
+            (acyclic, swap-out -> swap-in pairing, devices) are checked.
+        host_device: the host device; defaults to the plan's, else
+            ``/device:CPU:0``.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> g = tf.Graph()
+        >>> with g.as_default():
+        ...     _ = tf.nn.relu(tf.ones([4, 4]))
+        >>> validate(g)  # no swap ops, nothing to complain about
+    """
+    if isinstance(graph, nx.DiGraph):
+        view = graph.copy()
+        try:
+            assign_levels(view)
+        except UnsupportedGraphError as err:
+            raise ValidationError(str(err)) from err
+    else:
+        try:
+            view = build_view(graph)
+        except UnsupportedGraphError as err:
+            raise ValidationError(str(err)) from err
+    host = host_device or (plan.config.get("host_device") if plan else None) or "/device:CPU:0"
+    problems = _structural(view, host)
+    if plan is not None:
+        problems.extend(_against_plan(view, plan))
+    if problems:
+        shown = "\n  - ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise ValidationError(
+            f"{len(problems)} invariant(s) broken in {view.graph.get('name')!r}:\n  - {shown}{more}"
+        )
+
+
+def _data_inputs(view: nx.DiGraph, node: str) -> dict[int, tuple[str, int]]:
+    inputs = {}
+    for pred, edge in view.pred[node].items():
+        for out_idx, in_idx in edge.get("tensors", ()):
+            inputs[in_idx] = (pred, out_idx)
+    return inputs
+
+
+def _same_placement(a: str, b: str) -> bool:
+    return a == b or bool(a and b and same_device(a, b))
+
+
+def _structural(view: nx.DiGraph, host: str) -> list[str]:
+    problems = []
+    for name, data in view.nodes(data=True):
+        kind = data.get("tflms")
+        if not kind:
+            continue
+        if data["type"] != "Identity":
+            problems.append(f"swap op {name} is a {data['type']}, not an Identity")
+        inputs = _data_inputs(view, name)
+        if len(inputs) != 1:
+            problems.append(f"swap op {name} has {len(inputs)} data inputs, expected 1")
+            continue
+        src, _ = inputs[0]
+        if kind == "out":
+            if not data["device"] or not same_device(data["device"], host):
+                problems.append(
+                    f"swap-out {name} is on {data['device']!r}, expected the host {host!r}"
+                )
+            swap_ins = [s for s in view.succ[name] if view.nodes[s].get("tflms") == "in"]
+            if not swap_ins:
+                problems.append(f"swap-out {name} feeds no swap-in")
+        elif kind == "in":
+            if view.nodes[src].get("tflms") != "out":
+                problems.append(f"swap-in {name} reads {src}, which is not a swap-out")
+            readers = [s for s, e in view.succ[name].items() if e.get("tensors")]
+            if not readers:
+                problems.append(f"swap-in {name} has no consumer")
+            for reader in readers:
+                if not _same_placement(view.nodes[reader]["device"], data["device"]):
+                    problems.append(
+                        f"swap-in {name} is on {data['device']!r} but its consumer {reader} is on "
+                        f"{view.nodes[reader]['device']!r}"
+                    )
+        else:
+            problems.append(f"op {name} has an unknown swap kind {kind!r}")
+    return problems
+
+
+def _against_plan(view: nx.DiGraph, plan: SwapPlan) -> list[str]:
+    problems = []
+    planned = plan.op_names()
+    for name, data in view.nodes(data=True):
+        if data.get("tflms") and name not in planned:
+            problems.append(f"swap op {name} is not part of the plan")
+    for swap in plan.swaps:
+        out = swap.swapout_name
+        if out not in view:
+            problems.append(f"swap-out {out} for {swap.tensor} is missing")
+            continue
+        if _data_inputs(view, out).get(0) != (swap.producer, swap.index):
+            problems.append(f"swap-out {out} does not read {swap.tensor}")
+        for op in swap.wait_for_swapout:
+            if not (view.has_edge(out, op) and view[out][op]["control"]):
+                problems.append(f"{op} does not wait for swap-out {out} (sync mode 1)")
+        for k, swap_in in enumerate(swap.swap_ins):
+            name = swap.swapin_name(k)
+            if name not in view:
+                problems.append(f"swap-in {name} for {swap.tensor} is missing")
+                continue
+            if _data_inputs(view, name).get(0) != (out, 0):
+                problems.append(f"swap-in {name} does not read swap-out {out}")
+            for consumer, index in swap_in.consumers:
+                if consumer not in view:
+                    problems.append(f"consumer {consumer} of {name} does not exist")
+                elif _data_inputs(view, consumer).get(index) != (name, 0):
+                    problems.append(f"input {index} of {consumer} does not read swap-in {name}")
+            waits = ([swap_in.trigger] if swap_in.trigger else []) + list(swap_in.control_inputs)
+            for op in waits:
+                if not (view.has_edge(op, name) and view[op][name]["control"]):
+                    problems.append(f"swap-in {name} lacks its control edge from {op}")
+    for chain in plan.serialization:
+        for before, after in pairwise(chain):
+            if not (view.has_edge(before, after) and view[before][after]["control"]):
+                problems.append(f"serialization edge {before} -> {after} is missing")
+    return problems

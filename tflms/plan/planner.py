@@ -1,0 +1,217 @@
+"""Plan: choose the tensors to swap and the triggers of their swap-ins.
+
+:func:`make_plan` reads the analysis view (:func:`tflms.build_view`) and
+returns a :class:`~tflms.plan.swap_plan.SwapPlan`. It never touches TensorFlow.
+
+How a plan is made (TFLMS v2's rules, automatic, no optimizer scope needed):
+
+1. *Candidates* are outputs of ops on the compute device with rank >= 2 and
+   at least ``min_tensor_bytes``, not of a never-swap dtype (resource,
+   variant, string, int32 - int32 lives in host memory on GPUs - or TF1
+   reference types), not produced by a Const/Placeholder/variable read/
+   Identity/Shape-like op, not inside control flow, and passing the
+   scope/type filters.
+2. A candidate is swapped for its *far consumers*: those whose level exceeds
+   the producer's by more than ``swapout_threshold``. If a far consumer
+   cannot be rerouted (control flow, another device, a tflms op), the
+   tensor stays alive until then anyway and is not swapped.
+3. Far consumers within ``swapin_groupby`` levels of the group's first
+   consumer (and on the same device) share one swap-in.
+4. The swap-in's *trigger* is an ancestor of the group's earliest consumer
+   about ``swapin_ahead`` levels before it, on the compute device and
+   outside control flow. It is found by walking back along the consumer's
+   deepest inputs (every op at level L has an input at level L-1), so the
+   search costs O(``swapin_ahead``) and the trigger is a true ancestor.
+   Every inserted edge goes from a lower level to a higher one, so the
+   rewritten graph stays acyclic. Without a trigger the swap-in waits for
+   the consumer's other inputs (synchronous fallback, recorded in the plan).
+5. ``sync_mode`` and ``serialization`` add the control edges of TFLMS v2.
+6. ``n_tensors`` keeps the largest swaps.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import networkx as nx
+
+from tflms.config import LMSConfig
+from tflms.graph.view import consumers as tensor_consumers
+from tflms.plan.candidates import (
+    NEVER_SWAP_DTYPES,
+    NEVER_SWAP_PRODUCERS,
+    producer_ok,
+    tensor_ok,
+    veto,
+)
+from tflms.plan.swap_plan import Swap, SwapPlan
+from tflms.plan.triggers import group_consumers, plan_swap_in, trigger_filter
+
+__all__ = ["make_plan", "NEVER_SWAP_PRODUCERS", "NEVER_SWAP_DTYPES"]
+
+logger = logging.getLogger(__name__)
+
+
+def make_plan(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
+    """Choose swaps for ``view`` under ``config``.
+
+    Args:
+        view: the analysis view of a graph (from :func:`tflms.build_view`).
+        config: planner options; defaults to ``LMSConfig()``.
+
+    Returns:
+        The :class:`SwapPlan`; possibly with no swaps, in which case
+        ``plan.skipped`` and ``plan.notes`` say why.
+
+    Example:
+        >>> import networkx as nx
+        >>> from tflms.graph.view import TensorInfo, assign_levels
+        >>> v = nx.DiGraph(name="chain")
+        >>> for i in range(12):
+        ...     out = TensorInfo(f"op{i}:0", 0, "float32", (8, 1024), 32768)
+        ...     v.add_node(f"op{i}", type="Relu", device="", placement="compute", outputs=(out,),
+        ...                control_flow=False, functions=(), stateful=False, tflms=None)
+        ...     if i:
+        ...         v.add_edge(f"op{i-1}", f"op{i}", tensors=[(0, 0)], control=False)
+        >>> v.add_edge("op1", "op11", tensors=[(0, 1)], control=False)
+        >>> assign_levels(v)
+        >>> plan = make_plan(v, LMSConfig(swapout_threshold=5, swapin_ahead=3, min_tensor_bytes=0))
+        >>> [(s.tensor, s.swap_ins[0].trigger) for s in plan.swaps]
+        [('op1:0', 'op8')]
+    """
+    config = config or LMSConfig()
+    levels = nx.get_node_attributes(view, "level")
+    notes = list(_notes(view))
+    swaps: list[Swap] = []
+    skipped: list[tuple[str, str]] = []
+    trigger_ok = trigger_filter(view)
+
+    for producer in view.nodes:
+        node = view.nodes[producer]
+        if not producer_ok(producer, node, config):
+            continue
+        for info in node["outputs"]:
+            if not tensor_ok(info, config):
+                continue
+            swap, reason = _plan_tensor(view, producer, node, info, levels, config, trigger_ok)
+            if swap is not None:
+                swaps.append(swap)
+            elif reason is not None:
+                skipped.append((info.name, reason))
+
+    swaps.sort(key=lambda s: (-s.bytes, s.tensor))
+    if config.n_tensors is not None and len(swaps) > config.n_tensors:
+        skipped.extend((s.tensor, "over the n_tensors cap") for s in swaps[config.n_tensors :])
+        swaps = swaps[: config.n_tensors]
+    if config.sync_mode in (1, 3):
+        swaps = [_with_swapout_waits(view, s) for s in swaps]
+
+    plan = SwapPlan(
+        swaps=tuple(swaps),
+        graph_name=str(view.graph.get("name", "")),
+        serialization=_serialization_chains(view, config),
+        config=config.to_dict(),
+        skipped=tuple(sorted(skipped)),
+        notes=tuple(notes),
+        batch_size=view.graph.get("batch_size"),
+    )
+    logger.debug(
+        "planned %d swaps (%d bytes), %d skipped, on %s",
+        len(plan.swaps),
+        plan.bytes_swapped,
+        len(plan.skipped),
+        plan.graph_name,
+    )
+    return plan
+
+
+def _plan_tensor(view, producer, node, info, levels, config, trigger_ok):
+    """Plan the swap of one candidate tensor; returns ``(swap, None)`` or ``(None, reason)``."""
+    lp = levels[producer]
+    uses = tensor_consumers(view, producer, info.index)
+    far = sorted(
+        ((c, i) for c, i in uses if levels[c] - lp > config.swapout_threshold),
+        key=lambda ci: (levels[ci[0]], ci[0], ci[1]),
+    )
+    if not far:
+        return None, None  # short-lived: the common case, not worth a line in the report
+    reason = veto(view, producer, info, uses, far)
+    if reason is not None:
+        return None, reason
+    swap_ins = []
+    for group in group_consumers(far, levels, view, config.swapin_groupby):
+        swap_in, reason = plan_swap_in(view, producer, lp, group, levels, config, trigger_ok)
+        if swap_in is None:
+            return None, reason
+        swap_ins.append(swap_in)
+    return (
+        Swap(
+            tensor=info.name,
+            producer=producer,
+            index=info.index,
+            bytes=info.bytes,
+            dtype=info.dtype,
+            producer_level=lp,
+            device=node["device"],
+            swap_ins=tuple(swap_ins),
+        ),
+        None,
+    )
+
+
+def _with_swapout_waits(view, swap: Swap) -> Swap:
+    rerouted = {c for c, _ in swap.consumers}
+    near = sorted(
+        {c for c, _ in tensor_consumers(view, swap.producer, swap.index) if c not in rerouted}
+    )
+    return Swap(**{**swap.__dict__, "wait_for_swapout": tuple(near)})
+
+
+def _serialization_chains(view, config: LMSConfig) -> tuple[tuple[str, ...], ...]:
+    if not config.serialization:
+        return ()
+    by_level: dict[int, list[str]] = {}
+    for name, data in view.nodes(data=True):
+        if data["placement"] == "compute" and not data["control_flow"] and not data["tflms"]:
+            by_level.setdefault(data["level"], []).append(name)
+    chains = []
+    for lo, hi in config.serialization:
+        for level in range(lo, hi + 1):
+            ops = sorted(by_level.get(level, ()))
+            if len(ops) > 1:
+                chains.append(tuple(ops))
+    return tuple(chains)
+
+
+def _notes(view: nx.DiGraph):
+    g = view.graph
+    cf = g.get("control_flow_ops") or []
+    if cf:
+        functions = sorted({f for n in cf for f in view.nodes[n]["functions"]})
+        yield (
+            f"{len(cf)} control-flow ops left untouched"
+            + (
+                f" (bodies: {', '.join(functions[:5])}{'...' if len(functions) > 5 else ''})"
+                if functions
+                else ""
+            )
+        )
+    calls = [
+        n
+        for n, d in view.nodes(data=True)
+        if d["type"] in ("PartitionedCall", "StatefulPartitionedCall")
+    ]
+    if calls:
+        yield (
+            f"{len(calls)} function calls (e.g. {calls[0]}) are treated as single ops; "
+            "tensors inside their bodies are not swapped"
+        )
+    if g.get("unsized_batch"):
+        yield (
+            f"{len(g['unsized_batch'])} tensors have an unknown batch dimension; sizes are per sample "
+            "(set LMSConfig(batch_size=...) for absolute sizes)"
+        )
+    if g.get("unknown_dims"):
+        yield f"{len(g['unknown_dims'])} tensors have other unknown dimensions, counted as 1"
+    if g.get("batch_size") is not None:
+        yield f"batch size {g['batch_size']} (from {g.get('batch_source')})"

@@ -1,0 +1,158 @@
+"""Triggers: group a tensor's far consumers and choose what starts each swap-in.
+
+Far consumers within ``swapin_groupby`` levels of a group's first consumer
+(and on the same device) share one swap-in (:func:`group_consumers`). A
+swap-in's *trigger* is an ancestor of the group's earliest consumer about
+``swapin_ahead`` levels before it, on the compute device and outside control
+flow (:func:`find_trigger`). It is found by walking back along the
+consumer's deepest inputs (every op at level L has an input at level L-1), so
+the search costs O(``swapin_ahead``) and the trigger is a true ancestor:
+every inserted edge goes from a lower level to a higher one and the
+rewritten graph stays acyclic. Without a trigger the swap-in waits for the
+consumer's other inputs (a synchronous fallback, recorded in the plan).
+
+Example:
+    >>> import networkx as nx
+    >>> v = nx.DiGraph()
+    >>> v.add_nodes_from(["a", "b"], device="")
+    >>> group_consumers([("a", 0), ("b", 1)], {"a": 10, "b": 30}, v, groupby=5)
+    [[('a', 0)], [('b', 1)]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import networkx as nx
+
+from tflms.config import LMSConfig
+from tflms.plan.swap_plan import SwapIn
+
+__all__ = ["group_consumers", "plan_swap_in", "find_trigger", "other_inputs", "trigger_filter"]
+
+
+def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
+    """A predicate: may this op trigger a swap-in (compute device, no control flow, not tflms)?"""
+
+    def ok(name: str) -> bool:
+        node = view.nodes[name]
+        return node["placement"] == "compute" and not node["control_flow"] and not node["tflms"]
+
+    return ok
+
+
+def group_consumers(far, levels, view: nx.DiGraph, groupby: int) -> list[list[tuple[str, int]]]:
+    """Split far consumers (sorted by level) into swap-in groups.
+
+    Args:
+        far: ``(consumer, input index)`` pairs sorted by level.
+        levels: op levels of the view.
+        view: the analysis view (for devices).
+        groupby: consumers within this many levels of a group's first share it.
+
+    Returns:
+        The groups, in order of their first consumer.
+    """
+    groups: list[list[tuple[str, int]]] = []
+    for c, i in far:
+        device = view.nodes[c]["device"]
+        for group in groups:
+            first = group[0][0]
+            if view.nodes[first]["device"] == device and levels[c] - levels[first] <= groupby:
+                group.append((c, i))
+                break
+        else:
+            groups.append([(c, i)])
+    return groups
+
+
+def plan_swap_in(
+    view: nx.DiGraph,
+    producer: str,
+    lp: int,
+    group,
+    levels,
+    config: LMSConfig,
+    trigger_ok: Callable[[str], bool],
+) -> tuple[SwapIn | None, str | None]:
+    """The swap-in of one consumer group: ``(swap_in, None)`` or ``(None, reason)``.
+
+    Args:
+        view: the analysis view.
+        producer: the op producing the swapped tensor; ``lp`` its level.
+        lp: the producer's level.
+        group: the group's ``(consumer, input index)`` pairs, earliest first.
+        levels: op levels of the view.
+        config: ``swapin_ahead`` and ``sync_mode``.
+        trigger_ok: which ops may trigger (see :func:`trigger_filter`).
+
+    Returns:
+        The :class:`~tflms.plan.swap_plan.SwapIn`, or why none is possible.
+    """
+    earliest = group[0][0]
+    lc = levels[earliest]
+    consumers = tuple(group)
+    waits: tuple[str, ...] = ()
+    if config.sync_mode in (2, 3):
+        waits = other_inputs(view, earliest, producer)
+        if not waits:
+            return None, "sync mode 2: the consumer has no other input to wait for"
+        return SwapIn(consumers=consumers, control_inputs=waits, consumer_level=lc), None
+
+    trigger = find_trigger(view, earliest, lc - config.swapin_ahead, lp, levels, trigger_ok)
+    if trigger is not None:
+        return (
+            SwapIn(
+                consumers=consumers,
+                trigger=trigger,
+                trigger_level=levels[trigger],
+                consumer_level=lc,
+            ),
+            None,
+        )
+    waits = other_inputs(view, earliest, producer)
+    if not waits:
+        return None, "no swap-in trigger and the consumer has no other input to wait for"
+    reason = (
+        f"no op on the compute device between level {lp} and {lc} precedes {earliest}; "
+        "the swap-in waits for the consumer's other inputs"
+    )
+    return SwapIn(
+        consumers=consumers, control_inputs=waits, consumer_level=lc, fallback=reason
+    ), None
+
+
+def find_trigger(
+    view: nx.DiGraph, consumer: str, target: int, floor: int, levels, ok
+) -> str | None:
+    """An eligible ancestor of ``consumer`` at a level in ``(floor, level(consumer))``.
+
+    Walks back along the deepest input of each op, so each step lowers the
+    level by exactly one. Prefers the first eligible op at or below
+    ``target``; failing that, the eligible op above ``target`` closest to it.
+    """
+    chain = []
+    node = consumer
+    while True:
+        preds = view.pred[node]
+        if not preds:
+            break
+        node = max(preds, key=lambda p: (levels[p], p))
+        if levels[node] <= floor:
+            break
+        chain.append(node)
+        if levels[node] <= target and ok(node):
+            return node
+    above = [n for n in chain if levels[n] > target and ok(n)]
+    return above[-1] if above else None
+
+
+def other_inputs(view: nx.DiGraph, consumer: str, producer: str) -> tuple[str, ...]:
+    """Ops other than ``producer`` (and tflms ops) that feed data into ``consumer``, sorted."""
+    return tuple(
+        sorted(
+            p
+            for p, edge in view.pred[consumer].items()
+            if p != producer and edge.get("tensors") and not view.nodes[p]["tflms"]
+        )
+    )

@@ -1,0 +1,227 @@
+"""Analyse, plan and rewrite every training graph of a saved model.
+
+The model-level pipeline behind ``tflms analyze | simulate | rewrite``:
+
+1. :func:`analyze_model` imports each target that trains (see
+   :mod:`tflms.saved_model.read`) into a ``tf.Graph`` - shape inference only -,
+   builds its view and makes its plan (or, with ``memory_budget``, lets
+   :func:`tflms.autotune` choose it). Nothing is modified.
+2. :func:`rewrite_model` applies the plans to a *copy* of the model through
+   :class:`tflms.apply.proto_editor.ProtoEditor` and the shared applier core, then
+   re-imports every rewritten graph and checks it with :func:`tflms.validate`.
+   Targets that do not train are not touched: their bytes stay identical.
+
+Example:
+    >>> import os, tempfile
+    >>> import tensorflow as tf
+    >>> from tflms import LMSConfig
+    >>> from tflms.saved_model.read import read_model
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [64, 1024], name="x")
+    ...     w = tf.compat.v1.get_variable("w", [1024, 1024], use_resource=True)
+    ...     h = x
+    ...     for i in range(8):
+    ...         h = tf.nn.relu(h @ w, name=f"relu{i}")
+    ...     train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(h))
+    >>> path = os.path.join(tempfile.mkdtemp(), "train.pb")
+    >>> _ = tf.io.write_graph(g, os.path.dirname(path), "train.pb", as_text=False)
+    >>> analysis = analyze_model(read_model(path), LMSConfig(swapout_threshold=4, min_tensor_bytes=0))
+    >>> [(t.name, len(t.plan.swaps)) for t in analysis.training]
+    [('graph', 8)]
+    >>> rewritten = rewrite_model(analysis)
+    >>> sum(n.name.startswith("lms/swapout_") for n in rewritten.message.node)
+    8
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from tflms.apply.core import apply_with
+from tflms.apply.proto_editor import ProtoEditor
+from tflms.apply.validation import validate
+from tflms.config import LMSConfig
+from tflms.errors import AlreadyRewrittenError, ConfigError
+from tflms.graph.view import SWAP_ATTR, build_view
+from tflms.plan.planner import make_plan
+from tflms.plan.swap_plan import SwapPlan
+from tflms.saved_model.read import Model, Target
+
+__all__ = ["TargetAnalysis", "ModelAnalysis", "analyze_model", "rewrite_model", "plan_view"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TargetAnalysis:
+    """The analysis of one training graph or function.
+
+    Attributes:
+        target: the graph or function.
+        view: its analysis view (:func:`tflms.build_view`).
+        plan: the swap plan for it.
+        tuning: the :func:`tflms.autotune` result when a memory budget chose the plan.
+    """
+
+    target: Target
+    view: nx.DiGraph
+    plan: SwapPlan
+    tuning: object = None
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    @property
+    def arguments(self) -> frozenset:
+        """Names of a function's arguments (placeholders or variable handles in the view)."""
+        if self.target.kind != "function":
+            return frozenset()
+        return frozenset(arg.name for arg in self.target.proto.signature.input_arg)
+
+    def op_types(self, top: int = 8) -> list[tuple[str, int]]:
+        """The most common op types of the body (a function's arguments left out)."""
+        args = self.arguments
+        types = Counter(d["type"] for n, d in self.view.nodes(data=True) if n not in args)
+        return types.most_common(top)
+
+    def devices(self) -> dict[str, int]:
+        args = self.arguments
+        counts = Counter(
+            d["device"] or "(unassigned)" for n, d in self.view.nodes(data=True) if n not in args
+        )
+        return dict(counts.most_common())
+
+    def to_dict(self) -> dict:
+        """JSON-ready facts and the plan."""
+        g = self.view.graph
+        return {
+            "name": self.name,
+            "kind": self.target.kind,
+            "ops": self.view.number_of_nodes() - len(self.arguments),
+            "arguments": len(self.arguments),
+            "gradient_ops": self.target.gradient_ops,
+            "depth": g.get("depth"),
+            "op_types": dict(self.op_types()),
+            "devices": self.devices(),
+            "batch_size": g.get("batch_size"),
+            "batch_source": g.get("batch_source"),
+            "unsized_resources": self.target.unsized_resources,
+            "swaps": len(self.plan.swaps),
+            "bytes_swapped": self.plan.bytes_swapped,
+            "plan": self.plan.to_dict(),
+        }
+
+
+@dataclass
+class ModelAnalysis:
+    """The analysis of a whole model.
+
+    Attributes:
+        model: the parsed model (never modified).
+        config: the options used.
+        targets: every graph and function of the model.
+        training: analyses of the targets that train, in model order.
+    """
+
+    model: Model
+    config: LMSConfig
+    targets: list[Target]
+    training: list[TargetAnalysis] = field(default_factory=list)
+
+    @property
+    def swaps(self) -> int:
+        return sum(len(t.plan.swaps) for t in self.training)
+
+    @property
+    def plans(self) -> dict[str, SwapPlan]:
+        return {t.name: t.plan for t in self.training}
+
+    def with_plans(self, plans: dict[str, SwapPlan]) -> ModelAnalysis:
+        """This analysis with the plans of some targets replaced (``tflms rewrite --plan``)."""
+        names = {t.name for t in self.training}
+        unknown = sorted(set(plans) - names)
+        if unknown:
+            raise ConfigError(
+                f"The plan file names graphs {unknown} that are not training graphs of "
+                f"'{self.model.path}'; its training graphs are {sorted(names)}. Make the plan "
+                "from this model: `tflms rewrite SRC DST --dry-run > plan.json`."
+            )
+        training = [
+            TargetAnalysis(t.target, t.view, plans.get(t.name, t.plan), t.tuning)
+            for t in self.training
+        ]
+        return ModelAnalysis(self.model, self.config, self.targets, training)
+
+
+def plan_view(view: nx.DiGraph, config: LMSConfig):
+    """``(plan, tuning)``: the planner's plan, or the auto-tuned one with ``memory_budget``."""
+    if getattr(config, "memory_budget", None) is None:
+        return make_plan(view, config), None
+    from tflms.tuning.autotuner import autotune  # the simulator: imported only when a budget is set
+
+    tuning = autotune(view, config=config)
+    return tuning.plan, tuning
+
+
+def analyze_model(model: Model, config: LMSConfig | None = None, *, progress=None) -> ModelAnalysis:
+    """Analyse and plan every training target of ``model`` (which is not modified).
+
+    Args:
+        model: from :func:`tflms.saved_model.read.read_model`.
+        config: planner options; defaults to ``LMSConfig()``.
+        progress: an object with ``stage(text)`` (see :mod:`tflms.cli.progress`).
+
+    Raises:
+        UnsupportedGraphError: a training graph cannot be imported or analysed
+            (unknown op types, inconsistent graph).
+        AlreadyRewrittenError: a training graph already holds tflms swap ops.
+        PlanInfeasibleError: with ``memory_budget``, no plan fits.
+    """
+    config = config or LMSConfig()
+    targets = model.targets()
+    analysis = ModelAnalysis(model, config, targets)
+    training = [t for t in targets if t.trains]
+    for i, target in enumerate(training, 1):
+        if progress is not None:
+            progress.stage(f"analysing {target.kind} {target.name} ({i}/{len(training)})")
+        swapped = [n.name for n in target.nodes if SWAP_ATTR in n.attr]
+        if swapped:
+            raise AlreadyRewrittenError(
+                f"The {target.kind} {target.name!r} of '{model.path}' was already rewritten by "
+                f"tflms ({len(swapped)} swap ops, e.g. {swapped[0]!r}). Rewrite the original model."
+            )
+        view = build_view(target.import_graph(), config=config)
+        view.graph["name"] = target.name
+        if progress is not None:
+            progress.stage(f"planning {target.name} ({view.number_of_nodes()} ops)")
+        plan, tuning = plan_view(view, config)
+        analysis.training.append(TargetAnalysis(target, view, plan, tuning))
+        logger.debug("%s: %d ops, %d swaps", target.name, view.number_of_nodes(), len(plan.swaps))
+    return analysis
+
+
+def rewrite_model(analysis: ModelAnalysis, *, progress=None) -> Model:
+    """A rewritten copy of ``analysis.model``: every plan applied and validated.
+
+    Raises:
+        ValidationError: a rewritten graph breaks an invariant (a tflms bug).
+    """
+    rewritten = analysis.model.copy()
+    by_name = {t.name: t for t in rewritten.targets()}
+    for i, done in enumerate(analysis.training, 1):
+        if not done.plan.swaps:
+            continue
+        if progress is not None:
+            progress.stage(f"rewriting {done.name} ({i}/{len(analysis.training)})")
+        target = by_name[done.name]
+        inserted = apply_with(ProtoEditor(target.proto, library=target.library), done.plan)
+        check = build_view(target.import_graph(), config=analysis.config)
+        validate(check, done.plan)
+        logger.info("tflms: %s: %d swap ops inserted and validated", done.name, inserted)
+    return rewritten

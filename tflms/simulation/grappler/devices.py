@@ -1,0 +1,132 @@
+"""The virtual cluster Grappler simulates on: a V100-like GPU and a host CPU.
+
+Example:
+    >>> virtual_gpu().type, virtual_cpu().type
+    ('GPU', 'CPU')
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.core.protobuf import device_properties_pb2
+from tensorflow.python.grappler import cluster as gcluster
+from tensorflow.python.grappler import item as gitem
+
+from tflms.errors import ConfigError, UnsupportedGraphError
+
+__all__ = [
+    "GIB",
+    "UNLIMITED_BYTES",
+    "SIMULATOR",
+    "virtual_gpu",
+    "virtual_cpu",
+    "make_cluster",
+    "make_item",
+]
+
+GIB = 1 << 30
+UNLIMITED_BYTES = 1 << 50
+"""1 PiB: a virtual device size that never refuses a graph (``fits`` is judged separately)."""
+SIMULATOR = f"grappler VirtualCluster + GraphMemory.InferStatically (TF {tf.__version__})"
+
+
+def virtual_gpu(memory_bytes: int = 16 * GIB) -> device_properties_pb2.DeviceProperties:
+    """Properties of a V100-like virtual GPU: 80 SMs at 1530 MHz, 900 GB/s.
+
+    Args:
+        memory_bytes: device memory; Grappler only compares the peak with it.
+
+    Returns:
+        A ``DeviceProperties`` proto of type ``GPU``.
+    """
+    return device_properties_pb2.DeviceProperties(
+        type="GPU",
+        vendor="NVIDIA",
+        model="virtual V100",
+        frequency=1530,  # MHz
+        num_cores=80,
+        environment={"architecture": "7.0"},
+        num_registers=65536,
+        l1_cache_size=128 << 10,
+        l2_cache_size=6 << 20,
+        shared_memory_size_per_multiprocessor=96 << 10,
+        memory_size=memory_bytes,
+        bandwidth=900_000_000,  # KB/s
+    )
+
+
+def virtual_cpu(memory_bytes: int = 256 * GIB) -> device_properties_pb2.DeviceProperties:
+    """Properties of a virtual host: 20 cores at 2600 MHz, 100 GB/s.
+
+    Args:
+        memory_bytes: host memory size.
+
+    Returns:
+        A ``DeviceProperties`` proto of type ``CPU``.
+    """
+    return device_properties_pb2.DeviceProperties(
+        type="CPU", frequency=2600, num_cores=20, memory_size=memory_bytes, bandwidth=100_000_000
+    )
+
+
+def make_cluster(
+    device: str,
+    host_device: str,
+    memory_bytes: int,
+    gpu_properties: device_properties_pb2.DeviceProperties | None = None,
+    cpu_properties: device_properties_pb2.DeviceProperties | None = None,
+    slowdown: int = 1,
+    timeline: bool = False,
+) -> gcluster.Cluster:
+    """A Grappler virtual cluster of one GPU named ``device`` and one host.
+
+    Args:
+        device: name of the virtual GPU, e.g. ``"/device:GPU:0"``.
+        host_device: name of the virtual host CPU.
+        memory_bytes: memory size of the virtual GPU.
+        gpu_properties: the GPU's properties (default :func:`virtual_gpu`).
+        cpu_properties: the host's properties (default :func:`virtual_cpu`).
+        slowdown: divide both devices' frequency and bandwidth by this.
+        timeline: make ``MeasureCosts`` report per-op step stats.
+
+    Returns:
+        A ``tensorflow.python.grappler.cluster.Cluster``; call ``Shutdown()``
+        when done.
+
+    Raises:
+        ConfigError: ``slowdown`` is not an int >= 1.
+    """
+    if isinstance(slowdown, bool) or not isinstance(slowdown, int) or slowdown < 1:
+        raise ConfigError(f"slowdown must be an int >= 1. Received slowdown={slowdown!r}.")
+    gpu = device_properties_pb2.DeviceProperties()
+    gpu.CopyFrom(gpu_properties or virtual_gpu())
+    gpu.memory_size = memory_bytes
+    cpu = device_properties_pb2.DeviceProperties()
+    cpu.CopyFrom(cpu_properties or virtual_cpu())
+    for props in (gpu, cpu):
+        if props.frequency:
+            props.frequency = max(1, props.frequency // slowdown)
+        if props.bandwidth:
+            props.bandwidth = max(1, props.bandwidth // slowdown)
+    return gcluster.Cluster(
+        disable_timeline=not timeline,
+        devices=[
+            device_properties_pb2.NamedDevice(name=device, properties=gpu),
+            device_properties_pb2.NamedDevice(name=host_device, properties=cpu),
+        ],
+    )
+
+
+def make_item(metagraph):
+    """A Grappler item of ``metagraph`` (fetches in its ``train_op`` collection).
+
+    Raises:
+        UnsupportedGraphError: Grappler rejects the graph.
+    """
+    try:
+        return gitem.Item(metagraph)
+    except (tf.errors.OpError, ValueError) as err:
+        raise UnsupportedGraphError(
+            f"Grappler could not build an item from the graph: {err}. Check that every "
+            "placeholder has a dtype and a shape."
+        ) from err

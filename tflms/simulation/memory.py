@@ -1,0 +1,270 @@
+"""Memory model of the simulator: buffers, their lifetimes, and the peaks.
+
+Given a schedule (:mod:`tflms.simulation.schedule`), every op output becomes a
+*buffer* in device or host memory:
+
+* a buffer is allocated when its producer starts and freed when the last
+  data consumer of every tensor in it ends (control edges never extend a
+  life); an output nothing reads dies when its producer ends;
+* a swap-out (a copy on the ``d2h`` stream) is one more consumer of the
+  device tensor, so the device copy is freed only when the swap-out *and*
+  the producer's other device consumers are done; the host copy lives until
+  the last swap-in has finished copying it back;
+* a swap-in (``h2d``) allocates device memory when it is dispatched - once
+  its trigger has fired and its swap-out is done, even if its copy then
+  waits for the host-to-device stream - and frees it after its consumers;
+* frees at an instant come before allocations at the same instant (the
+  allocator reuses memory on one stream at once), except for buffers that
+  are born at that instant (zero-time ops).
+
+Two accountings share this machinery:
+
+``"tensorflow"`` (the default, what a GPU does)
+    Variables and optimizer slots are resident for the whole step (counted
+    once, see :func:`variable_bytes`), a ``ReadVariableOp`` aliases its
+    variable, and ``Identity``/``Reshape``/``Squeeze``/``ExpandDims``/
+    ``StopGradient`` outputs share their input's buffer (TensorFlow forwards
+    it). The peak is what an allocator would need at least.
+
+``"grappler"`` (Grappler's conventions, for a like-with-like cross-check)
+    Every output is a fresh buffer, ``ReadVariableOp`` and ``Identity``
+    outputs included, and variables themselves weigh nothing; times are
+    truncated to whole microseconds and a buffer is freed 1 ns after its last
+    consumer ends, so the op that starts next still sees it - exactly as
+    ``GraphMemory`` counts (see :mod:`tflms.simulation.grappler`).
+
+Example:
+    >>> ACCOUNTINGS["grappler"].startswith("every output")
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tflms.errors import ConfigError
+from tflms.simulation.cost import ALIAS_OPS
+from tflms.simulation.schedule import CompiledGraph, Schedule
+
+__all__ = ["ACCOUNTINGS", "MemoryTrace", "LiveBuffer", "trace_memory", "variable_bytes"]
+
+ACCOUNTINGS = {
+    "tensorflow": "variables resident, variable reads and Identity/Reshape alias their input",
+    "grappler": "every output is a fresh buffer, variable reads included; variables weigh 0",
+}
+
+_HANDLE_TYPES = ("VarHandleOp", "Placeholder", "_Arg", "VariableV2", "Variable")
+
+
+@dataclass(frozen=True)
+class LiveBuffer:
+    """A buffer live at a peak.
+
+    Attributes:
+        tensor: the tensor that created the buffer (``"op:index"``).
+        op_type: type of its producer.
+        bytes: its size.
+        allocated_s: when it was allocated (simulated seconds).
+        freed_s: when it is freed.
+    """
+
+    tensor: str
+    op_type: str
+    bytes: int
+    allocated_s: float
+    freed_s: float
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    """Device and host memory over one simulated step.
+
+    Attributes:
+        ops: op number of each timeline point, in start order.
+        times: simulated start time of each point's op (seconds).
+        device, host: bytes in use right after each point's op allocated
+            its outputs (``device`` includes resident variables).
+        device_peak, host_peak: the maxima.
+        device_peak_point, host_peak_point: index of the point at the peak.
+        live_at_peak: buffers on the device at its peak, largest first.
+        variable_bytes: resident variable bytes on the device (0 under
+            Grappler's accounting).
+    """
+
+    ops: tuple
+    times: tuple
+    device: tuple
+    host: tuple
+    device_peak: int
+    host_peak: int
+    device_peak_point: int
+    host_peak_point: int
+    live_at_peak: tuple
+    variable_bytes: int
+
+
+def variable_bytes(graph: CompiledGraph) -> int:
+    """Bytes of the variables on the device, read off their reads and assigns.
+
+    A variable handle weighs nothing in a graph; its size is that of the
+    largest ``ReadVariableOp`` output or assigned value among its users.
+    """
+    total = 0
+    for i, out in enumerate(graph.outputs):
+        if graph.spaces[i] != "device" or graph.types[i] not in _HANDLE_TYPES:
+            continue
+        if not out or out[0].dtype != "resource":
+            continue
+        size = 0
+        for j in graph.consumers.get((i, 0), ()):
+            if graph.types[j] == "ReadVariableOp":
+                size = max(size, sum(t.bytes for t in graph.outputs[j]))
+            elif graph.types[j] == "AssignVariableOp":
+                for p, k, in_idx in graph.inputs[j]:
+                    if in_idx == 1:
+                        size = max(size, graph.outputs[p][k].bytes)
+        total += size
+    return total
+
+
+def _whole_us(seconds: float) -> float:
+    """Grappler's step stats keep whole microseconds (truncated)."""
+    return int(seconds * 1e6 + 1e-6) / 1e6
+
+
+def _alias_source(graph: CompiledGraph, i: int, k: int):
+    wanted = k if graph.types[i] == "IdentityN" else 0
+    for p, out_idx, in_idx in graph.inputs[i]:
+        if in_idx == wanted:
+            return p, out_idx
+    return None
+
+
+def trace_memory(
+    graph: CompiledGraph, schedule: Schedule, *, accounting: str = "tensorflow", top: int = 20
+) -> MemoryTrace:
+    """Replay ``schedule`` and account every buffer (see the module docstring).
+
+    Args:
+        graph: the compiled view.
+        schedule: when each op runs.
+        accounting: ``"tensorflow"`` or ``"grappler"`` (:data:`ACCOUNTINGS`).
+        top: how many of the largest live buffers to keep at the peak.
+
+    Returns:
+        A :class:`MemoryTrace`.
+
+    Raises:
+        ConfigError: ``accounting`` is not one of :data:`ACCOUNTINGS`.
+    """
+    if accounting not in ACCOUNTINGS:
+        raise ConfigError(
+            f"accounting must be one of {sorted(ACCOUNTINGS)}. Received accounting={accounting!r}."
+        )
+    realistic = accounting == "tensorflow"
+    end, order = schedule.end, schedule.order
+    position = [0] * len(graph)
+    for pos, i in enumerate(order):
+        position[i] = pos
+
+    buffer_of: dict[tuple[int, int], int] = {}
+    b_space: list[str] = []
+    b_bytes: list[int] = []
+    b_producer: list[int] = []
+    b_tensors: list[list[tuple[int, int]]] = []
+    for i in order:
+        space = graph.spaces[i]
+        if space is None:
+            continue
+        op_type = graph.types[i]
+        for k, info in enumerate(graph.outputs[i]):
+            if info.bytes <= 0:
+                continue
+            if realistic and space == "device" and op_type == "ReadVariableOp":
+                continue  # aliases the resident variable
+            if realistic and op_type in ALIAS_OPS and graph.copy[i] is None:
+                source = _alias_source(graph, i, k)
+                if source is not None and source in buffer_of:
+                    b = buffer_of[source]
+                    if b_space[b] == space:
+                        buffer_of[(i, k)] = b
+                        b_tensors[b].append((i, k))
+                        continue
+            buffer_of[(i, k)] = len(b_space)
+            b_space.append(space)
+            b_bytes.append(info.bytes)
+            b_producer.append(i)
+            b_tensors.append([(i, k)])
+
+    events = []
+    alloc_key, free_key = [], []
+    for b, producer in enumerate(b_producer):
+        t_alloc = schedule.alloc_time(producer)
+        t_free, last = end[producer], producer
+        for i, k in b_tensors[b]:
+            for c in graph.consumers.get((i, k), ()):
+                if end[c] > t_free or (end[c] == t_free and position[c] > position[last]):
+                    t_free, last = end[c], c
+            if end[i] > t_free:
+                t_free, last = end[i], i
+        if realistic:
+            a_key = (t_alloc, 1, position[producer])
+            f_key = (t_free, 0 if t_free > t_alloc else 2, position[last])
+        else:  # GraphMemory: whole microseconds, freed 1 ns after the consumer's end
+            a_key = (_whole_us(t_alloc), 1, position[producer])
+            f_key = (_whole_us(t_free) + 1e-9, 0, position[last])
+        alloc_key.append(a_key)
+        free_key.append(f_key)
+        events.append((*a_key, b, 1))
+        events.append((*f_key, b, -1))
+    marker = len(b_space)  # sorts after the op's own allocations
+    for i in order:
+        events.append((schedule.alloc_time(i), 1, position[i], marker, 0))  # a point per op
+    if not realistic:
+        marks = len(events) - len(order)
+        for n, i in enumerate(order):
+            events[marks + n] = (_whole_us(schedule.alloc_time(i)), 1, position[i], marker, 0)
+    events.sort()
+
+    variables = variable_bytes(graph) if realistic else 0
+    used = {"device": variables, "host": 0}
+    ops, times, device, host = [], [], [], []
+    for t, phase, pos, b, sign in events:
+        if sign:
+            used[b_space[b]] += sign * b_bytes[b]
+        elif phase == 1:
+            ops.append(order[pos])
+            times.append(t)
+            device.append(used["device"])
+            host.append(used["host"])
+    dev_point = max(range(len(device)), key=device.__getitem__, default=0)
+    host_point = max(range(len(host)), key=host.__getitem__, default=0)
+    live: list[LiveBuffer] = []
+    if ops:
+        t_peak = times[dev_point] if realistic else _whole_us(times[dev_point])
+        peak_key = (t_peak, 1, position[ops[dev_point]])
+        for b in range(len(b_space)):
+            if b_space[b] == "device" and alloc_key[b] <= peak_key < free_key[b]:
+                i, k = b_tensors[b][0]
+                live.append(
+                    LiveBuffer(
+                        graph.outputs[i][k].name,
+                        graph.types[i],
+                        b_bytes[b],
+                        alloc_key[b][0],
+                        free_key[b][0],
+                    )
+                )
+    live.sort(key=lambda lb: (-lb.bytes, lb.tensor))
+    return MemoryTrace(
+        ops=tuple(ops),
+        times=tuple(times),
+        device=tuple(device),
+        host=tuple(host),
+        device_peak=device[dev_point] if device else variables,
+        host_peak=host[host_point] if host else 0,
+        device_peak_point=dev_point,
+        host_peak_point=host_point,
+        live_at_peak=tuple(live[:top]),
+        variable_bytes=variables,
+    )

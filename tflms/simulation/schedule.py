@@ -1,0 +1,285 @@
+"""Schedule of the simulator: when each op of a view runs, and on which stream.
+
+:func:`compile_view` turns an analysis view into flat arrays (one pass over
+networkx, then plain lists) and :func:`first_ready` runs them.
+
+The schedule is the one Grappler's ``VirtualScheduler`` uses with its default
+``FirstReady`` ready-node manager, so that our peak can be checked against
+TensorFlow's own estimate op for op:
+
+* an op becomes *ready* when its last data or control input finishes;
+* among ready ops, the one that became ready first runs first, ties broken by
+  op name;
+* each stream runs one op at a time; an op starts at the later of its ready
+  time and the moment its stream is free.
+
+Streams (lanes): ``compute`` (the GPU's compute stream), ``d2h`` and ``h2d``
+(one copy stream per direction, as CUDA runs swap copies), ``host`` (ops
+placed on the host) and one lane per other device. Swap-outs run on ``d2h``
+and swap-ins on ``h2d``, so a copy overlaps with compute and a consumer waits
+for its swap-in. A swap-in is a GPU op: the executor dispatches it in
+FirstReady order among the compute ops (allocating its device buffer then),
+and its copy starts when the host-to-device stream is free. A copy is a ``tflms`` swap op or any ``Identity`` whose input
+sits on the other side of the link (so hand-made swaps are understood too).
+
+Why this is a fair model of TensorFlow's executor: TensorFlow also runs an op
+as soon as its inputs are ready, from a ready queue, and a GPU executes the
+kernels of one stream in the order they were enqueued. On a single compute
+stream FirstReady reduces to "first in, first out by readiness": the order of
+a training step's forward and backward ops does not depend on the op
+durations, except among ops that become ready at the same instant (name
+order, as in Grappler). Our op times (a roofline, :mod:`tflms.simulation.cost`)
+differ from Grappler's analytical ones, yet the order - which decides the
+memory peak - stays the same; the durations only decide how copies overlap.
+
+Example:
+    >>> import networkx as nx
+    >>> from tflms.graph.view import TensorInfo, assign_levels
+    >>> v = nx.DiGraph()
+    >>> for name in ("a", "c", "b", "d"):
+    ...     v.add_node(name, type="Relu", device="", placement="compute", tflms=None,
+    ...                outputs=(TensorInfo(name + ":0", 0, "float32", (1024,), 4096),))
+    >>> v.add_edge("a", "c", tensors=[(0, 0)], control=False)
+    >>> v.add_edge("a", "b", tensors=[(0, 0)], control=False)
+    >>> v.add_edge("b", "d", tensors=[(0, 0)], control=False)
+    >>> v.add_edge("c", "d", tensors=[(0, 1)], control=False)
+    >>> g = compile_view(v, device="V100-16GB", link="pcie3")
+    >>> [g.names[i] for i in first_ready(g).order]  # b and c tie: name order
+    ['a', 'b', 'c', 'd']
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import networkx as nx
+
+from tflms.errors import UnsupportedGraphError
+from tflms.hardware import HOST, DeviceModel, LinkModel, get_device, get_link
+from tflms.simulation.cost import MIN_SECONDS, op_cost
+
+__all__ = ["CompiledGraph", "Schedule", "compile_view", "first_ready", "LANES"]
+
+LANES = ("compute", "d2h", "h2d", "host")
+"""The fixed lanes; ops on other devices get a lane named after the device."""
+
+_LOOP_BACK = ("NextIteration", "RefNextIteration")
+
+
+@dataclass
+class CompiledGraph:
+    """A view flattened into lists indexed by op number.
+
+    Attributes:
+        names, types: op names and types.
+        lanes: the stream each op runs on (see :data:`LANES`).
+        spaces: memory each op's outputs live in: ``"device"``, ``"host"`` or
+            ``None`` (another device, not tracked).
+        outputs: :class:`~tflms.graph.view.TensorInfo` per output.
+        inputs: data inputs as ``(producer, output index, input index)``,
+            ordered by input index.
+        consumers: ``{(op, output index): [consumer ops]}`` for data edges.
+        preds_count: number of distinct predecessors (data or control).
+        succs: distinct successors (data or control).
+        durations: predicted seconds per op.
+        flops: counted FLOPs per op.
+        copy: ``"d2h"``/``"h2d"`` for copy ops, else ``None``.
+        device, link: the models used for the durations.
+    """
+
+    names: list
+    types: list
+    lanes: list
+    spaces: list
+    outputs: list
+    inputs: list
+    consumers: dict
+    preds_count: list
+    succs: list
+    durations: list
+    flops: list
+    copy: list
+    device: DeviceModel
+    link: LinkModel
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When each op runs.
+
+    Attributes:
+        order: op numbers in the order the scheduler dispatched them.
+        start, end: seconds, per op number.
+        lanes: busy seconds per lane.
+        makespan: end of the last op (the predicted step time).
+        alloc: when each op's outputs are allocated: its start, except for a
+            swap-in, whose buffer is allocated when it is dispatched, even if
+            the copy then waits for the host-to-device stream (``None``:
+            ``start``).
+    """
+
+    order: tuple
+    start: list
+    end: list
+    lanes: dict
+    makespan: float
+    alloc: list | None = None
+
+    def alloc_time(self, i: int) -> float:
+        """When op ``i`` allocates its outputs."""
+        return self.start[i] if self.alloc is None else self.alloc[i]
+
+
+def _lane_and_space(node: dict) -> tuple[str, str | None]:
+    placement = node["placement"]
+    if placement == "compute":
+        return "compute", "device"
+    if placement == "host":
+        return "host", "host"
+    return f"device:{node['device']}", None
+
+
+def compile_view(
+    view: nx.DiGraph, *, device: str | DeviceModel, link: str | LinkModel
+) -> CompiledGraph:
+    """Flatten ``view`` and time every op on ``device`` / ``link``.
+
+    Args:
+        view: an analysis view, with or without swap ops.
+        device: a :class:`~tflms.hardware.DeviceModel` or preset name.
+        link: a :class:`~tflms.hardware.LinkModel` or preset name.
+
+    Returns:
+        A :class:`CompiledGraph`.
+    """
+    device, link = get_device(device), get_link(link)
+    names = list(view.nodes)
+    index = {name: i for i, name in enumerate(names)}
+    n = len(names)
+    nodes = [view.nodes[name] for name in names]
+    lanes, spaces = zip(*(_lane_and_space(node) for node in nodes), strict=True) if n else ((), ())
+    lanes, spaces = list(lanes), list(spaces)
+    inputs: list[list] = [[] for _ in range(n)]
+    consumers: dict = {}
+    preds_count = [0] * n
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for src, dst, edge in view.edges(data=True):
+        i, j = index[src], index[dst]
+        if nodes[i]["type"] in _LOOP_BACK:
+            continue  # TF1 loop back edge: one iteration is simulated
+        preds_count[j] += 1
+        succs[i].append(j)
+        for out_idx, in_idx in edge.get("tensors", ()):
+            inputs[j].append((i, out_idx, in_idx))
+            consumers.setdefault((i, out_idx), []).append(j)
+    for lst in inputs:
+        lst.sort(key=lambda t: t[2])
+    for lst in succs:
+        lst.sort(key=lambda j: names[j])
+
+    copy: list = [None] * n
+    durations = [0.0] * n
+    flops = [0.0] * n
+    for i, node in enumerate(nodes):
+        kind = _copy_kind(node, inputs[i], spaces)
+        if kind is not None:
+            copy[i] = kind
+            lanes[i] = kind
+            spaces[i] = "host" if kind == "d2h" else "device"
+            durations[i] = link.seconds(sum(t.bytes for t in node["outputs"]))
+            continue
+        ins = [nodes[p]["outputs"][k] for p, k, _ in inputs[i] if k < len(nodes[p]["outputs"])]
+        model = device if lanes[i] != "host" else HOST
+        cost = op_cost(node["type"], ins, node["outputs"], model)
+        durations[i] = cost.seconds
+        flops[i] = cost.flops
+    return CompiledGraph(
+        names=names,
+        types=[node["type"] for node in nodes],
+        lanes=lanes,
+        spaces=spaces,
+        outputs=[node["outputs"] for node in nodes],
+        inputs=inputs,
+        consumers=consumers,
+        preds_count=preds_count,
+        succs=succs,
+        durations=durations,
+        flops=flops,
+        copy=copy,
+        device=device,
+        link=link,
+    )
+
+
+def _copy_kind(node: dict, data_inputs, spaces) -> str | None:
+    kind = node.get("tflms")
+    if kind == "out":
+        return "d2h"
+    if kind == "in":
+        return "h2d"
+    if node["type"] != "Identity" or len(data_inputs) != 1:
+        return None
+    source = spaces[data_inputs[0][0]]
+    if node["placement"] == "host" and source == "device":
+        return "d2h"
+    if node["placement"] == "compute" and source == "host":
+        return "h2d"
+    return None
+
+
+def first_ready(graph: CompiledGraph) -> Schedule:
+    """Run ``graph`` with Grappler's FirstReady policy (see the module docstring).
+
+    Returns:
+        The :class:`Schedule`.
+    """
+    n = len(graph)
+    names, lanes, durations, succs = graph.names, graph.lanes, graph.durations, graph.succs
+    waiting = list(graph.preds_count)
+    ready_at = [0.0] * n
+    start = [0.0] * n
+    end = [0.0] * n
+    alloc = [0.0] * n
+    lane_free: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    heap = [(0.0, names[i], i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        t_ready, _, i = heapq.heappop(heap)
+        lane = lanes[i]
+        if lane == "h2d":  # dispatched by the compute stream's executor, in order
+            dispatch = max(t_ready, lane_free.get("compute", 0.0))
+            lane_free["compute"] = dispatch + MIN_SECONDS
+            t_ready = dispatch + MIN_SECONDS
+        t0 = max(t_ready, lane_free.get(lane, 0.0))
+        t1 = t0 + durations[i]
+        start[i], end[i] = t0, t1
+        alloc[i] = t_ready if lane == "h2d" else t0
+        lane_free[lane] = t1
+        busy[lane] = busy.get(lane, 0.0) + durations[i]
+        order.append(i)
+        for j in succs[i]:
+            if t1 > ready_at[j]:
+                ready_at[j] = t1
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(heap, (ready_at[j], names[j], j))
+    if len(order) != n:
+        stuck = [names[i] for i in range(n) if waiting[i] > 0][:5]
+        raise UnsupportedGraphError(
+            f"The graph cannot be scheduled: ops such as {stuck} never become ready (a cycle "
+            "that is not a TF1 loop). Simulate an acyclic training step."
+        )
+    return Schedule(
+        order=tuple(order),
+        start=start,
+        end=end,
+        lanes=busy,
+        makespan=max(end, default=0.0),
+        alloc=alloc,
+    )

@@ -1,0 +1,310 @@
+"""``tflms.simulate``: predict the memory peak and step time of a training step.
+
+The simulator answers "will my model fit in my GPU, and what will it cost?"
+without a GPU. It runs the analysis view of a training step (optionally
+rewritten by a :class:`~tflms.SwapPlan`) through three models, each in its
+own module:
+
+* schedule (:mod:`tflms.simulation.schedule`): Grappler's FirstReady order on a
+  compute stream, with swap copies on one stream per link direction;
+* time (:mod:`tflms.simulation.cost`, :mod:`tflms.hardware`): a roofline per op
+  on a device preset (V100-16GB, A100-80GB, ...), copies at the link's
+  bandwidth (pcie3, nvlink2, ...); a consumer waits for its swap-in;
+* memory (:mod:`tflms.simulation.memory`): resident variables, a buffer per output
+  from its producer's start to its last consumer's end.
+
+Every number it returns is simulated; :attr:`SimulationResult.simulator`
+says by what. Counted with Grappler's memory conventions
+(``accounting="grappler"``, free copies), the device peak agrees with
+Grappler's own estimate (:func:`tflms.simulation.grappler.grappler_peak`) within 3.5% on
+ResNet-50, VGG16, a 3D U-Net, a Transformer and an MLP, with and without swap
+plans (:mod:`tflms.simulation.crosscheck`, ``benchmarks/results/simulator_fidelity.json``).
+
+Example:
+    >>> import tensorflow as tf, tflms
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [256, 1024], name="x")
+    ...     h = tf.nn.relu(x, name="h")
+    ...     y = tf.tanh(h, name="y")
+    ...     z = tf.add(y, h, name="z")
+    >>> result = tflms.simulate(tflms.build_view(g))
+    >>> result.device_peak_bytes // (256 * 1024 * 4)  # h, y and z while z runs (x died)
+    3
+    >>> result.peak_op, result.overhead
+    ('z', 0.0)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from tflms.apply.core import apply_to_view
+from tflms.errors import ConfigError
+from tflms.files import write_atomic
+from tflms.hardware import DeviceModel, LinkModel, get_device, get_link
+from tflms.plan.swap_plan import SwapPlan
+from tflms.simulation.memory import ACCOUNTINGS, LiveBuffer, trace_memory
+from tflms.simulation.schedule import compile_view, first_ready
+from tflms.units import format_bytes
+
+__all__ = ["simulate", "SimulationResult", "SIMULATOR"]
+
+logger = logging.getLogger(__name__)
+
+SIMULATOR = "tflms.simulate (FirstReady schedule, roofline time model, static tensor sizes)"
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What one simulated training step needs and costs.
+
+    Attributes:
+        graph_name: name of the simulated graph.
+        device: the device preset name; link: the link preset name.
+        accounting: ``"tensorflow"`` or ``"grappler"`` (see
+            :mod:`tflms.simulation.memory`).
+        device_peak_bytes: peak device memory, resident variables included.
+        host_peak_bytes: peak host memory of swapped tensors and host ops.
+        peak_op: the op whose outputs were allocated at the device peak.
+        peak_op_type: its type; peak_time_s: when it started.
+        variable_bytes: resident variables and optimizer slots on the device.
+        live_at_peak: largest buffers on the device at the peak.
+        timeline_ops, timeline_s, timeline_device, timeline_host: one point
+            per op in start order: its name, start time, device and host
+            bytes in use once it allocated its outputs.
+        bytes_swapped_out, bytes_swapped_in: bytes copied device to host and
+            back (a tensor swapped in for two consumer groups counts twice).
+        swap_outs, swap_ins: number of copies each way.
+        step_time_s: predicted step time (end of the last op or copy).
+        compute_time_s: busy time of the compute stream.
+        copy_time_s: busy time of each copy stream, ``{"d2h": ..., "h2d": ...}``.
+        baseline_step_time_s: step time of the graph without swaps.
+        overhead: ``step_time_s / baseline_step_time_s - 1`` (0.0 without swaps).
+        baseline: the simulation of the graph without swaps, if one was run.
+        simulator: which simulator produced the numbers.
+    """
+
+    graph_name: str
+    device: str
+    link: str
+    accounting: str
+    device_peak_bytes: int
+    host_peak_bytes: int
+    peak_op: str
+    peak_op_type: str
+    peak_time_s: float
+    variable_bytes: int
+    live_at_peak: tuple[LiveBuffer, ...]
+    timeline_ops: tuple[str, ...]
+    timeline_s: tuple[float, ...]
+    timeline_device: tuple[int, ...]
+    timeline_host: tuple[int, ...]
+    bytes_swapped_out: int
+    bytes_swapped_in: int
+    swap_outs: int
+    swap_ins: int
+    step_time_s: float
+    compute_time_s: float
+    copy_time_s: dict = field(default_factory=dict)
+    baseline_step_time_s: float | None = None
+    overhead: float = 0.0
+    baseline: SimulationResult | None = field(default=None, repr=False)
+    simulator: str = SIMULATOR
+
+    def fits(self, budget_bytes: int) -> bool:
+        """Whether the device peak is at most ``budget_bytes``."""
+        return self.device_peak_bytes <= budget_bytes
+
+    def summary(self) -> str:
+        """A few readable lines: peaks, the op at the peak, time and overhead."""
+        lines = [
+            f"simulated {self.graph_name or 'graph'} on {self.device} over {self.link} "
+            f"({self.accounting} accounting): device peak {format_bytes(self.device_peak_bytes)} "
+            f"at {self.peak_op} ({self.peak_op_type}), host peak {format_bytes(self.host_peak_bytes)}",
+            f"  step {self.step_time_s * 1e3:.1f} ms (compute {self.compute_time_s * 1e3:.1f} ms)"
+            + (
+                f", {self.overhead:+.1%} over {self.baseline_step_time_s * 1e3:.1f} ms without swaps"
+                if self.baseline_step_time_s
+                else ""
+            ),
+        ]
+        if self.swap_outs:
+            lines.append(
+                f"  swapped {format_bytes(self.bytes_swapped_out)} out in {self.swap_outs} copies, "
+                f"{format_bytes(self.bytes_swapped_in)} in in {self.swap_ins} copies"
+            )
+        if self.baseline is not None:
+            lines.append(
+                f"  without swaps: device peak {format_bytes(self.baseline.device_peak_bytes)}"
+            )
+        lines.append(f"  ({self.simulator}; variables {format_bytes(self.variable_bytes)})")
+        return "\n".join(lines)
+
+    def to_dict(self, *, timeline: bool = True) -> dict:
+        """JSON-ready values; ``timeline=False`` leaves the per-op points out."""
+        data = {
+            "simulated": True,
+            "simulator": self.simulator,
+            "graph_name": self.graph_name,
+            "device": self.device,
+            "link": self.link,
+            "accounting": self.accounting,
+            "device_peak_bytes": self.device_peak_bytes,
+            "host_peak_bytes": self.host_peak_bytes,
+            "peak_op": self.peak_op,
+            "peak_op_type": self.peak_op_type,
+            "peak_time_s": self.peak_time_s,
+            "variable_bytes": self.variable_bytes,
+            "live_at_peak": [vars(b) for b in self.live_at_peak],
+            "bytes_swapped_out": self.bytes_swapped_out,
+            "bytes_swapped_in": self.bytes_swapped_in,
+            "swap_outs": self.swap_outs,
+            "swap_ins": self.swap_ins,
+            "step_time_s": self.step_time_s,
+            "compute_time_s": self.compute_time_s,
+            "copy_time_s": dict(self.copy_time_s),
+            "baseline_step_time_s": self.baseline_step_time_s,
+            "overhead": self.overhead,
+        }
+        if timeline:
+            data["timeline"] = {
+                "ops": list(self.timeline_ops),
+                "time_s": list(self.timeline_s),
+                "device_bytes": list(self.timeline_device),
+                "host_bytes": list(self.timeline_host),
+            }
+        if self.baseline is not None:
+            data["baseline"] = self.baseline.to_dict(timeline=timeline)
+        return data
+
+    def to_json(self, **kwargs) -> str:
+        """:meth:`to_dict` as JSON (``timeline`` and ``json.dumps`` keywords pass through)."""
+        timeline = kwargs.pop("timeline", True)
+        return json.dumps(self.to_dict(timeline=timeline), **kwargs)
+
+    def save_json(self, path, *, timeline: bool = True) -> None:
+        """Write :meth:`to_json` to ``path`` atomically (a temporary file, then a rename)."""
+        write_atomic(path, self.to_json(timeline=timeline, indent=1))
+
+    def plot(self, path, *, budget_bytes: int | None = None, title: str | None = None) -> None:
+        """Write a PNG memory timeline; see :func:`tflms.simulation.plot.plot_result`."""
+        from tflms.simulation.plot import plot_result
+
+        plot_result(self, path, budget_bytes=budget_bytes, title=title)
+
+
+def simulate(
+    view: nx.DiGraph,
+    plan: SwapPlan | None = None,
+    *,
+    device: str | DeviceModel = "V100-16GB",
+    link: str | LinkModel = "pcie3",
+    accounting: str = "tensorflow",
+    baseline: bool | SimulationResult = True,
+) -> SimulationResult:
+    """Simulate one training step of ``view``, rewritten by ``plan`` if given.
+
+    Args:
+        view: the analysis view (:func:`tflms.build_view`), with or without
+            swap ops; tensors are sized with its batch size.
+        plan: a swap plan to apply (to a copy) before simulating.
+        device: a device preset name (``"V100-16GB"``, ``"A100-80GB"``,
+            ``"H100-80GB"``...) or a :class:`~tflms.hardware.DeviceModel`.
+        link: a link preset name (``"pcie3"``, ``"pcie4"``, ``"nvlink2"``,
+            ``"ideal"``...) or a :class:`~tflms.hardware.LinkModel`.
+        accounting: ``"tensorflow"`` (resident variables, as on a GPU) or
+            ``"grappler"`` (Grappler's conventions, to compare with it).
+        baseline: with a plan, also simulate the graph without it so that
+            ``overhead`` and the "before" curve exist; pass an earlier
+            result to reuse it, or ``False`` to skip.
+
+    Returns:
+        A :class:`SimulationResult`.
+
+    Raises:
+        ConfigError: an unknown preset or accounting.
+        UnsupportedGraphError: the graph cannot be scheduled (a cycle).
+        ValidationError: the plan does not match the view.
+    """
+    device, link = get_device(device), get_link(link)
+    if accounting not in ACCOUNTINGS:
+        raise ConfigError(
+            f"accounting must be one of {sorted(ACCOUNTINGS)}. Received accounting={accounting!r}."
+        )
+    if plan is not None and not isinstance(plan, SwapPlan):
+        raise ConfigError(f"plan must be a tflms.SwapPlan or None, got {type(plan).__name__}.")
+    target = apply_to_view(view, plan) if plan is not None and plan.swaps else view
+    result = _run(target, device, link, accounting)
+    before = None
+    if isinstance(baseline, SimulationResult):
+        before = baseline
+    elif baseline and plan is not None and plan.swaps:
+        before = _run(view, device, link, accounting)
+    if before is not None:
+        overhead = result.step_time_s / before.step_time_s - 1 if before.step_time_s else 0.0
+        result = _replace(
+            result,
+            baseline=before,
+            baseline_step_time_s=before.step_time_s,
+            overhead=overhead,
+        )
+    logger.info(
+        "tflms.simulate %s: device peak %s, step %.2f ms (%+.1f%%)",
+        result.graph_name,
+        format_bytes(result.device_peak_bytes),
+        result.step_time_s * 1e3,
+        result.overhead * 100,
+    )
+    return result
+
+
+def _replace(result: SimulationResult, **changes) -> SimulationResult:
+    import dataclasses
+
+    return dataclasses.replace(result, **changes)
+
+
+def _run(view: nx.DiGraph, device, link, accounting) -> SimulationResult:
+    graph = compile_view(view, device=device, link=link)
+    schedule = first_ready(graph)
+    memory = trace_memory(graph, schedule, accounting=accounting)
+    names = graph.names
+    peak_index = memory.ops[memory.device_peak_point] if memory.ops else None
+    outs = [i for i, kind in enumerate(graph.copy) if kind == "d2h"]
+    ins = [i for i, kind in enumerate(graph.copy) if kind == "h2d"]
+    logger.debug(
+        "simulated %d ops of %s: makespan %.3f ms, lanes %s",
+        len(graph),
+        view.graph.get("name", ""),
+        schedule.makespan * 1e3,
+        schedule.lanes,
+    )
+    return SimulationResult(
+        graph_name=str(view.graph.get("name", "")),
+        device=device.name,
+        link=link.name,
+        accounting=accounting,
+        device_peak_bytes=memory.device_peak,
+        host_peak_bytes=memory.host_peak,
+        peak_op=names[peak_index] if peak_index is not None else "",
+        peak_op_type=graph.types[peak_index] if peak_index is not None else "",
+        peak_time_s=memory.times[memory.device_peak_point] if memory.ops else 0.0,
+        variable_bytes=memory.variable_bytes,
+        live_at_peak=memory.live_at_peak,
+        timeline_ops=tuple(names[i] for i in memory.ops),
+        timeline_s=memory.times,
+        timeline_device=memory.device,
+        timeline_host=memory.host,
+        bytes_swapped_out=sum(sum(t.bytes for t in graph.outputs[i]) for i in outs),
+        bytes_swapped_in=sum(sum(t.bytes for t in graph.outputs[i]) for i in ins),
+        swap_outs=len(outs),
+        swap_ins=len(ins),
+        step_time_s=schedule.makespan,
+        compute_time_s=schedule.lanes.get("compute", 0.0),
+        copy_time_s={lane: schedule.lanes.get(lane, 0.0) for lane in ("d2h", "h2d")},
+    )

@@ -1,0 +1,18 @@
+"""Tuning: the plan that fits a memory budget at the lowest predicted step time.
+
+:func:`autotune` searches the planner's options (:mod:`~tflms.tuning.search`)
+with the simulator as judge; :func:`retime_triggers` re-triggers swap-ins by
+simulated time instead of level distance.
+"""
+
+from tflms.exports import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "AutotuneResult": "tflms.tuning.autotuner",
+        "autotune": "tflms.tuning.autotuner",
+        "resolve_budget": "tflms.tuning.autotuner",
+        "retime_triggers": "tflms.tuning.retime",
+    },
+)

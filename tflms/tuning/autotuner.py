@@ -1,0 +1,314 @@
+"""``tflms.autotune``: the swap plan that fits a memory budget at the least cost.
+
+Given a training step and a device memory budget, the auto-tuner simulates
+(:func:`tflms.simulate`) the step without swaps and, if it does not fit,
+searches the planner's options for the plan whose predicted peak fits and
+whose predicted step time is lowest:
+
+1. ``swapout_threshold`` over a ladder scaled to the graph depth (large
+   thresholds swap only the longest-lived tensors);
+2. ``swapin_ahead`` for the three most promising thresholds, then
+   ``swapin_groupby`` around the best pair;
+3. swap-in triggers chosen by simulated time rather than level distance
+   (:func:`tflms.tuning.retime.retime_triggers`), with a few slacks;
+4. only if nothing fits yet: ``sync_mode`` 1-3, ``serialization`` of the
+   levels around the peak, and ``min_tensor_bytes=0``;
+5. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
+   traffic, less overhead.
+
+A plan *fits* when its predicted device peak is at most the budget minus the
+safety margin (``LMSConfig.safety_margin``), which is kept for what static
+sizes miss (workspaces, fragmentation) - over the given link *and* with
+instantaneous copies, so that no fit depends on a slow link holding swap-ins
+back. If the plain step fits, the answer is
+"LMS not needed" and an empty plan; if no plan fits,
+:class:`~tflms.errors.PlanInfeasibleError` reports the smallest peak found.
+
+Example:
+    >>> import tensorflow as tf, tflms
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     h = x = tf.compat.v1.placeholder(tf.float32, [256, 1024], name="x")
+    ...     keep = []
+    ...     for i in range(12):
+    ...         h = tf.nn.relu(h * 1.5, name=f"act{i}")
+    ...         keep.append(h)
+    ...     for i, k in enumerate(reversed(keep)):
+    ...         h = tf.add(h, k, name=f"back{i}")
+    >>> view = tflms.build_view(g)
+    >>> tflms.autotune(view, "64MiB", safety_margin=0).lms_needed
+    False
+    >>> tuned = tflms.autotune(view, "12MiB", safety_margin=0)
+    >>> tuned.lms_needed, tuned.result.device_peak_bytes <= 12 << 20
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+import networkx as nx
+import tensorflow as tf
+
+from tflms.config import LMSConfig
+from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
+from tflms.graph.view import build_view
+from tflms.hardware import DEVICES, DeviceModel, LinkModel, get_device, get_link
+from tflms.plan.swap_plan import SwapPlan
+from tflms.simulation.simulator import SimulationResult
+from tflms.tuning.search import TUNED_OPTIONS, Candidate, Search
+from tflms.units import format_bytes, parse_bytes
+
+__all__ = ["autotune", "AutotuneResult", "Candidate", "resolve_budget", "TUNED_OPTIONS"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AutotuneResult:
+    """The outcome of :func:`autotune`.
+
+    Attributes:
+        lms_needed: ``False`` when the step fits without swapping.
+        config: the chosen options (the input config with the searched
+            fields replaced).
+        plan: the chosen plan (no swaps when LMS is not needed).
+        result: the simulation of the step with ``plan`` (baseline included).
+        baseline: the simulation without swaps.
+        budget_bytes: the budget asked for.
+        usable_bytes: the budget minus the safety margin: what plans must fit.
+        candidates: every plan simulated, in search order.
+        device, link: the presets used for time predictions.
+        retime: the ``slack`` of :func:`tflms.tuning.retime.retime_triggers`
+            if the chosen plan's swap-in triggers were chosen by simulated
+            time, ``None`` if they are the planner's (level-based) ones.
+    """
+
+    lms_needed: bool
+    config: LMSConfig
+    plan: SwapPlan
+    result: SimulationResult
+    baseline: SimulationResult
+    budget_bytes: int
+    usable_bytes: int
+    candidates: tuple[Candidate, ...]
+    device: str
+    link: str
+    retime: float | None = None
+
+    @property
+    def overhead(self) -> float:
+        """Predicted step-time overhead of the chosen plan (0.0 without LMS)."""
+        return self.result.overhead if self.lms_needed else 0.0
+
+    def summary(self) -> str:
+        """Readable lines: the verdict, the peak before and after, the options."""
+        head = (
+            f"tflms.autotune {self.result.graph_name or 'graph'}: budget "
+            f"{format_bytes(self.budget_bytes)} ({format_bytes(self.usable_bytes)} usable) on "
+            f"{self.device} over {self.link}"
+        )
+        if not self.lms_needed:
+            return (
+                f"{head}\n  LMS not needed: the step peaks at "
+                f"{format_bytes(self.baseline.device_peak_bytes)} without swaps"
+            )
+        options = {k: getattr(self.config, k) for k in TUNED_OPTIONS}
+        return "\n".join(
+            [
+                head,
+                f"  peak {format_bytes(self.baseline.device_peak_bytes)} -> "
+                f"{format_bytes(self.result.device_peak_bytes)}, {len(self.plan.swaps)} tensors "
+                f"swapped ({format_bytes(self.plan.bytes_swapped)} each way), predicted overhead "
+                f"{self.overhead:+.1%} ({len(self.candidates)} plans simulated)",
+                f"  options: {options}"
+                + (
+                    f", swap-ins retimed by simulation (slack {self.retime:g})"
+                    if self.retime
+                    else ""
+                ),
+            ]
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary (timelines left out)."""
+        return {
+            "simulated": True,
+            "lms_needed": self.lms_needed,
+            "budget_bytes": self.budget_bytes,
+            "usable_bytes": self.usable_bytes,
+            "device": self.device,
+            "link": self.link,
+            "config": self.config.to_dict(),
+            "retime": self.retime,
+            "swaps": len(self.plan.swaps),
+            "bytes_swapped": self.plan.bytes_swapped,
+            "result": self.result.to_dict(timeline=False),
+            "candidates": [asdict(c) for c in self.candidates],
+        }
+
+
+def resolve_budget(
+    budget: int | str | DeviceModel | None, config: LMSConfig | None = None
+) -> tuple[int, DeviceModel | None]:
+    """``(bytes, device preset or None)`` from a budget or ``config.memory_budget``.
+
+    Raises:
+        ConfigError: no budget was given, or it is not a size or a preset.
+
+    Example:
+        >>> resolve_budget("16GiB")[0], resolve_budget("A100-80GB")[1].name
+        (17179869184, 'A100-80GB')
+    """
+    value = budget if budget is not None else (config.memory_budget if config else None)
+    if value is None:
+        raise ConfigError(
+            "No memory budget: pass one, e.g. tflms.autotune(view, '16GiB'), or set "
+            "LMSConfig(memory_budget='16GiB')."
+        )
+    if isinstance(value, DeviceModel):
+        return value.memory_bytes, value
+    if isinstance(value, str) and value.strip().lower() in {n.lower() for n in DEVICES}:
+        device = get_device(value.strip())
+        return device.memory_bytes, device
+    try:
+        size = parse_bytes(value)
+    except ValueError as err:
+        raise ConfigError(
+            f"memory budget must be a byte count, a size such as '16GiB' or a device preset "
+            f"({', '.join(DEVICES)}). Received {value!r}."
+        ) from err
+    if size <= 0:
+        raise ConfigError(f"memory budget must be positive. Received {value!r}.")
+    return size, None
+
+
+def autotune(
+    graph_or_view,
+    budget: int | str | DeviceModel | None = None,
+    *,
+    config: LMSConfig | None = None,
+    batch_size: int | None = None,
+    device: str | DeviceModel | None = None,
+    link: str | LinkModel | None = None,
+    safety_margin: float | None = None,
+    robust: bool = True,
+    accounting: str = "tensorflow",
+) -> AutotuneResult:
+    """Find the swap plan that fits ``budget`` with the lowest predicted overhead.
+
+    Args:
+        graph_or_view: a ``tf.Graph``/``FuncGraph`` or its analysis view.
+        budget: bytes, a size such as ``"16GiB"``, or a device preset
+            (``"V100-16GB"``); default ``config.memory_budget``.
+        config: base options (devices, scope/type filters, ...); the searched
+            fields (:data:`TUNED_OPTIONS`) start from its values.
+        batch_size: sizes tensors with an unknown batch dimension (graphs only).
+        device: device model for time predictions; default the budget's
+            preset, else ``"V100-16GB"``.
+        link: link preset; default ``config.link``.
+        safety_margin: fraction of the budget kept free; default
+            ``config.safety_margin``.
+        robust: a plan fits only if it also fits with instantaneous copies.
+            Over a slow link, copies that lag keep swap-ins from being
+            allocated early (the consumers stall instead); a plan whose fit
+            relied on that would run out of memory on a faster or less busy
+            link. Instantaneous copies are also what Grappler assumes.
+        accounting: memory conventions plans are judged by (see
+            :mod:`tflms.simulation.memory`): ``"tensorflow"`` (a GPU, the default) or
+            ``"grappler"`` (to find plans that Grappler's estimate accepts).
+
+    Returns:
+        An :class:`AutotuneResult`.
+
+    Raises:
+        ConfigError: no or an invalid budget, margin, device or link.
+        PlanInfeasibleError: no plan fits; ``best_peak_bytes`` is the smallest
+            predicted peak of any plan tried.
+    """
+    config = config or LMSConfig()
+    if not isinstance(config, LMSConfig):
+        raise ConfigError(f"config must be an LMSConfig, got {type(config).__name__}.")
+    budget_bytes, preset = resolve_budget(budget, config)
+    margin = config.safety_margin if safety_margin is None else safety_margin
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.9:
+        raise ConfigError(
+            f"safety_margin must be a fraction in [0, 0.9). Received safety_margin={margin!r}."
+        )
+    device_model = get_device(device) if device is not None else (preset or get_device("V100-16GB"))
+    link_model = get_link(link if link is not None else config.link)
+    view = _as_view(graph_or_view, config, batch_size)
+    usable = int(budget_bytes * (1.0 - margin))
+    search = Search(view, config, usable, device_model, link_model, robust, accounting)
+
+    if search.baseline.device_peak_bytes <= usable:
+        plan = SwapPlan(
+            graph_name=str(view.graph.get("name", "")),
+            config=config.to_dict(),
+            notes=(
+                f"LMS not needed: the step peaks at {format_bytes(search.baseline.device_peak_bytes)}"
+                f" without swaps, within {format_bytes(usable)}",
+            ),
+            batch_size=view.graph.get("batch_size"),
+        )
+        outcome = AutotuneResult(
+            False,
+            config,
+            plan,
+            search.baseline,
+            search.baseline,
+            budget_bytes,
+            usable,
+            (),
+            device_model.name,
+            link_model.name,
+        )
+        logger.info("%s", outcome.summary())
+        return outcome
+
+    best = search.run()
+    if best is None:
+        low = search.lowest()
+        raise PlanInfeasibleError(
+            f"No swap plan brings {view.graph.get('name') or 'the graph'} under "
+            f"{format_bytes(usable)} ({format_bytes(budget_bytes)} budget less the "
+            f"{margin:.0%} safety margin): the smallest predicted peak of the "
+            f"{len(search.candidates)} plans tried is {format_bytes(low.peak)}, "
+            f"at {low.result.peak_op} ({low.result.peak_op_type}), which needs its live tensors "
+            "at once. Lower the batch size or input size, or use a device with more memory.",
+            budget_bytes=budget_bytes,
+            best_peak_bytes=low.peak,
+        )
+    outcome = AutotuneResult(
+        True,
+        best.config,
+        best.plan,
+        best.result,
+        search.baseline,
+        budget_bytes,
+        usable,
+        tuple(search.candidates),
+        device_model.name,
+        link_model.name,
+        best.retime,
+    )
+    logger.info("%s", outcome.summary())
+    return outcome
+
+
+def _as_view(graph_or_view, config: LMSConfig, batch_size: int | None) -> nx.DiGraph:
+    if isinstance(graph_or_view, nx.DiGraph):
+        if any(d.get("tflms") for _, d in graph_or_view.nodes(data=True)):
+            raise UnsupportedGraphError(
+                "autotune needs the graph without swap ops; this view was already rewritten "
+                "by tflms. Pass the view of the original graph."
+            )
+        return graph_or_view
+    if isinstance(graph_or_view, tf.Graph):
+        return build_view(graph_or_view, config=config, batch_size=batch_size)
+    raise UnsupportedGraphError(
+        f"autotune needs a tf.Graph/FuncGraph or its tflms.build_view view, got "
+        f"{type(graph_or_view).__name__}. Example: tflms.autotune(step.get_concrete_function("
+        "spec).graph, '16GiB')."
+    )

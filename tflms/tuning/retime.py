@@ -1,0 +1,132 @@
+"""Swap-in triggers chosen by simulated time instead of by level distance.
+
+The planner triggers a swap-in ``swapin_ahead`` *levels* before its consumer.
+Levels are a poor clock: a few levels of a ResNet's backward pass last tens
+of microseconds, while bringing back a 1 GiB activation over PCIe3 takes
+90 ms, so the consumer stalls. :func:`retime_triggers` rewrites a plan so
+that each copy back is started by the op that ends just in time for the copy
+to finish when its consumer starts - as late as possible (to keep memory
+low), as early as needed (to hide the copy):
+
+1. time every op of the graph without swaps (FirstReady schedule, roofline
+   times of :mod:`tflms.simulation.schedule`);
+2. walk the swap-ins from the last consumer to the first, packing their
+   copies back to back on the host-to-device stream, each finishing by its
+   consumer's start (``slack`` stretches each copy's lead time);
+3. trigger each swap-in by the last compute-device op that ends before its
+   copy must start and sits at a lower level than the consumer - so every
+   inserted edge still goes up in level and the graph stays acyclic.
+
+It is a plan-to-plan transform: the result is an ordinary
+:class:`~tflms.plan.swap_plan.SwapPlan`, applied and validated like any other.
+
+Example:
+    >>> from tflms.plan.swap_plan import SwapPlan
+    >>> retime_triggers(None, SwapPlan()).swaps
+    ()
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+
+import networkx as nx
+
+from tflms.hardware import DeviceModel, LinkModel, get_link
+from tflms.plan.swap_plan import SwapPlan
+from tflms.simulation.schedule import compile_view, first_ready
+
+__all__ = ["retime_triggers"]
+
+logger = logging.getLogger(__name__)
+
+
+def retime_triggers(
+    view: nx.DiGraph | None,
+    plan: SwapPlan,
+    *,
+    device: str | DeviceModel = "V100-16GB",
+    link: str | LinkModel = "pcie3",
+    slack: float = 1.0,
+    timed: tuple | None = None,
+) -> SwapPlan:
+    """Re-trigger the swap-ins of ``plan`` by simulated time (see the module docstring).
+
+    Args:
+        view: the analysis view ``plan`` was made from (without swap ops).
+        plan: the plan to retime; swap-ins without a trigger (synchronous
+            ones, sync modes 2 and 3) are kept as they are.
+        device, link: presets (or models) timing the ops and the copies.
+        slack: each copy is started this many copy-times before it must end
+            (1.0: just in time on an otherwise idle stream).
+        timed: ``(compile_view(view, ...), first_ready(...))`` computed
+            before, to reuse across calls on the same view, device and link.
+
+    Returns:
+        A new plan with the same swaps and retimed triggers.
+    """
+    if not plan.swaps:
+        return plan
+    link = get_link(link)
+    if timed is None:
+        graph = compile_view(view, device=device, link=link)
+        timed = (graph, first_ready(graph))
+    graph, schedule = timed
+    index = {name: i for i, name in enumerate(graph.names)}
+    levels = nx.get_node_attributes(view, "level")
+    eligible = sorted(
+        (schedule.end[i], i)
+        for i, name in enumerate(graph.names)
+        if graph.lanes[i] == "compute"
+        and not view.nodes[name]["control_flow"]
+        and not view.nodes[name]["tflms"]
+    )
+    ends = [t for t, _ in eligible]
+
+    entries = []
+    for s, swap in enumerate(plan.swaps):
+        for k, swap_in in enumerate(swap.swap_ins):
+            if swap_in.trigger is None:
+                continue
+            due = min(schedule.start[index[c]] for c, _ in swap_in.consumers)
+            entries.append((due, s, k, link.seconds(swap.bytes)))
+    entries.sort(reverse=True)
+
+    chosen: dict[tuple[int, int], str] = {}
+    stream_free_after = float("inf")  # the copy stream is busy from here on
+    for due, s, k, copy in entries:
+        finish = min(due, stream_free_after)
+        stream_free_after = finish - copy
+        start = finish - slack * copy
+        consumer_level = plan.swaps[s].swap_ins[k].consumer_level
+        pos = bisect.bisect_right(ends, start) - 1
+        while pos >= 0 and levels[graph.names[eligible[pos][1]]] >= consumer_level:
+            pos -= 1
+        if pos >= 0:
+            chosen[(s, k)] = graph.names[eligible[pos][1]]
+
+    swaps = []
+    moved = 0
+    for s, swap in enumerate(plan.swaps):
+        swap_ins = []
+        for k, swap_in in enumerate(swap.swap_ins):
+            trigger = chosen.get((s, k))
+            if trigger is None or trigger == swap_in.trigger:
+                swap_ins.append(swap_in)
+                continue
+            moved += 1
+            swap_ins.append(
+                dataclasses.replace(swap_in, trigger=trigger, trigger_level=levels[trigger])
+            )
+        swaps.append(dataclasses.replace(swap, swap_ins=tuple(swap_ins)))
+    logger.debug("retimed %d of %d swap-in triggers (slack %.2f)", moved, len(entries), slack)
+    return dataclasses.replace(
+        plan,
+        swaps=tuple(swaps),
+        notes=(
+            *plan.notes,
+            f"swap-in triggers chosen by simulated time ({link.name}, slack {slack:g})",
+        ),
+    )

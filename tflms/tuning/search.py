@@ -1,0 +1,294 @@
+"""The search behind :func:`tflms.autotune`: plan, simulate, keep the best.
+
+:class:`Search` memoizes ``make_plan`` + :func:`tflms.simulate` over option
+settings and walks them in the order documented in :mod:`tflms.tuning.autotuner`:
+the threshold ladder, ``swapin_ahead`` for the most promising thresholds,
+``swapin_groupby``, simulated-time triggers, the rescue options (sync modes,
+serialization, ``min_tensor_bytes=0``) when nothing fits, and finally the
+fewest swaps that still fit. Every simulated plan is kept as a
+:class:`Candidate` for the report.
+
+Example:
+    >>> TUNED_OPTIONS[:3]
+    ('swapout_threshold', 'swapin_ahead', 'swapin_groupby')
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from tflms.config import LMSConfig
+from tflms.plan.planner import make_plan
+from tflms.plan.swap_plan import SwapPlan
+from tflms.simulation.schedule import compile_view, first_ready
+from tflms.simulation.simulator import SimulationResult, simulate
+from tflms.tuning.retime import retime_triggers
+
+__all__ = ["Search", "Candidate", "TUNED_OPTIONS"]
+
+logger = logging.getLogger(__name__)
+
+TUNED_OPTIONS = (
+    "swapout_threshold",
+    "swapin_ahead",
+    "swapin_groupby",
+    "sync_mode",
+    "serialization",
+    "n_tensors",
+    "min_tensor_bytes",
+)
+"""The :class:`~tflms.LMSConfig` fields the auto-tuner searches."""
+
+_AHEADS = (1, 2, 4, 8, 16, 32)
+_GROUPBYS = (0, 5, 20)
+_DEPTH_FRACTIONS = (0.5, 0.35, 0.25, 0.15, 0.1, 0.06, 0.03)
+_SMALL_THRESHOLDS = (8, 4, 2, 1)
+_SLACKS = (1.0, 1.5, 2.5)
+_PROMISING = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan the auto-tuner simulated.
+
+    Attributes:
+        options: the searched options it was made with.
+        device_peak_bytes: its predicted device peak.
+        step_time_s: its predicted step time.
+        swaps: tensors swapped; bytes_swapped: bytes swapped out.
+        fits: whether the peak is within the usable budget.
+        instant_copies_peak_bytes: the peak with instantaneous copies, when
+            it was checked (plans that fit over the link).
+    """
+
+    options: dict
+    device_peak_bytes: int
+    step_time_s: float
+    swaps: int
+    bytes_swapped: int
+    fits: bool
+    instant_copies_peak_bytes: int | None = None
+
+
+@dataclass
+class _Evaluated:
+    config: LMSConfig
+    plan: SwapPlan
+    result: SimulationResult
+    retime: float | None = None
+    instant_peak: int | None = None  # the peak with instantaneous copies, once computed
+
+    @property
+    def peak(self) -> int:
+        """The peak over the link, or with instantaneous copies if that is higher."""
+        return max(self.result.device_peak_bytes, self.instant_peak or 0)
+
+
+class Search:
+    """Memoized plan-and-simulate over option settings; keeps every candidate."""
+
+    def __init__(
+        self, view, config: LMSConfig, usable: int, device, link, robust=True, accounting=None
+    ):
+        self.view, self.base, self.usable = view, config, usable
+        self.device, self.link = device, link
+        self.robust = robust and link.bandwidth != float("inf")
+        self.accounting = accounting or "tensorflow"
+        self.baseline = simulate(view, device=device, link=link, accounting=self.accounting)
+        self.candidates: list[Candidate] = []
+        self._seen: dict[tuple, _Evaluated] = {}
+        self._timed = None
+
+    # ------------------------------------------------------------ evaluation
+    def evaluate(self, retime: float | None = None, **options) -> _Evaluated:
+        cfg = self.base.replace(**options)
+        key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
+        if key in self._seen:
+            return self._seen[key]
+        plan = make_plan(self.view, cfg)
+        if retime is not None and plan.swaps:
+            if self._timed is None:
+                compiled = compile_view(self.view, device=self.device, link=self.link)
+                self._timed = (compiled, first_ready(compiled))
+            plan = retime_triggers(
+                self.view, plan, device=self.device, link=self.link, slack=retime, timed=self._timed
+            )
+        result = simulate(
+            self.view,
+            plan,
+            device=self.device,
+            link=self.link,
+            baseline=self.baseline,
+            accounting=self.accounting,
+        )
+        done = _Evaluated(cfg, plan, result, retime)
+        self._seen[key] = done
+        fits = self.fits(done)
+        self.candidates.append(
+            Candidate(
+                options={
+                    **{name: _jsonable(getattr(cfg, name)) for name in TUNED_OPTIONS},
+                    "retime": retime,
+                },
+                device_peak_bytes=result.device_peak_bytes,
+                step_time_s=result.step_time_s,
+                swaps=len(plan.swaps),
+                bytes_swapped=plan.bytes_swapped,
+                fits=fits,
+                instant_copies_peak_bytes=done.instant_peak,
+            )
+        )
+        logger.debug(
+            "autotune %s: peak %d, %.2f ms, %d swaps",
+            key,
+            result.device_peak_bytes,
+            result.step_time_s * 1e3,
+            len(plan.swaps),
+        )
+        return done
+
+    def fits(self, done: _Evaluated) -> bool:
+        if not done.plan.swaps or done.result.device_peak_bytes > self.usable:
+            return False
+        if self.robust and done.instant_peak is None:
+            instant = simulate(
+                self.view,
+                done.plan,
+                device=self.device,
+                link="ideal",
+                baseline=False,
+                accounting=self.accounting,
+            )
+            done.instant_peak = instant.device_peak_bytes
+        return done.peak <= self.usable
+
+    def best(self, pool) -> _Evaluated | None:
+        fitting = [e for e in pool if self.fits(e)]
+        if not fitting:
+            return None
+        return min(
+            fitting,
+            key=lambda e: (
+                e.result.step_time_s,
+                e.plan.bytes_swapped,
+                e.peak,
+            ),
+        )
+
+    def rank(self, done: _Evaluated) -> tuple:
+        """Sort key: fitting plans by time, then the others by peak."""
+        if self.fits(done):
+            return (0, done.result.step_time_s, done.peak)
+        return (1, done.peak, done.result.step_time_s)
+
+    def lowest(self, pool=None) -> _Evaluated:
+        pool = list(self._seen.values()) if pool is None else list(pool)
+        return min(
+            pool,
+            key=lambda e: (e.peak, not e.plan.swaps, e.result.step_time_s),
+        )
+
+    def pick(self, pool) -> _Evaluated:
+        """The best fitting evaluation, else the one with the lowest peak."""
+        pool = list(pool)
+        return self.best(pool) or self.lowest(pool)
+
+    # ---------------------------------------------------------------- search
+    def run(self) -> _Evaluated | None:
+        depth = int(self.view.graph.get("depth") or 1)
+        ladder = {max(0, int(depth * f)) for f in _DEPTH_FRACTIONS} | set(_SMALL_THRESHOLDS)
+        ladder.add(self.base.swapout_threshold)
+        thresholds = sorted(ladder, reverse=True)
+        ladder = [
+            self.evaluate(swapout_threshold=t, n_tensors=None, sync_mode=0) for t in thresholds
+        ]
+        # How far ahead a swap-in must start depends on the threshold (a short-lived
+        # tensor needs a late trigger): sweep the lead for the most promising few.
+        promising = sorted(ladder, key=self.rank)[:_PROMISING]
+        current = self.pick(
+            ladder
+            + [
+                self.evaluate(**_opts(start.config, swapin_ahead=a))
+                for start in promising
+                for a in _AHEADS
+            ]
+        )
+        current = self.pick(
+            [current]
+            + [self.evaluate(**_opts(current.config, swapin_groupby=k)) for k in _GROUPBYS]
+        )
+        current = self.pick(
+            [current]
+            + [
+                self.evaluate(retime=slack, **_opts(current.config))
+                for slack in _SLACKS
+                if current.plan.swaps
+            ]
+        )
+        if not self.fits(current):
+            current = self._rescue(current)
+        if not self.fits(current):
+            return self.best(self._seen.values())
+        trimmed = self._trim(current)
+        return self.best(list(self._seen.values()) + [trimmed])
+
+    def _rescue(self, current: _Evaluated) -> _Evaluated:
+        """Options that lower the peak at a time cost: sync modes, serialization.
+
+        They are tried on the best plan so far and on the one that swaps most:
+        when copies are slower than compute, only a synchronous plan frees
+        memory in time.
+        """
+        most = max(self._seen.values(), key=lambda e: (len(e.plan.swaps), -e.result.step_time_s))
+        pool = [current]
+        for start in {id(current): current, id(most): most}.values():
+            pool += [
+                self.evaluate(retime=start.retime, **_opts(start.config, sync_mode=m))
+                for m in (1, 2, 3)
+            ]
+        current = self.pick(pool)
+        level = self._peak_level(current)
+        if level is not None:
+            for half in (2, 8):
+                span = ((max(0, level - half), level + half),)
+                pool.append(
+                    self.evaluate(
+                        retime=current.retime, **_opts(current.config, serialization=span)
+                    )
+                )
+        pool.append(
+            self.evaluate(retime=current.retime, **_opts(current.config, min_tensor_bytes=0))
+        )
+        return self.pick(pool)
+
+    def _trim(self, current: _Evaluated) -> _Evaluated:
+        """The fewest largest-first swaps of ``current`` that still fit."""
+        n_max = len(current.plan.swaps)
+        lo, hi = 1, n_max  # hi fits
+        best = current
+        while lo < hi:
+            mid = (lo + hi) // 2
+            trial = self.evaluate(retime=current.retime, **_opts(current.config, n_tensors=mid))
+            if self.fits(trial):
+                hi = mid
+                best = self.best([best, trial]) or best
+            else:
+                lo = mid + 1
+        return best
+
+    def _peak_level(self, done: _Evaluated) -> int | None:
+        node = self.view.nodes.get(done.result.peak_op)
+        return None if node is None else node.get("level")
+
+
+def _opts(config: LMSConfig, **changes) -> dict:
+    options = {name: getattr(config, name) for name in TUNED_OPTIONS}
+    options.update(changes)
+    return options
+
+
+def _jsonable(value):
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    return value
