@@ -33,7 +33,6 @@ CASES = [
     ("resnet50", lambda: models.resnet50(), 64, None),
     ("vgg16", lambda: models.vgg16(), 32, None),
     ("unet3d", lambda: models.unet3d(), 1, (128, 128, 128, 4)),
-    ("unet3d-upsampling", lambda: models.unet3d(upsampling="repeat"), 1, (96, 96, 96, 4)),
     ("transformer", lambda: models.transformer(), 8, None),
     ("mlp", lambda: models.mlp(), 2048, None),
 ]

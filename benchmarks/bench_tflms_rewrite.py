@@ -28,11 +28,17 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tflms  # noqa: E402
-from tflms import LMSConfig, apply_plan, build_view, make_plan, validate  # noqa: E402
+from tflms import (  # noqa: E402
+    LMSConfig,
+    apply_plan,
+    build_view,
+    make_plan,
+    validate,
+    zoo,  # noqa: E402
+)
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -98,21 +104,8 @@ def _time_once(blocks: int, config: LMSConfig) -> dict:
 
 
 def cnn(seed: int = 0) -> keras.Model:
-    keras.utils.set_random_seed(seed)
-    inp = keras.Input((32, 32, 3))
-    x = inp
-    for filters in (32, 32, 64, 64):
-        x = keras.layers.Conv2D(filters, 3, padding="same")(x)
-        x = keras.layers.BatchNormalization()(x)
-        x = keras.layers.Activation("relu")(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    model = keras.Model(inp, keras.layers.Dense(10)(x))
-    model.compile(
-        keras.optimizers.SGD(0.01),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=False,
-    )
-    return model
+    """4x (Conv2D + BatchNorm + ReLU) on 32x32 RGB, from the zoo (SGD, no XLA)."""
+    return zoo.cnn(32, (32, 32, 64, 64), seed=seed)
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -127,10 +120,8 @@ class StepTimer(keras.callbacks.Callback):
 
 
 def cpu_overhead(rounds: int, steps: int, batch: int = 32) -> dict:
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch * steps, 32, 32, 3)).astype("float32")
-    y = rng.integers(0, 10, batch * steps)
     models = {"plain": cnn(), "lms": cnn()}
+    x, y = zoo.synthetic_data(models["plain"], batch * steps)
     lms = tflms.LMSCallback(batch_size=batch)
     medians = {"plain": [], "lms": []}
     for _ in range(rounds + 1):  # the first round warms up (tracing) and is dropped

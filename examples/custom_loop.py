@@ -24,15 +24,12 @@ import tensorflow as tf  # noqa: E402
 
 import ddl_tf as hvd  # noqa: E402
 import tflms  # noqa: E402
+from tflms import zoo  # noqa: E402
 
 
 def build_model(size: int) -> keras.Model:
-    inputs = keras.Input((size, size, 3))
-    x = inputs
-    for filters in (16,) * 4 + (32,) * 4 + (64,) * 4:
-        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, keras.layers.Dense(10)(x))
+    """Twelve 3x3 convolutions + ReLU and a classifier (the zoo's CNN without BatchNorm)."""
+    return zoo.cnn(size, (16,) * 4 + (32,) * 4 + (64,) * 4, batch_norm=False, seed=0)
 
 
 def train(args, x, y, initial_weights, use_lms: bool):

@@ -16,34 +16,14 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
 import tflms  # noqa: E402
+from tflms import zoo  # noqa: E402
 from tflms.errors import PlanInfeasibleError  # noqa: E402
-
-
-def train_step_graph(batch: int) -> tf.Graph:
-    model = keras.applications.ResNet50(weights=None)
-    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
-
-    specs = (tf.TensorSpec([batch, 224, 224, 3]), tf.TensorSpec([batch], tf.int32))
-    return step.get_concrete_function(*specs).graph
 
 
 def main(argv: list[str]) -> int:
     batch = int(argv[1]) if len(argv) > 1 else 384
-    view = tflms.build_view(train_step_graph(batch))
+    view = tflms.analyze(zoo.resnet50(), batch_size=batch)
     plain = tflms.simulate(view, device="V100-16GB")
     print(plain.summary())
     for link in ("pcie3", "nvlink2"):

@@ -13,7 +13,9 @@ the backward pass needs them. The pipeline, one sub-package per stage:
 * :mod:`tflms.saved_model` and :mod:`tflms.cli` - the ``tflms`` command.
 
 Three front ends use them: :class:`LMSCallback` (Keras ``fit``),
-:func:`function` (custom loops) and :class:`LMS` (``tf.compat.v1`` graphs).
+:func:`function` (custom loops) and :class:`LMS` (``tf.compat.v1`` graphs);
+:func:`analyze` gives the view of a compiled Keras model's training step, and
+:mod:`tflms.zoo` holds the models the tests, benchmarks and demo use.
 The names below load on first use, so ``import tflms`` is cheap; it still
 fails at once, saying what to install, when TensorFlow is missing.
 
@@ -64,6 +66,8 @@ __getattr__, __dir__, _exported = _lazy_exports(
         "simulate": "tflms.simulation.simulator",
         "SimulationResult": "tflms.simulation.simulator",
         "validate": "tflms.apply.validation",
+        "analyze": "tflms.keras_step",
+        "train_step_graph": "tflms.keras_step",
     },
 )
 

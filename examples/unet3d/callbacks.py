@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from .data import CLASSES
-from .model import confusion_counts, dice_from_counts
+from .metrics import confusion_counts, dice_from_counts
 
 __all__ = ["EpochStats"]
 

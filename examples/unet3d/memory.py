@@ -8,15 +8,11 @@ plainly, and auto-tuned to the budget (:func:`tflms.autotune`).
 
 from __future__ import annotations
 
-import keras
-import tensorflow as tf
-
 import tflms
+from tflms import zoo
 from tflms.errors import PlanInfeasibleError
 from tflms.simulation.simulator import SIMULATOR
 from tflms.units import parse_bytes
-
-from .model import SegmentationLoss, build_unet3d
 
 __all__ = ["train_step_view", "simulate_size", "describe"]
 
@@ -25,17 +21,8 @@ def train_step_view(
     size: int, *, depth: int, base_filters: int, batch_size: int = 1, widen: bool = False
 ):
     """The analysis view of one Adam training step of the U-Net at ``size``^3."""
-    model = build_unet3d(size, depth=depth, base_filters=base_filters, widen=widen)
-    model.compile(keras.optimizers.Adam(1e-3), SegmentationLoss(), jit_compile=False)
-    model.optimizer.build(model.trainable_variables)
-    x_spec = tf.TensorSpec([None, *model.input_shape[1:]])
-    y_spec = tf.TensorSpec([None, size, size, size], tf.int32)
-    graph = (
-        tf.function(lambda x, y: model.train_step((x, y)))
-        .get_concrete_function(x_spec, y_spec)
-        .graph
-    )
-    return tflms.build_view(graph, batch_size=batch_size)
+    model = zoo.unet3d(size, depth=depth, base_filters=base_filters, widen=widen)
+    return tflms.analyze(model, batch_size=batch_size)
 
 
 def simulate_size(

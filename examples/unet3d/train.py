@@ -149,11 +149,11 @@ def main(argv=None) -> int:
     import keras
 
     import tflms
+    from tflms import zoo
     from tflms.files import write_json
 
     from .callbacks import EpochStats
     from .memory import describe, simulate_size
-    from .model import SegmentationLoss, build_unet3d
     from .report import format_report, plot_training
 
     rank, ranks = hvd.rank(), hvd.size()
@@ -169,11 +169,11 @@ def main(argv=None) -> int:
         hvd.shutdown()
         return 2
 
-    model = build_unet3d(args.size, depth=args.depth, base_filters=args.base_filters)
+    model = zoo.unet3d(args.size, depth=args.depth, base_filters=args.base_filters, seed=args.seed)
     # Adam adapts its step size per weight, so the global learning rate is not scaled
     # by the number of ranks as Horovod's SGD recipe does; a short warmup still helps.
     optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(args.lr))
-    model.compile(optimizer=optimizer, loss=SegmentationLoss(), jit_compile=False)
+    model.compile(optimizer=optimizer, loss=zoo.SegmentationLoss(), jit_compile=False)
     lms_config = args.lms_config.replace(batch_size=args.batch_size)
     lms = tflms.LMSCallback(lms_config)
     stats = EpochStats(hvd, xv, yv, volumes_per_epoch=len(x))

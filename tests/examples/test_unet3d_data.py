@@ -10,7 +10,7 @@ from examples.unet3d.data import (
     synthetic_dataset,
     synthetic_volume,
 )
-from examples.unet3d.model import dice_per_class
+from examples.unet3d.metrics import dice_per_class
 
 
 def test_synthetic_volumes_are_deterministic_and_imbalanced_like_brats():

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tflms
 from tests.tflms.models import dense_chain_step
+from tflms import zoo
 from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
 
 BATCH, WIDTH, DEPTH = 4096, 64, 8  # activations of 1 MiB
@@ -141,20 +141,11 @@ def test_lms_run_applies_the_tuned_plan(chain):
 
 
 def _conv_model():
-    keras.utils.set_random_seed(3)
-    inp = keras.Input((64, 64, 8))
-    x = inp
-    for _ in range(6):
-        x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
-    out = keras.layers.Dense(4)(keras.layers.GlobalAveragePooling2D()(x))
-    model = keras.Model(inp, out)
-    model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=False)
-    return model
+    return zoo.cnn(64, (16,) * 6, batch_norm=False, channels=8, classes=4, seed=3)
 
 
 def test_lms_callback_with_a_memory_budget(devices):
-    x = np.random.default_rng(0).standard_normal((16, 64, 64, 8)).astype("float32")
-    y = np.zeros((16, 4), "float32")
+    x, y = zoo.synthetic_data(_conv_model(), 16)
     options = {"batch_size": 8, "device": devices.compute, "safety_margin": 0.0}
 
     roomy = tflms.LMSCallback(memory_budget="1GiB", **options)

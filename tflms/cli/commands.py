@@ -18,6 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
+from tflms import saved_model  # lazy: TensorFlow loads when a command runs, not for --help
 from tflms.cli.options import config_from_args
 from tflms.cli.report import (
     analysis_dict,
@@ -26,7 +27,6 @@ from tflms.cli.report import (
     read_plans,
     simulation_text,
 )
-from tflms import saved_model  # lazy: TensorFlow loads when a command runs, not for --help
 from tflms.errors import ConfigError, ModelNotFoundError, OutputError, TFLMSError
 from tflms.units import format_bytes
 

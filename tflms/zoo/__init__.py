@@ -1,0 +1,61 @@
+"""A small zoo of compiled Keras models: what the tests, benchmarks, examples and demo train.
+
+Every builder returns a compiled ``keras.Model`` (fixed seed, XLA off) whose
+training step :func:`tflms.analyze` and :func:`tflms.train_step_graph` trace;
+:func:`synthetic_data` makes matching batches. Sizes are parameters, so the
+same model serves a 2-second CPU test and a simulated 16 GiB V100:
+
+============  =============================================================
+``cnn``       3x3 convolutions (+ BatchNorm) + ReLU, pooled classifier
+``resnet``    a small residual network (basic blocks with BatchNorm)
+``resnet50``  ``keras.applications.ResNet50``
+``vgg16``     ``keras.applications.VGG16``
+``unet3d``    the demo's 3D U-Net with its class-weighted CE + Dice loss
+``mlp``       dense ReLU layers
+``transformer`` a BERT-like encoder with a pooled classifier
+``lstm``      dense + LSTM (a ``While`` loop)
+============  =============================================================
+
+Example:
+    >>> import tflms
+    >>> from tflms import zoo
+    >>> model = zoo.build("cnn", image=8, filters=(4,))
+    >>> x, y = zoo.synthetic_data(model, 4)
+    >>> tflms.analyze(model, batch_size=len(x)).graph["batch_size"]
+    4
+"""
+
+from tflms.errors import ConfigError
+from tflms.exports import lazy_exports
+
+__getattr__, __dir__, _exported = lazy_exports(
+    __name__,
+    {
+        "cnn": "tflms.zoo.vision",
+        "resnet": "tflms.zoo.vision",
+        "resnet50": "tflms.zoo.vision",
+        "vgg16": "tflms.zoo.vision",
+        "unet3d": "tflms.zoo.unet3d",
+        "SegmentationLoss": "tflms.zoo.unet3d",
+        "mlp": "tflms.zoo.sequence",
+        "transformer": "tflms.zoo.sequence",
+        "lstm": "tflms.zoo.sequence",
+        "synthetic_data": "tflms.zoo.data",
+    },
+)
+
+MODELS = ("cnn", "resnet", "resnet50", "vgg16", "unet3d", "mlp", "transformer", "lstm")
+"""Names :func:`build` accepts."""
+
+__all__ = ["MODELS", "build", *_exported]
+
+
+def build(name: str, **options):
+    """Build the zoo model ``name`` with keyword ``options`` (see each builder).
+
+    Raises:
+        ConfigError: ``name`` is not in :data:`MODELS`.
+    """
+    if name not in MODELS:
+        raise ConfigError(f"Unknown zoo model {name!r}. Known: {', '.join(MODELS)}.")
+    return __getattr__(name)(**options)

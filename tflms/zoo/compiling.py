@@ -1,0 +1,35 @@
+"""How zoo models are compiled and seeded: fixed seeds, SGD with momentum or Adam, no XLA.
+
+Example:
+    >>> type(optimizer("adam")).__name__, type(optimizer("sgd")).__name__
+    ('Adam', 'SGD')
+"""
+
+from __future__ import annotations
+
+import keras
+
+from tflms.errors import ConfigError
+
+__all__ = ["optimizer", "compiled", "OPTIMIZERS"]
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+def optimizer(name: str) -> keras.optimizers.Optimizer:
+    """``"sgd"``: SGD(0.01, momentum 0.9); ``"adam"``: Adam(1e-3).
+
+    Raises:
+        ConfigError: another name.
+    """
+    if name == "sgd":
+        return keras.optimizers.SGD(0.01, momentum=0.9)
+    if name == "adam":
+        return keras.optimizers.Adam(1e-3)
+    raise ConfigError(f"optimizer must be one of {OPTIMIZERS}. Received optimizer={name!r}.")
+
+
+def compiled(model: keras.Model, loss, optimizer_name: str) -> keras.Model:
+    """``model`` compiled with ``loss`` and the named optimizer, XLA off (LMS needs placement)."""
+    model.compile(optimizer=optimizer(optimizer_name), loss=loss, jit_compile=False)
+    return model
