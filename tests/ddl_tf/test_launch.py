@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ddl_tf import ddlrun
 from ddl_tf.errors import LaunchError
-from ddl_tf.launch import cli
 from ddl_tf.launch.command import LaunchPlan, build_command, child_environment, find_mpirun
 from ddl_tf.launch.hosts import Host, parse_host_list, parse_hostfile, place_ranks
 
@@ -15,7 +15,7 @@ SCRIPT = str(Path(__file__).parent / "test_launch.py")
 
 
 def run(capsys, *argv):
-    code = cli.main(list(argv))
+    code = ddlrun.main(list(argv))
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -87,15 +87,15 @@ def test_mpirun_next_to_python_wins():
 )
 def test_preflight_failures_exit_3_with_a_fix(capsys, argv, message):
     code, out, err = run(capsys, *argv, "--dry-run")
-    assert code == cli.EXIT_PREFLIGHT, (out, err)
+    assert code == ddlrun.EXIT_PREFLIGHT, (out, err)
     assert message in err
     assert "ddlrun: running" not in out
 
 
 def test_usage_errors_exit_2(capsys):
-    assert run(capsys, "--algo", "tree", SCRIPT)[0] == cli.EXIT_USAGE
-    assert run(capsys, "-H", "a", "--hostfile", "f", SCRIPT)[0] == cli.EXIT_USAGE
-    assert run(capsys, "--help")[0] == cli.EXIT_OK
+    assert run(capsys, "--algo", "tree", SCRIPT)[0] == ddlrun.EXIT_USAGE
+    assert run(capsys, "-H", "a", "--hostfile", "f", SCRIPT)[0] == ddlrun.EXIT_USAGE
+    assert run(capsys, "--help")[0] == ddlrun.EXIT_OK
 
 
 def test_python_check_reports_a_python_without_ddl_tf(capsys, tmp_path):
@@ -103,7 +103,7 @@ def test_python_check_reports_a_python_without_ddl_tf(capsys, tmp_path):
     fake.write_text("#!/bin/sh\necho 'missing: ddl_tf'\nexit 1\n")
     fake.chmod(0o755)
     code, _, err = run(capsys, "-np", "1", "--dry-run", str(fake), SCRIPT)
-    assert code == cli.EXIT_PREFLIGHT
+    assert code == ddlrun.EXIT_PREFLIGHT
     assert "cannot run ddl_tf: missing: ddl_tf" in err
 
 

@@ -1,5 +1,10 @@
 """``ddlrun``: launch a ddl_tf job through mpirun, after sanity checks.
 
+The command-line front end over the launch library (:mod:`ddl_tf.launch`:
+hosts, the mpirun command, pre-flight checks) and, for ``--rehearse``, the
+rehearsal cluster (:mod:`ddl_tf.cluster`). It imports neither TensorFlow nor
+mpi4py, so ``ddlrun --help`` and argument errors answer at once.
+
 Usage::
 
     ddlrun -np 4 -H node1:2,node2:2 python train.py --epochs 10
@@ -56,7 +61,11 @@ EXIT_OK, EXIT_USAGE, EXIT_PREFLIGHT = 0, 2, 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``ddlrun`` argument parser."""
+    """The ``ddlrun`` argument parser.
+
+    Returns:
+        The parser; ``--help`` exits through ``SystemExit(0)``.
+    """
     parser = argparse.ArgumentParser(
         prog="ddlrun",
         description="Launch a ddl_tf (Horovod-compatible) job through mpirun.",
@@ -184,7 +193,15 @@ def _describe_topology(args: argparse.Namespace, placement: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``ddlrun``; returns the exit code (see the module docstring)."""
+    """Run ``ddlrun``.
+
+    Args:
+        argv: Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code (see the module docstring): 0, 2 for bad arguments, 3 for a
+        failed pre-flight check, otherwise mpirun's.
+    """
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
