@@ -11,6 +11,7 @@ Usage::
     ddlrun -np 4 --pseudo-nodes 2 --algo hierarchical train.py     # .py runs with this Python
     ddlrun -np 8 --hostfile hosts --topology topo.json --compression fp16 --timeline t.json train.py
     ddlrun --rehearse 2 -np 4 --link 1gbit train.py    # 2 virtual nodes on this machine (root)
+    ddlrun --version
 
 With ``--rehearse N`` the hosts are ``N`` virtual nodes that ddlrun creates
 on this machine (network namespaces joined by links shaped to ``--link``,
@@ -39,7 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddl_tf import env
+from ddl_tf import __version__, env
 from ddl_tf.config import ALGORITHMS, COMPRESSIONS, DDLConfig
 from ddl_tf.core.selection import load_policy
 from ddl_tf.core.topology import Topology, pseudo_node_names
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``ddlrun`` argument parser.
 
     Returns:
-        The parser; ``--help`` exits through ``SystemExit(0)``.
+        The parser; ``--help`` and ``--version`` exit through ``SystemExit(0)``.
     """
     parser = argparse.ArgumentParser(
         prog="ddlrun",
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "failed, otherwise mpirun's exit code.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"ddlrun (tflms-ddl) {__version__}")
     parser.add_argument("-np", "-n", dest="np", type=int, help="number of ranks (default: slots)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:2,node2:2")
