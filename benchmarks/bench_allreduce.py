@@ -36,6 +36,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.machine import machine_info  # noqa: E402
+from ddl_tf.launch.command import find_mpirun  # noqa: E402
 
 SIZES = [
     1 << 10,
@@ -60,15 +61,10 @@ LAYOUTS = [
 TOLERANCE = 0.05  # "no slower" allows 5 % for run-to-run noise
 
 
-def mpirun() -> str:
-    local = Path(sys.executable).parent / "mpirun"
-    return str(local) if local.exists() else "mpirun"
-
-
 def run_layout(np_: int, env: dict, algos: str, sizes: list[int], compressions: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        cmd = [mpirun(), "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+        cmd = [find_mpirun(), "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         cmd += [
@@ -231,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "allreduce",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.time() - started, 1),
-        "machine": machine_info(mpirun=mpirun()),
+        "machine": machine_info(mpirun=find_mpirun()),
         "method": (
             "float32 buffers; per size and compression the algorithms run interleaved in "
             "rounds of back-to-back calls; time = median over rounds of the per-call mean on "
