@@ -174,13 +174,6 @@ def _time(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
 
 
-def write_atomically(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 sizes, for a smoke run")
@@ -239,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         "layouts": layouts,
         "derived_auto_policy": policy,
     }
-    write_atomically(Path(args.out), report)
-    write_atomically(Path(args.out).with_name("auto_policy.json"), policy)
+    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+
+    write_json(Path(args.out), report)
+    write_json(Path(args.out).with_name("auto_policy.json"), policy)
     print(f"wrote {args.out} and auto_policy.json in {time.time() - started:.0f} s")
     return 0
 

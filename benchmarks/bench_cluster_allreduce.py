@@ -483,13 +483,6 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_atomically(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) if not isinstance(data, str) else data)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 sizes, 2x2 only (smoke run)")
@@ -559,8 +552,10 @@ def main(argv: list[str] | None = None) -> int:
         "layouts": layouts,
         "learned_policy": policy,
     }
-    write_atomically(out, report)
-    write_atomically(out.with_name("cluster_auto_policy.json"), policy)
+    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+
+    write_json(out, report)
+    write_json(out.with_name("cluster_auto_policy.json"), policy)
     plot(report, out.with_suffix(".png"))
     print(markdown(report))
     print(f"wrote {out}, its .png and cluster_auto_policy.json in {time.time() - started:.0f} s")
