@@ -208,27 +208,3 @@ def test_ddlrun_auto_policy_option_sets_the_variable(capsys, tmp_path):
     assert f"DDL_AUTO_POLICY={policy}" in out and "-x DDL_AUTO_POLICY" in out
     code, _, err = run(capsys, "-np", "2", "--auto-policy", str(tmp_path / "no.json"), SCRIPT)
     assert code == ddlrun.EXIT_PREFLIGHT and "could not be read" in err
-
-
-def test_learned_tables_do_not_follow_noise_and_ignore_auto_rows():
-    from benchmarks.bench_cluster_allreduce import choose_per_size, derive_general, derive_tables
-
-    # ring is 3-8 % "faster" at 2 of 4 sizes: within the margin, so flat (the default) stays
-    noisy = {1: {"flat": 1.0, "ring": 0.97}, 2: {"flat": 1.0, "ring": 1.05},
-             4: {"flat": 1.0, "ring": 0.92}, 8: {"flat": 1.0, "ring": 1.01}}  # fmt: skip
-    assert set(choose_per_size(noisy).values()) == {"flat"}
-    # a clear win switches, and the new choice stays while it is tied
-    clear = {1: {"flat": 1.0, "hierarchical": 2.0}, 2: {"flat": 1.0, "hierarchical": 0.6},
-             4: {"flat": 1.0, "hierarchical": 0.95}}  # fmt: skip
-    assert choose_per_size(clear) == {1: "flat", 2: "hierarchical", 4: "hierarchical"}
-
-    def row(size, algo, seconds):
-        return {"wire_bytes": size, "bytes": size, "algorithm": algo, "compression": "none",
-                "seconds": seconds}  # fmt: skip
-
-    rows = [row(1 << 20, "flat", 1.0), row(1 << 20, "ring", 0.5), row(1 << 20, "auto", 0.1),
-            row(4 << 20, "flat", 4.0), row(4 << 20, "ring", 2.0), row(4 << 20, "auto", 0.1)]  # fmt: skip
-    tables, winners = derive_tables(rows, "multi_node@2x2")
-    assert tables == {"multi_node@2x2": [[None, "ring"]]}
-    assert winners == {f"none/{1 << 20}": "ring", f"none/{4 << 20}": "ring"}
-    assert derive_general([{"rows": rows}])["multi_node"] == [[None, "ring"]]
