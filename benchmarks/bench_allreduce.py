@@ -14,8 +14,11 @@ and writes ``benchmarks/results/allreduce.json`` atomically: every row
 (time, algorithm and bus bandwidth; bus bandwidth = bytes / time * 2 (P-1) / P
 as in nccl-tests), the machine's load average around each layout (other jobs
 on a shared machine distort timings), the two targets evaluated per layout,
-and ``auto_policy.json``: the fastest algorithm per message size, in the
-format ``DDL_AUTO_POLICY`` reads.
+and ``auto_policy.json``: the ``auto`` tables learned from the rows by
+:mod:`ddl_tf.core.policy_fit` (per size the fastest algorithm in the worst
+case over the layouts, except that a challenger must beat the incumbent by
+10 % and flat wins ties), in the format ``DDL_AUTO_POLICY``
+reads.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.machine import machine_info  # noqa: E402
+from ddl_tf.core.policy_fit import fit_tables  # noqa: E402
+from ddl_tf.launch.command import find_mpirun  # noqa: E402
 
 SIZES = [
     1 << 10,
@@ -60,15 +65,10 @@ LAYOUTS = [
 TOLERANCE = 0.05  # "no slower" allows 5 % for run-to-run noise
 
 
-def mpirun() -> str:
-    local = Path(sys.executable).parent / "mpirun"
-    return str(local) if local.exists() else "mpirun"
-
-
 def run_layout(np_: int, env: dict, algos: str, sizes: list[int], compressions: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        cmd = [mpirun(), "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+        cmd = [find_mpirun(), "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         cmd += [
@@ -99,56 +99,23 @@ def evaluate(rows: list[dict]) -> dict:
     }
 
 
-MARGIN = 1.25  # an algorithm replaces flat only if it is this much faster ...
-RUN = 2  # ... on every layout of the situation, for at least this many consecutive sizes
-
-
 def derive_policy(layouts: list[dict]) -> dict:
-    """``auto`` tables from the measurements, robust to noise on a shared machine.
+    """``auto`` tables from the measurements, by the product's one rule set.
 
-    Per situation, flat (MPI's own allreduce) is the default; another algorithm
-    takes a size only if it beats flat by ``MARGIN`` on *every* layout of that
-    situation (2 and 4 ranks) and does so for ``RUN`` consecutive sizes.
+    :func:`ddl_tf.core.policy_fit.fit_tables` (the rules the cluster benchmark
+    uses too): per wire size, an algorithm's cost is its worst ratio to the
+    fastest over the layouts of a situation (2 and 4 ranks on one node; the
+    pseudo-node layout for ``multi_node``), a challenger must beat the
+    incumbent by 10 %, and flat wins ties. ``single_node/custom_op`` is
+    learned from the bf16 rows.
     """
     tables = {}
-    for situation, nodes, compression in (
-        ("single_node", 1, "none"),
-        ("single_node/custom_op", 1, "bf16"),
-        ("multi_node", 2, "none"),
+    for nodes, situations in (
+        (1, {"single_node": "none", "single_node/custom_op": "bf16"}),
+        (2, {"multi_node": "none"}),
     ):
-        times: dict[tuple[str, int, str], float] = {}
-        for layout in layouts:
-            for r in layout["rows"]:
-                if r["nodes"] == nodes and r["compression"] == compression and not r.get("phase"):
-                    times[(layout["layout"], r["bytes"], r["algorithm"])] = r["seconds"]
-        names = {k[0] for k in times}
-        sizes = sorted({k[1] for k in times if (k[0], k[1], "flat") in times})
-        if not sizes:
-            continue
-        winners = []
-        for nbytes in sizes:
-            best = "flat"
-            for algo in ("ring", "asa", "hierarchical"):
-                speedups = [
-                    times[(n, nbytes, "flat")] / times[(n, nbytes, algo)]
-                    for n in names
-                    if (n, nbytes, algo) in times and (n, nbytes, "flat") in times
-                ]
-                if speedups and min(speedups) >= MARGIN:
-                    best = algo
-            winners.append(best)
-        for i, algo in enumerate(winners):  # drop isolated wins (noise)
-            neighbours = winners[max(0, i - RUN + 1) : i + RUN]
-            if algo != "flat" and neighbours.count(algo) < RUN:
-                winners[i] = "flat"
-        rules: list[list] = []
-        for nbytes, algo in zip(sizes, winners, strict=True):
-            if rules and rules[-1][1] == algo:
-                rules[-1][0] = nbytes
-            else:
-                rules.append([nbytes, algo])
-        rules[-1][0] = None
-        tables[situation] = rules
+        rows = [[r for r in layout["rows"] if r["nodes"] == nodes] for layout in layouts]
+        tables.update(fit_tables(rows, situations))
     return tables
 
 
@@ -176,13 +143,6 @@ def _size(b: int) -> str:
 
 def _time(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
-
-
-def write_atomically(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "allreduce",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.time() - started, 1),
-        "machine": machine_info(mpirun=mpirun()),
+        "machine": machine_info(mpirun=find_mpirun()),
         "method": (
             "float32 buffers; per size and compression the algorithms run interleaved in "
             "rounds of back-to-back calls; time = median over rounds of the per-call mean on "
@@ -243,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         "layouts": layouts,
         "derived_auto_policy": policy,
     }
-    write_atomically(Path(args.out), report)
-    write_atomically(Path(args.out).with_name("auto_policy.json"), policy)
+    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+
+    write_json(Path(args.out), report)
+    write_json(Path(args.out).with_name("auto_policy.json"), policy)
     print(f"wrote {args.out} and auto_policy.json in {time.time() - started:.0f} s")
     return 0
 

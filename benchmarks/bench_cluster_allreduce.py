@@ -18,10 +18,13 @@ cluster, in two phases:
    *earlier* run (``--previous-policy``, by default the
    ``cluster_auto_policy.json`` already in results/; the built-in policy if
    there is none), so the "auto is never more than 5 % slower than the best"
-   target is judged on measurements the policy was not learned from. The
-   fastest algorithm per size of this run becomes the layout's new ``auto``
-   table (``multi_node@NxL``; fp16 in ``multi_node@NxL/custom_op``, keyed by
-   wire bytes).
+   target is judged on measurements the policy was not learned from. This
+   run's rows become the layout's new ``auto`` table (``multi_node@NxL``;
+   fp16 in ``multi_node@NxL/custom_op``, keyed by wire bytes), learned by
+   :func:`ddl_tf.core.policy_fit.fit_tables`: the fastest algorithm per size,
+   except that a challenger must beat the incumbent by 10 % and flat wins
+   ties; the general ``multi_node`` tables minimise the worst-case regret
+   over the layouts measured.
 
 Results: ``benchmarks/results/cluster_allreduce.json`` (every row with its
 bandwidth lower bound ``2 (N-1)/N * wire bytes * 8 / 1 Gbit/s`` and the ratio
@@ -34,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -49,6 +51,7 @@ from benchmarks.machine import machine_info  # noqa: E402
 from ddl_tf.cluster import Cluster, ClusterSpec, allreduce_lower_bound, unavailable_reason  # noqa: E402
 from ddl_tf.cluster.bounds import framing_overhead  # noqa: E402
 from ddl_tf.cluster.probe import link_throughput  # noqa: E402
+from ddl_tf.core.policy_fit import fit_tables  # noqa: E402
 from ddl_tf.core.selection import DEFAULT_POLICY, layout_key  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -109,106 +112,6 @@ def best_steps(rows: list[dict]) -> tuple[dict, dict]:
     best = min(totals, key=totals.get)
     inner, top = best[len("hierarchical[") : -1].split("/")
     return {"node": inner, "world": top}, {k: round(v, 4) for k, v in totals.items()}
-
-
-# Two timings of the same algorithm in one run differ by up to ~20 % on this shared machine
-# (ratio_to_its_choice_measured_alone); a table that switches algorithm at every size fits that
-# noise. An algorithm counts as tied with the fastest within this margin.
-MARGIN = 0.10
-
-
-def choose_per_size(costs: dict[int, dict[str, float]], margin: float = MARGIN) -> dict[int, str]:
-    """The algorithm per size from a cost per algorithm (seconds or regret; lower is better).
-
-    The candidates at a size are the algorithms within ``1 + margin`` of its
-    lowest cost. The previous (smaller) size's choice stays while it is a
-    candidate, so noise does not make the table flip-flop; otherwise MPI's own
-    ``flat`` if it is a candidate (the default needs no case made for it);
-    otherwise the cheapest.
-
-    >>> choose_per_size({1: {"flat": 1.0, "ring": 0.95}, 2: {"flat": 1.0, "ring": 0.5},
-    ...                  4: {"flat": 0.55, "ring": 0.58}, 8: {"flat": 0.5, "ring": 0.8}})
-    {1: 'flat', 2: 'ring', 4: 'ring', 8: 'flat'}
-    """
-    chosen: dict[int, str] = {}
-    previous = None
-    for size in sorted(costs):
-        best = min(costs[size].values())
-        tied = {a for a, c in costs[size].items() if c <= best * (1 + margin)}
-        if previous in tied:
-            algo = previous
-        elif "flat" in tied:
-            algo = "flat"
-        else:
-            algo = min(costs[size], key=costs[size].get)
-        chosen[size] = previous = algo
-    return chosen
-
-
-def rules_from(chosen: dict[int, str]) -> list[list]:
-    """``[[max_bytes or None, algo], ...]`` with boundaries at geometric midpoints of the sizes.
-
-    >>> rules_from({1024: "flat", 4096: "ring", 16384: "ring"})
-    [[2048, 'flat'], [None, 'ring']]
-    """
-    sizes = sorted(chosen)
-    rules: list[list] = []
-    for i, size in enumerate(sizes):
-        bound = None if i == len(sizes) - 1 else int(math.sqrt(size * sizes[i + 1]))
-        if rules and rules[-1][1] == chosen[size]:
-            rules[-1][0] = bound
-        else:
-            rules.append([bound, chosen[size]])
-    return rules
-
-
-def derive_tables(rows: list[dict], key: str) -> tuple[dict, dict]:
-    """Per wire format: the algorithm per size (:func:`choose_per_size`) -> rules by wire bytes.
-
-    Returns the tables and, per ``compression/wire bytes``, the fastest algorithm measured.
-    """
-    tables, winners = {}, {}
-    for compression, situation in (("none", key), ("fp16", key + "/custom_op")):
-        by_size: dict[int, dict[str, float]] = {}
-        for row in rows:
-            if row["compression"] == compression and row["algorithm"] in ALGOS:
-                by_size.setdefault(row["wire_bytes"], {})[row["algorithm"]] = row["seconds"]
-        if not by_size:
-            continue
-        for wire, times in by_size.items():
-            winners[f"{compression}/{wire}"] = min(times, key=times.get)
-        tables[situation] = rules_from(choose_per_size(by_size))
-    return tables, winners
-
-
-def derive_general(layouts: list[dict]) -> dict:
-    """``multi_node`` tables for layouts that were not measured: least worst-case regret.
-
-    At each wire size measured in every layout, an algorithm's regret is its
-    largest ratio to the fastest of a layout; :func:`choose_per_size` picks
-    from those regrets.
-    """
-    tables = {}
-    for compression, situation in (("none", "multi_node"), ("fp16", "multi_node/custom_op")):
-        times: list[dict[int, dict[str, float]]] = []
-        for layout in layouts:
-            by_size: dict[int, dict[str, float]] = {}
-            for row in layout["rows"]:
-                if row["compression"] == compression and row["algorithm"] in ALGOS:
-                    by_size.setdefault(row["wire_bytes"], {})[row["algorithm"]] = row["seconds"]
-            times.append(by_size)
-        sizes = sorted(set.intersection(*(set(t) for t in times))) if times else []
-        regrets = {
-            wire: {
-                algo: max(t[wire][algo] / min(t[wire].values()) for t in times)
-                for algo in ALGOS
-                if all(algo in t[wire] for t in times)
-            }
-            for wire in sizes
-        }
-        if regrets:
-            tables[situation] = rules_from(choose_per_size(regrets))
-    return tables
 
 
 def evaluate(main_rows: list[dict]) -> dict:
@@ -306,7 +209,7 @@ def run_layout(label: str, sizes: list[int], previous: dict) -> tuple[dict, dict
         }
         main = run_phase(cluster, rpn, plan, env, timeout=900)
         annotate(main["rows"], nodes)
-        tables, winners = derive_tables(main["rows"], key)
+        tables = fit_tables([main["rows"]], {key: "none", key + "/custom_op": "fp16"})
     layout = {
         "layout": label,
         "nodes": nodes,
@@ -483,13 +386,6 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_atomically(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) if not isinstance(data, str) else data)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 sizes, 2x2 only (smoke run)")
@@ -529,7 +425,13 @@ def main(argv: list[str] | None = None) -> int:
         layouts.append(layout)
         policy["steps"].update(learned.pop("steps"))
         policy.update(learned)
-    policy.update(derive_general(layouts))
+    # layouts that were not measured: least worst-case regret over the measured ones
+    policy.update(
+        fit_tables(
+            [layout["rows"] for layout in layouts],
+            {"multi_node": "none", "multi_node/custom_op": "fp16"},
+        )
+    )
     report = {
         "benchmark": "cluster_allreduce",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -559,8 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         "layouts": layouts,
         "learned_policy": policy,
     }
-    write_atomically(out, report)
-    write_atomically(out.with_name("cluster_auto_policy.json"), policy)
+    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+
+    write_json(out, report)
+    write_json(out.with_name("cluster_auto_policy.json"), policy)
     plot(report, out.with_suffix(".png"))
     print(markdown(report))
     print(f"wrote {out}, its .png and cluster_auto_policy.json in {time.time() - started:.0f} s")

@@ -139,10 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_name(out.name + ".tmp")
-    tmp_out.write_text(json.dumps(report, indent=1))
-    os.replace(tmp_out, out)
+    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+
+    write_json(out, report)
     for v in variants:
         print(
             f"| {v['algorithm']} | {v['compression']} | {v['step_seconds'] * 1e3:.0f} ms | "

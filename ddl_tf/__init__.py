@@ -10,8 +10,9 @@ Layers (each its own module; the core knows nothing of TensorFlow):
 timeline, engine on numpy arrays) -> :mod:`ddl_tf.bridge` (tensors, eager and
 in graphs, in program order) -> :mod:`ddl_tf.collectives`,
 :mod:`ddl_tf.functions`, :mod:`ddl_tf.tape` (Horovod's TensorFlow API) ->
-:mod:`ddl_tf.keras` (DistributedOptimizer, callbacks) -> :mod:`ddl_tf.launch`
-(``ddlrun``).
+:mod:`ddl_tf.keras` (DistributedOptimizer, callbacks). Launching is apart:
+:mod:`ddl_tf.launch` (hosts, the mpirun command, checks) <- :mod:`ddl_tf.cluster`
+(rehearsal on virtual nodes) <- :mod:`ddl_tf.ddlrun` (the ``ddlrun`` command).
 
 Logging goes through ``logging.getLogger("ddl_tf...")``.
 """

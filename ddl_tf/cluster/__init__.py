@@ -13,7 +13,11 @@ Needs root, ``ip``, ``tc`` and ``unshare``.
 * :mod:`~ddl_tf.cluster.cluster`: :class:`Cluster` (context manager), :func:`cleanup`;
 * :mod:`~ddl_tf.cluster.bounds`: the bandwidth lower bound of an allreduce;
 * :mod:`~ddl_tf.cluster.probe`: TCP throughput of the links, bounded in bytes and time;
-* :mod:`~ddl_tf.cluster.cli`: ``python -m ddl_tf.cluster`` (and ``ddlrun --rehearse N``).
+* :mod:`~ddl_tf.cluster.rehearse`: the cluster behind ``ddlrun --rehearse N``;
+* :mod:`~ddl_tf.cluster.cli`: ``python -m ddl_tf.cluster``.
+
+It builds on the launch library (:mod:`ddl_tf.launch`: hosts, the mpirun
+lookup); the ``ddlrun`` command (:mod:`ddl_tf.ddlrun`) builds on both.
 
 Example:
     >>> from ddl_tf.cluster import ClusterSpec, allreduce_lower_bound

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 
 from ddl_tf import env as ddl_env
 from ddl_tf.cluster.spec import ClusterSpec
+from ddl_tf.launch.command import find_mpirun
 
 __all__ = ["agent_script", "mca_arguments", "mpirun_command", "job_environment", "host_list"]
 
@@ -99,10 +100,22 @@ def mpirun_command(
     mpirun: str | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The full mpirun argument list for ``program`` on every node of ``spec``."""
-    if mpirun is None:
-        from ddl_tf.launch.command import find_mpirun
+    """The full mpirun argument list for ``program`` on every node of ``spec``.
 
+    Args:
+        spec: The cluster the job runs on.
+        program: The command every rank runs.
+        ranks_per_node: Ranks on each virtual node.
+        mpirun: The mpirun to use (default: :func:`ddl_tf.launch.command.find_mpirun`).
+        extra_args: More mpirun arguments, inserted before ``program``.
+
+    Returns:
+        The argument list (never a shell string).
+
+    Raises:
+        LaunchError: ``mpirun`` is None and no mpirun is found.
+    """
+    if mpirun is None:
         mpirun = find_mpirun()
     return [
         mpirun,

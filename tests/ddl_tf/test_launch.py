@@ -1,13 +1,16 @@
 """ddlrun: argument errors, pre-flight checks, the exact mpirun command (no job is started)."""
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+import ddl_tf
+from ddl_tf import ddlrun
 from ddl_tf.errors import LaunchError
-from ddl_tf.launch import cli
 from ddl_tf.launch.command import LaunchPlan, build_command, child_environment, find_mpirun
 from ddl_tf.launch.hosts import Host, parse_host_list, parse_hostfile, place_ranks
 
@@ -15,7 +18,7 @@ SCRIPT = str(Path(__file__).parent / "test_launch.py")
 
 
 def run(capsys, *argv):
-    code = cli.main(list(argv))
+    code = ddlrun.main(list(argv))
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -87,15 +90,15 @@ def test_mpirun_next_to_python_wins():
 )
 def test_preflight_failures_exit_3_with_a_fix(capsys, argv, message):
     code, out, err = run(capsys, *argv, "--dry-run")
-    assert code == cli.EXIT_PREFLIGHT, (out, err)
+    assert code == ddlrun.EXIT_PREFLIGHT, (out, err)
     assert message in err
     assert "ddlrun: running" not in out
 
 
 def test_usage_errors_exit_2(capsys):
-    assert run(capsys, "--algo", "tree", SCRIPT)[0] == cli.EXIT_USAGE
-    assert run(capsys, "-H", "a", "--hostfile", "f", SCRIPT)[0] == cli.EXIT_USAGE
-    assert run(capsys, "--help")[0] == cli.EXIT_OK
+    assert run(capsys, "--algo", "tree", SCRIPT)[0] == ddlrun.EXIT_USAGE
+    assert run(capsys, "-H", "a", "--hostfile", "f", SCRIPT)[0] == ddlrun.EXIT_USAGE
+    assert run(capsys, "--help")[0] == ddlrun.EXIT_OK
 
 
 def test_python_check_reports_a_python_without_ddl_tf(capsys, tmp_path):
@@ -103,7 +106,7 @@ def test_python_check_reports_a_python_without_ddl_tf(capsys, tmp_path):
     fake.write_text("#!/bin/sh\necho 'missing: ddl_tf'\nexit 1\n")
     fake.chmod(0o755)
     code, _, err = run(capsys, "-np", "1", "--dry-run", str(fake), SCRIPT)
-    assert code == cli.EXIT_PREFLIGHT
+    assert code == ddlrun.EXIT_PREFLIGHT
     assert "cannot run ddl_tf: missing: ddl_tf" in err
 
 
@@ -116,3 +119,55 @@ def test_host_lists_and_hostfiles(tmp_path):
     with pytest.raises(LaunchError, match="hosts:1: cannot read"):
         parse_hostfile(hostfile)
     assert place_ranks([Host("a", 1), Host("b", 1)], 3, oversubscribe=True) == ["a", "b", "a"]
+
+
+def test_version_prints_the_distribution_version(capsys):
+    code, out, _ = run(capsys, "--version")
+    assert code == ddlrun.EXIT_OK
+    assert out.strip() == f"ddlrun (tflms-ddl) {ddl_tf.__version__}"
+
+
+HEAVY = ("tensorflow", "keras", "mpi4py", "numpy")
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [(["--help"], 0), (["--version"], 0), (["--algo", "tree", SCRIPT], 2), (["-np"], 2)],
+)
+def test_ddlrun_answers_at_once_without_tensorflow_or_mpi(argv, code):
+    # the console script when installed (what users run), else the module
+    script = Path(sys.executable).parent / "ddlrun"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "ddl_tf.ddlrun"]
+    start = time.monotonic()
+    out = subprocess.run([*command, *argv], capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - start
+    assert out.returncode == code, out.stderr
+    assert elapsed < 1.5, f"ddlrun {' '.join(argv)} took {elapsed:.2f} s (want well under 1 s)"
+    # and what it imported, module by module
+    traced = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ddl_tf.ddlrun", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert traced.returncode == code, traced.stderr
+    imported = {
+        line.split("|")[-1].strip()
+        for line in traced.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "ddl_tf.launch.command" in imported  # the trace does cover ddlrun's imports
+    heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY)
+    assert not heavy, f"ddlrun {' '.join(argv)} imported {heavy[:8]}; import them lazily"
+
+
+def test_a_dry_run_imports_neither_tensorflow_nor_mpi4py():
+    code = (
+        "import sys\n"
+        "from ddl_tf import ddlrun\n"
+        f"assert ddlrun.main(['-np', '2', '--pseudo-nodes', '2', '--dry-run', {SCRIPT!r}]) == 0\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

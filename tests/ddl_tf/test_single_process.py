@@ -29,12 +29,14 @@ def ddl():
 
 def test_importing_ddl_tf_starts_neither_mpi_nor_tensorflow():
     code = (
-        "import sys, ddl_tf, ddl_tf.keras.callbacks, ddl_tf.launch.cli; "
+        "import sys, ddl_tf, ddl_tf.keras.callbacks, ddl_tf.ddlrun; "
         "print('mpi4py.MPI' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    core = "import sys, ddl_tf, ddl_tf.core.engine, ddl_tf.launch.cli; print('tensorflow' in sys.modules)"
+    core = (
+        "import sys, ddl_tf, ddl_tf.core.engine, ddl_tf.ddlrun; print('tensorflow' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

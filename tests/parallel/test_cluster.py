@@ -149,7 +149,7 @@ def test_shared_memory_inside_a_node_and_the_link_between_nodes(tmp_path, root_n
 def test_ddlrun_rehearse_runs_a_job_on_virtual_nodes(tmp_path, root_namespace):
     before = set(list_namespaces(find_tools()))
     out = subprocess.run(
-        [sys.executable, "-m", "ddl_tf.launch.cli", "--rehearse", "2", "-np", "4"]
+        [sys.executable, "-m", "ddl_tf.ddlrun", "--rehearse", "2", "-np", "4"]
         + [str(WORKERS / "hello.py")],
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, mpi_env
+from tests.harness import REPO, mpi_env, mpirun_executable
 
 WORKERS = Path(__file__).parent / "workers"
 HOROVOD_IMPORT = "import horovod.tensorflow.keras as hvd\n"
@@ -70,9 +70,8 @@ def test_horovod_recipe_under_ddlrun_then_resumes_under_mpirun(tmp_path):
     events = json.loads(timeline.read_text())["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}
     # resume with plain mpirun: picks up epoch 3 on rank 0 and broadcasts it
-    mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
     cmd = [
-        mpirun,
+        mpirun_executable(),
         "-np",
         "2",
         "--oversubscribe",

@@ -1,11 +1,17 @@
 """``ddlrun``: launch a ddl_tf job through mpirun, after sanity checks.
 
+The command-line front end over the launch library (:mod:`ddl_tf.launch`:
+hosts, the mpirun command, pre-flight checks) and, for ``--rehearse``, the
+rehearsal cluster (:mod:`ddl_tf.cluster`). It imports neither TensorFlow nor
+mpi4py, so ``ddlrun --help`` and argument errors answer at once.
+
 Usage::
 
     ddlrun -np 4 -H node1:2,node2:2 python train.py --epochs 10
     ddlrun -np 4 --pseudo-nodes 2 --algo hierarchical train.py     # .py runs with this Python
     ddlrun -np 8 --hostfile hosts --topology topo.json --compression fp16 --timeline t.json train.py
     ddlrun --rehearse 2 -np 4 --link 1gbit train.py    # 2 virtual nodes on this machine (root)
+    ddlrun --version
 
 With ``--rehearse N`` the hosts are ``N`` virtual nodes that ddlrun creates
 on this machine (network namespaces joined by links shaped to ``--link``,
@@ -34,7 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddl_tf import env
+from ddl_tf import __version__, env
 from ddl_tf.config import ALGORITHMS, COMPRESSIONS, DDLConfig
 from ddl_tf.core.selection import load_policy
 from ddl_tf.core.topology import Topology, pseudo_node_names
@@ -56,7 +62,11 @@ EXIT_OK, EXIT_USAGE, EXIT_PREFLIGHT = 0, 2, 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``ddlrun`` argument parser."""
+    """The ``ddlrun`` argument parser.
+
+    Returns:
+        The parser; ``--help`` and ``--version`` exit through ``SystemExit(0)``.
+    """
     parser = argparse.ArgumentParser(
         prog="ddlrun",
         description="Launch a ddl_tf (Horovod-compatible) job through mpirun.",
@@ -64,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "failed, otherwise mpirun's exit code.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"ddlrun (tflms-ddl) {__version__}")
     parser.add_argument("-np", "-n", dest="np", type=int, help="number of ranks (default: slots)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:2,node2:2")
@@ -184,7 +195,15 @@ def _describe_topology(args: argparse.Namespace, placement: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``ddlrun``; returns the exit code (see the module docstring)."""
+    """Run ``ddlrun``.
+
+    Args:
+        argv: Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code (see the module docstring): 0, 2 for bad arguments, 3 for a
+        failed pre-flight check, otherwise mpirun's.
+    """
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
