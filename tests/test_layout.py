@@ -1,14 +1,27 @@
-"""The shape of the code: one-way dependencies, no reaching into private names, small modules.
+"""The shape of the code, checked from the source with ``ast`` (nothing is imported).
 
-Read from the source with ``ast`` (nothing is imported), so a failure names
-the file and line to fix. A *unit* is a sub-package (``tflms.plan``) or a
-top-level module (``tflms.config``); the package root, a facade of lazy
-exports, is not a unit.
+For each package (``tflms``, ``ddl_tf``):
+
+* The import graph between its units has no cycles. A unit is a
+  sub-package (``tflms.plan``, ``ddl_tf.core``) or a top-level module
+  (``tflms.config``, ``ddl_tf.ddlrun``, ... and the package itself). Imports
+  inside functions count as much as module-level ones: a lazy import hides a
+  dependency from the import-time graph, not from the design.
+* No module uses another module's private names: neither
+  ``from pkg.x import _y`` nor ``x._y`` on an imported module of the package.
+* No module is longer than :data:`MAX_LINES` lines.
+
+Then what each package's layering promises: tflms' pipeline stages depend
+only on earlier stages; ddl_tf's launch library sits below the rehearsal
+cluster and ``ddlrun``.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import networkx as nx
@@ -19,138 +32,234 @@ PACKAGES = ("tflms", "ddl_tf")
 MAX_LINES = 400
 
 
-def _modules(package: str, root: Path = REPO) -> dict[str, Path]:
-    found = {}
-    for path in sorted((root / package).rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        found[".".join(parts)] = path
-    return found
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _imports(module: str, path: Path, package: str):
-    """``(imported module, names, line)`` for every import of ``package`` in the file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    is_package = path.name == "__init__.py"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == package:
-                    yield alias.name, (), node.lineno
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative import
-                anchor = module.split(".") if is_package else module.split(".")[:-1]
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            if base.split(".")[0] == package:
-                yield base, tuple(a.name for a in node.names), node.lineno
+@dataclass(frozen=True)
+class Import:
+    """One import of a module of the package: who, where, what."""
+
+    importer: str
+    line: int
+    target: str
+    name: str | None  # the name imported from ``target`` (None: the module itself)
+    bound: str | None  # the local name it is bound to when it is a module of the package
 
 
-def _unit(module: str) -> str | None:
-    parts = module.split(".")
-    return ".".join(parts[:2]) if len(parts) > 1 else None
+class Scan:
+    """The modules of one package under ``root`` and what they import."""
 
+    def __init__(self, package: str, root: Path = REPO):
+        self.package, self.root = package, root
+        self.modules: dict[str, Path] = {}
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            self.modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+        self.subpackages = {
+            p.name for p in (root / package).iterdir() if (p / "__init__.py").exists()
+        }
 
-def _resolve(base: str, name: str, modules: dict) -> str:
-    """``from base import name``: the module ``name`` if it is one, else ``base``."""
-    return f"{base}.{name}" if f"{base}.{name}" in modules else base
+    def where(self, module: str, line: int) -> str:
+        return f"{self.modules[module].relative_to(self.root)}:{line}"
 
+    def unit_of(self, module: str) -> str:
+        """``tflms.plan`` for ``tflms.plan.planner``; a top-level module is its own unit."""
+        parts = module.split(".")
+        if len(parts) > 1 and parts[1] in self.subpackages:
+            return ".".join(parts[:2])
+        return module
 
-def unit_cycles(package: str, root: Path = REPO) -> list[str]:
-    """Import cycles between the units of ``package``, each with the import lines closing it."""
-    modules = _modules(package, root)
-    graph = nx.DiGraph()
-    where: dict[tuple[str, str], str] = {}
-    for module, path in modules.items():
-        source = _unit(module)
-        if source is None:
-            continue
-        graph.add_node(source)
-        for base, names, line in _imports(module, path, package):
-            for target_module in [_resolve(base, n, modules) for n in names] or [base]:
-                target = _unit(target_module)
-                if target is None or target == source:
+    @cached_property
+    def trees(self) -> dict[str, ast.Module]:
+        return {m: ast.parse(p.read_text(), str(p)) for m, p in self.modules.items()}
+
+    def _absolute(self, importer: str, node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        is_pkg = self.modules[importer].name == "__init__.py"
+        package = importer if is_pkg else importer.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        return f"{package}.{node.module}" if node.module else package
+
+    def _longest_module(self, dotted: str) -> str | None:
+        while dotted and dotted not in self.modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    def imports_of(self, module: str, tree: ast.Module) -> Iterator[Import]:
+        """Every import of a module of the package, at any depth, plus literal import_module()."""
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    target = self._longest_module(alias.name)
+                    if target is None:
+                        continue
+                    # `import pkg.a.b` binds `pkg`; `... as e` binds the module itself
+                    bound = alias.asname or alias.name.partition(".")[0]
+                    yield Import(module, node.lineno, target, None, bound)
+            elif isinstance(node, ast.ImportFrom):
+                base = self._absolute(module, node)
+                if base.partition(".")[0] != self.package:
                     continue
-                graph.add_edge(source, target)
-                where.setdefault((source, target), f"{path.relative_to(root)}:{line}")
-    return [
-        " -> ".join([*c, c[0]])
-        + "  ("
-        + ", ".join(where[(a, b)] for a, b in zip(c, [*c[1:], c[0]], strict=True))
-        + ")"
-        for c in sorted(nx.simple_cycles(graph), key=len)
-    ]
+                for alias in node.names:
+                    submodule = f"{base}.{alias.name}"
+                    local = alias.asname or alias.name
+                    if submodule in self.modules:
+                        yield Import(module, node.lineno, submodule, None, local)
+                    else:
+                        target = self._longest_module(base)
+                        yield Import(module, node.lineno, target, alias.name, None)
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute | ast.Name)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and node.args[0].value in self.modules
+            ):
+                yield Import(module, node.lineno, node.args[0].value, None, None)
+
+    def private_uses(self, module: str, tree: ast.Module) -> Iterator[str]:
+        """``from pkg.x import _y`` and ``x._y`` on names bound to modules of the package."""
+        found = list(self.imports_of(module, tree))
+        for imp in found:
+            if imp.name is not None and _is_private(imp.name) and imp.target != module:
+                yield f"{self.where(module, imp.line)}: imports {imp.target}.{imp.name}"
+        bound: dict[str, str] = {}
+        for imp in found:
+            if imp.bound is not None:
+                # `import pkg.a.b` binds the top package name, `as x` the module itself
+                bound[imp.bound] = imp.target if imp.bound != self.package else self.package
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not isinstance(node.ctx, ast.Load):
+                continue
+            chain = _dotted(node)
+            if not chain or chain[0] not in bound:
+                continue
+            owner = bound[chain[0]]
+            for attr in chain[1:]:
+                if f"{owner}.{attr}" in self.modules:
+                    owner = f"{owner}.{attr}"
+                    continue
+                if _is_private(attr) and owner != module:
+                    yield f"{self.where(module, node.lineno)}: uses {owner}.{attr}"
+                break
+
+    @cached_property
+    def unit_graph(self) -> nx.DiGraph:
+        """Units as nodes; an edge per unit pair, with the import sites that create it."""
+        graph = nx.DiGraph()
+        graph.add_nodes_from({self.unit_of(m) for m in self.modules})
+        for module, tree in self.trees.items():
+            for imp in self.imports_of(module, tree):
+                a, b = self.unit_of(module), self.unit_of(imp.target)
+                if a == b:
+                    continue
+                if not graph.has_edge(a, b):
+                    graph.add_edge(a, b, sites={})
+                site = f"{self.where(module, imp.line)} imports {imp.target}"
+                graph.edges[a, b]["sites"][site] = None
+        return graph
+
+    def cycles(self) -> list[str]:
+        """Each import cycle between units, with the import sites that close it."""
+        graph = self.unit_graph
+        report = []
+        for cycle in sorted(nx.simple_cycles(graph), key=len):
+            report.append(" -> ".join([*cycle, cycle[0]]))
+            for a, b in zip(cycle, [*cycle[1:], cycle[0]], strict=True):
+                report.extend(f"    {site}" for site in graph.edges[a, b]["sites"])
+        return report
 
 
-@pytest.mark.parametrize("package", ["tflms"])
-def test_sub_packages_depend_on_each_other_one_way(package):
-    cycles = unit_cycles(package)
-    assert not cycles, "import cycles between units:\n" + "\n".join(cycles[:5])
+def _dotted(node: ast.expr) -> list[str] | None:
+    names: list[str] = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(names)]
 
 
-def test_the_cycle_check_sees_function_level_and_relative_imports(tmp_path):
+@pytest.fixture(scope="module", params=PACKAGES)
+def scan(request) -> Scan:
+    return Scan(request.param)
+
+
+def test_units_import_each_other_one_way_only(scan):
+    cycles = scan.cycles()
+    assert not cycles, (
+        f"import cycle(s) between {scan.package} units (a sub-package or a top-level module); "
+        "move the shared code down a layer or the caller up one:\n" + "\n".join(cycles[:40])
+    )
+
+
+def test_no_module_uses_another_modules_private_names(scan):
+    bad = [use for module, tree in scan.trees.items() for use in scan.private_uses(module, tree)]
+    assert not bad, (
+        f"private names used across {scan.package} modules; make them public (no underscore, "
+        "in __all__) or move the code that needs them:\n" + "\n".join(bad)
+    )
+
+
+def test_no_module_is_over_the_line_budget(scan):
+    long = {
+        str(path.relative_to(REPO)): n
+        for path in scan.modules.values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, (
+        f"modules over {MAX_LINES} lines: {long}; split each into modules of one concept "
+        "(see /work/shared/CONVENTIONS.md, rule 1)."
+    )
+
+
+TFLMS_STAGES = ("graph", "plan", "apply", "simulation", "tuning", "saved_model", "cli")
+"""tflms' pipeline, in order: a stage may use earlier stages, never later ones."""
+
+
+def test_the_tflms_pipeline_is_visible_and_flows_one_way():
+    scan = Scan("tflms")
+    assert set(TFLMS_STAGES) <= scan.subpackages, "ls tflms shows the pipeline"
+    graph = scan.unit_graph
+    for i, early in enumerate(TFLMS_STAGES):
+        for late in TFLMS_STAGES[i + 1 :]:
+            assert not nx.has_path(graph, f"tflms.{early}", f"tflms.{late}"), (early, late)
+    for base in ("tflms.config", "tflms.errors", "tflms.units", "tflms.devices", "tflms.hardware"):
+        assert not any(nx.has_path(graph, base, f"tflms.{stage}") for stage in TFLMS_STAGES), (
+            f"{base} is a base module; it must not depend on a pipeline stage"
+        )
+
+
+def test_the_ddl_tf_launch_library_sits_below_the_cluster_and_ddlrun():
+    graph = Scan("ddl_tf").unit_graph
+    assert not nx.has_path(graph, "ddl_tf.launch", "ddl_tf.cluster")
+    assert not nx.has_path(graph, "ddl_tf.core", "ddl_tf.launch")
+    assert graph.has_edge("ddl_tf.ddlrun", "ddl_tf.launch")
+    assert graph.has_edge("ddl_tf.ddlrun", "ddl_tf.cluster")
+    assert graph.in_degree("ddl_tf.ddlrun") == 0, "nothing builds on the command-line front end"
+
+
+def test_the_checks_see_function_level_relative_and_private_uses(tmp_path):
     pkg = tmp_path / "demo"
     for folder in (pkg, pkg / "low", pkg / "high"):
         folder.mkdir()
         (folder / "__init__.py").write_text("")
     (pkg / "low" / "a.py").write_text("def f():\n    from demo.high import b\n")
-    (pkg / "high" / "b.py").write_text("from ..low import a\n")
-    (pkg / "util.py").write_text("import demo.low.a\n")
-    assert unit_cycles("demo", tmp_path) == [
-        "demo.low -> demo.high -> demo.low  (demo/low/a.py:2, demo/high/b.py:1)"
+    (pkg / "high" / "b.py").write_text(
+        "from ..low import a\nfrom demo.low.a import _hidden\nimport demo.util as u\n"
+        "import demo.low.a\nx = u._secret, demo.low.a._other, u.public\n"
+    )
+    (pkg / "util.py").write_text("")
+    scan = Scan("demo", tmp_path)
+    assert scan.cycles()[0] == "demo.low -> demo.high -> demo.low"
+    tree = scan.trees["demo.high.b"]
+    assert [u.split(": ", 1)[1] for u in scan.private_uses("demo.high.b", tree)] == [
+        "imports demo.low.a._hidden",
+        "uses demo.util._secret",
+        "uses demo.low.a._other",
     ]
-
-
-@pytest.mark.parametrize("package", ["tflms"])
-def test_no_module_uses_another_modules_private_names(package):
-    modules = _modules(package)
-    problems = []
-    for module, path in modules.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        bound: dict[str, str] = {}  # local name -> package module it refers to
-        for base, names, line in _imports(module, path, package):
-            for name in names:
-                target = _resolve(base, name, modules)
-                if target != base:
-                    bound[name] = target
-                elif name.startswith("_") and base != module:
-                    problems.append(f"{path.relative_to(REPO)}:{line} imports {base}.{name}")
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname and alias.name in modules:
-                        bound[alias.asname] = alias.name
-            elif isinstance(node, ast.ImportFrom):
-                for alias in node.names:
-                    if alias.asname and alias.name in bound:
-                        bound[alias.asname] = bound.pop(alias.name)
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id in bound
-                and node.attr.startswith("_")
-                and not node.attr.startswith("__")
-            ):
-                problems.append(
-                    f"{path.relative_to(REPO)}:{node.lineno} uses {bound[node.value.id]}.{node.attr}"
-                )
-    assert not problems, "private names used across modules:\n" + "\n".join(problems)
-
-
-@pytest.mark.parametrize("package", ["tflms"])
-def test_no_module_is_over_400_lines(package):
-    long = {
-        str(path.relative_to(REPO)): n
-        for path in _modules(package).values()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
-
-
-def test_the_pipeline_is_visible_in_the_tree():
-    entries = {p.name for p in (REPO / "tflms").iterdir() if not p.name.startswith("__")}
-    for stage in ("graph", "plan", "apply", "simulation", "tuning", "saved_model", "cli"):
-        assert stage in entries and (REPO / "tflms" / stage / "__init__.py").exists()
