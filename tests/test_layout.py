@@ -152,7 +152,7 @@ class Scan:
     def unit_graph(self) -> nx.DiGraph:
         """Units as nodes; an edge per unit pair, with the import sites that create it."""
         graph = nx.DiGraph()
-        graph.add_nodes_from({self.unit_of(m) for m in self.modules})
+        graph.add_nodes_from(sorted({self.unit_of(m) for m in self.modules}))
         for module, tree in self.trees.items():
             for imp in self.imports_of(module, tree):
                 a, b = self.unit_of(module), self.unit_of(imp.target)
@@ -168,7 +168,9 @@ class Scan:
         """Each import cycle between units, with the import sites that close it."""
         graph = self.unit_graph
         report = []
-        for cycle in sorted(nx.simple_cycles(graph), key=len):
+        for found in sorted(nx.simple_cycles(graph), key=len):
+            start = found.index(min(found))  # the same rotation every run
+            cycle = found[start:] + found[:start]
             report.append(" -> ".join([*cycle, cycle[0]]))
             for a, b in zip(cycle, [*cycle[1:], cycle[0]], strict=True):
                 report.extend(f"    {site}" for site in graph.edges[a, b]["sites"])
