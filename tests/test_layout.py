@@ -258,7 +258,7 @@ def test_the_checks_see_function_level_relative_and_private_uses(tmp_path):
     )
     (pkg / "util.py").write_text("")
     scan = Scan("demo", tmp_path)
-    assert scan.cycles()[0] == "demo.low -> demo.high -> demo.low"
+    assert scan.cycles()[0] == "demo.high -> demo.low -> demo.high"
     tree = scan.trees["demo.high.b"]
     assert [u.split(": ", 1)[1] for u in scan.private_uses("demo.high.b", tree)] == [
         "imports demo.low.a._hidden",
