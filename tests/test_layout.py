@@ -19,6 +19,7 @@ cluster and ``ddlrun``.
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -265,3 +266,21 @@ def test_the_checks_see_function_level_relative_and_private_uses(tmp_path):
         "uses demo.util._secret",
         "uses demo.low.a._other",
     ]
+
+
+def test_no_exported_name_is_also_a_submodule_name(scan):
+    """``pkg.name`` must mean one thing: importing a submodule ``pkg/name.py`` would
+    replace the exported function ``pkg.name`` with the module (a lazy export
+    then breaks depending on import order)."""
+    clashes = []
+    for module, path in scan.modules.items():
+        if path.name != "__init__.py":
+            continue
+        package = importlib.import_module(module)
+        exported = set(getattr(package, "__all__", ()))
+        children = {m.rpartition(".")[2] for m in scan.modules if m.rpartition(".")[0] == module}
+        for name in sorted(exported & children):
+            value = getattr(package, name)
+            if getattr(value, "__name__", None) != f"{module}.{name}":  # not the module itself
+                clashes.append(f"{module}.{name}")
+    assert not clashes, f"exported names that are also submodules (rename the module): {clashes}"
