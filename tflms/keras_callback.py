@@ -1,34 +1,64 @@
 """LMSCallback: Large Model Support for Keras 3 ``fit``.
 
-On ``on_train_begin`` the callback wraps the model's ``train_step`` so that,
-at the end of tracing, the train function's own graph (a ``FuncGraph``) is
-analysed, planned, rewritten in place and validated; then it rebuilds the
-train function (``make_train_function(force=True)``), which Keras 3 reads on
-every step. ``evaluate``/``predict`` are untouched. On ``on_train_end`` the
-model gets its own ``train_step`` back, so a later ``fit`` without the
-callback trains without LMS.
+At the first training step the callback builds the model's train function
+around a *rewriting* train step: when TensorFlow traces it, the train
+function's own graph (a ``FuncGraph``) is analysed, planned, rewritten in
+place and validated, sized for the batch ``fit`` feeds. ``evaluate`` and
+``predict`` are untouched. Whatever ends the ``fit`` - success, a plan that
+does not fit, an error in another callback or in validation, Ctrl-C - the
+model comes out as it went in (see :mod:`tflms.keras_session`), so a later
+``fit`` without the callback trains without LMS.
 
-XLA clusters swallow device placement, so LMS cannot work inside them: an
-XLA setting Keras chose by itself (``jit_compile="auto"`` on a GPU machine) is
-turned off with a warning; ``jit_compile=True`` forced by the user is refused.
+XLA clusters swallow device placement, so LMS cannot work inside them: a
+model compiled for XLA is refused with the fix (``jit_compile=False``).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
+import weakref
+from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
 
 from tflms.config import LMSConfig
+from tflms.devices import check_local_device
 from tflms.errors import ConfigError
+from tflms.keras_session import FitSession, check_xla, fit_batch_size, fit_frame
 from tflms.lms import LMS, resolve_config
 from tflms.plan.swap_plan import SwapPlan
 
-__all__ = ["LMSCallback"]
+__all__ = ["LMSCallback", "Trace"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Trace:
+    """One traced train step of a fit: its plan, its auto-tuning, and whether it runs.
+
+    Attributes:
+        plan: the plan applied to the traced graph.
+        tuning: the :class:`~tflms.tuning.autotuner.AutotuneResult` (with a budget).
+        view: the analysis view of the graph before the rewrite.
+    """
+
+    plan: SwapPlan
+    tuning: object = None
+    view: object = None
+    _graph: weakref.ref = field(default=None, repr=False)
+
+    @property
+    def in_use(self) -> bool:
+        """Whether TensorFlow kept the traced function (its graph is still alive).
+
+        TensorFlow may trace a step and throw the trace away (a retrace with a
+        relaxed shape replaces it); only kept traces run.
+        """
+        return self._graph is not None and self._graph() is not None
 
 
 class _RewritingTrainStep:
@@ -47,8 +77,9 @@ class _RewritingTrainStep:
                 "Compile the model with run_eagerly=False."
             )
         lms = LMS(self.callback.config)
-        plan = lms.run(graph)
-        self.callback._add_plan(plan, lms.tuning, lms.view)  # noqa: SLF001
+        callback = self.callback
+        plan = lms.run(graph, batch_size=callback.batch_size, batch_source=callback.batch_source)
+        self.callback._add_trace(Trace(plan, lms.tuning, lms.view, weakref.ref(graph)))  # noqa: SLF001
         return outputs
 
 
@@ -63,31 +94,33 @@ class LMSCallback(keras.callbacks.Callback):
             :func:`tflms.autotune`): no swaps when the step fits, the plan
             with the lowest predicted overhead otherwise, and a
             :class:`~tflms.errors.PlanInfeasibleError` before training if
-            nothing fits.
+            nothing fits. Tensors are sized for the batch ``fit`` feeds (its
+            ``batch_size``, the dataset's element spec, or its first batch);
+            ``batch_size`` in the config wins, and is needed when none of
+            those says.
         verbose: 0 is silent; 1 prints the plan summary (and the auto-tuning
             verdict) when the train function is traced.
+        **overrides: :class:`~tflms.LMSConfig` fields.
+
+    Raises:
+        ConfigError: an option is invalid (at construction), or at the start
+            of ``fit``: the model runs eagerly, is compiled for XLA, the
+            backend is not TensorFlow, a device option names no device of
+            this machine, or the batch size cannot be known.
 
     Attributes:
-        plans: one :class:`~tflms.SwapPlan` per traced train graph, in trace
-            order. TensorFlow traces more than once: a first trace that
-            creates optimizer variables is discarded, and a smaller last
-            batch may cause a retrace with a relaxed batch dimension.
-        plan: the plan of the most recent trace - the graph in use
-            (``None`` before training).
-        tunings: with ``memory_budget``, the
-            :class:`~tflms.tuning.autotuner.AutotuneResult` of each trace.
-        view: the analysis view of the most recent traced step (see
-            :meth:`simulate`).
+        traces: one :class:`Trace` per train step traced during the last
+            ``fit``, in trace order.
 
     Example:
         >>> import keras, numpy as np, tflms
         >>> model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
         ...                           keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)])
-        >>> model.compile("sgd", "mse")
-        >>> lms = tflms.LMSCallback(swapout_threshold=4, min_tensor_bytes=0, batch_size=8)
+        >>> model.compile("sgd", "mse", jit_compile=False)
+        >>> lms = tflms.LMSCallback(swapout_threshold=4, min_tensor_bytes=0)
         >>> _ = model.fit(np.ones((16, 32)), np.ones((16, 1)), batch_size=8, verbose=0, callbacks=[lms])
-        >>> len(lms.plan.swaps) > 0
-        True
+        >>> len(lms.plan.swaps) > 0, lms.plan.batch_size
+        (True, 8)
     """
 
     def __init__(self, config: LMSConfig | None = None, verbose: int = 0, **overrides):
@@ -98,25 +131,56 @@ class LMSCallback(keras.callbacks.Callback):
                 f"LMSCallback verbose must be an int >= 0. Received verbose={verbose!r}."
             )
         self.verbose = verbose
-        self.plans: list[SwapPlan] = []
-        self.tunings: list = []
-        self.view = None
-        self._original_train_step = None
+        self.traces: list[Trace] = []
+        self.batch_size: int | None = None
+        """The batch size tensors are sized for in the last ``fit``."""
+        self.batch_source: str | None = None
+        """Where :attr:`batch_size` came from (or why it is unknown)."""
+        self._session: FitSession | None = None
+
+    # -------------------------------------------------------------- results
+    @property
+    def plans(self) -> list[SwapPlan]:
+        """The plans of :attr:`traces`, in trace order."""
+        return [t.plan for t in self.traces]
+
+    @property
+    def tunings(self) -> list:
+        """With ``memory_budget``: the auto-tuning result of each trace."""
+        return [t.tuning for t in self.traces if t.tuning is not None]
+
+    @property
+    def trace(self) -> Trace | None:
+        """The trace in use: the latest one TensorFlow kept (``None`` before ``fit``)."""
+        if len(self.traces) > 1:
+            gc.collect()  # discarded traces hold reference cycles
+        kept = [t for t in self.traces if t.in_use]
+        return (kept or self.traces or [None])[-1]
 
     @property
     def plan(self) -> SwapPlan | None:
-        return self.plans[-1] if self.plans else None
+        """The plan of the train step in use (``None`` before ``fit``)."""
+        return self.trace.plan if self.trace is not None else None
 
     @property
     def tuning(self):
-        """The auto-tuning result of the most recent trace (``None`` without a budget)."""
-        return self.tunings[-1] if self.tunings else None
+        """The auto-tuning result of the train step in use (``None`` without a budget)."""
+        return self.trace.tuning if self.trace is not None else None
+
+    @property
+    def view(self):
+        """The analysis view of the train step in use (see :meth:`simulate`)."""
+        return self.trace.view if self.trace is not None else None
 
     def simulate(self, **kwargs):
-        """Simulate the traced train step without and with :attr:`plan`.
+        """Simulate the train step in use without and with :attr:`plan`.
 
-        Keyword arguments go to :func:`tflms.simulate` (``device``, ``link``,
-        ``accounting``). Every figure of the result is simulated.
+        Args:
+            **kwargs: passed to :func:`tflms.simulate` (``device``, ``link``,
+                ``accounting``).
+
+        Returns:
+            The :class:`~tflms.simulation.simulator.SimulationResult`; every figure is simulated.
 
         Raises:
             ConfigError: no train function was traced yet.
@@ -128,87 +192,75 @@ class LMSCallback(keras.callbacks.Callback):
         return simulate(self.view, self.plan, **kwargs)
 
     def summary(self) -> str:
-        """Readable report of the plan(s): tensors, bytes, per layer."""
-        if not self.plans:
+        """Readable report of each traced step's plan, saying which one runs.
+
+        Returns:
+            The plan summaries, each headed by whether its trace is in use.
+        """
+        if not self.traces:
             return "LMSCallback: no train function traced yet (call fit first)."
-        return "\n".join(p.summary() for p in self.plans)
+        in_use = self.trace
+        blocks = []
+        for k, t in enumerate(self.traces, 1):
+            status = (
+                "in use"
+                if t is in_use
+                else "kept by TensorFlow (another input shape)"
+                if t.in_use
+                else "discarded by TensorFlow (never ran)"
+            )
+            head = f"trace {k} of {len(self.traces)} ({status}):" if len(self.traces) > 1 else ""
+            blocks.append((head + "\n" if head else "") + t.plan.summary())
+        return "\n".join(blocks)
 
     # ----------------------------------------------------------------- hooks
     def on_train_begin(self, logs=None):
+        """Check the model and find the batch size; nothing on the model changes yet."""
         model = self.model
         if keras.backend.backend() != "tensorflow":
             raise ConfigError(
-                f"LMSCallback rewrites TensorFlow graphs; the Keras backend is {keras.backend.backend()!r}. "
-                "Set KERAS_BACKEND=tensorflow before importing keras."
+                f"LMSCallback rewrites TensorFlow graphs; the Keras backend is "
+                f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow before importing keras."
             )
         if model.run_eagerly:
             raise ConfigError(
                 "LMSCallback needs a traced train function, but the model runs eagerly. "
                 "Compile it with run_eagerly=False."
             )
-        _turn_off_xla(model)
-        self.plans = []
-        self.tunings = []
-        self.view = None
-        step = model.train_step
-        if isinstance(step, _RewritingTrainStep):  # left over from an interrupted fit
-            step = step.original
-        self._original_train_step = step
-        model.train_step = _RewritingTrainStep(step, self)
-        model.make_train_function(force=True)
+        check_xla(model)
+        check_local_device("host_device", self.config.host_device)
+        check_local_device("device", self.config.device)
+        if self._session is not None:  # left over from an interrupted fit
+            self._session.restore()
+        self.traces = []
+        frame = fit_frame(model)
+        self.batch_size, self.batch_source = (
+            (self.config.batch_size, "LMSConfig.batch_size")
+            if self.config.batch_size is not None
+            else fit_batch_size(frame)
+        )
+        self._session = FitSession(model)
+        caller = sys._getframe(1).f_locals.get("self")  # noqa: SLF001 - the fit's CallbackList
+        self._session.guard_hooks(caller)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        """Install the rewriting train function at the first step."""
+        session = self._session
+        if session is not None and not session.closed and not session.installed:
+            session.install(_RewritingTrainStep(self.model.train_step, self))
 
     def on_train_end(self, logs=None):
-        self._restore()
+        """Give the model its own train function back."""
+        if self._session is not None:
+            self._session.restore()
+            self._session = None
 
     # -------------------------------------------------------------- internals
-    def _add_plan(self, plan: SwapPlan, tuning=None, view=None) -> None:
-        self.view = view
-        self.plans.append(plan)
-        if tuning is not None:
-            self.tunings.append(tuning)
+    def _add_trace(self, trace: Trace) -> None:
+        self.traces.append(trace)
         if self.verbose > 0:
-            text = plan.summary()
-            if tuning is not None:
-                text = tuning.summary() + ("\n" + text if plan.swaps else "")
+            text = trace.plan.summary()
+            if trace.tuning is not None:
+                text = trace.tuning.summary() + ("\n" + text if trace.plan.swaps else "")
             sys.stdout.write(text + "\n")
             sys.stdout.flush()
-
-    def _restore(self) -> None:
-        model = self.model
-        if model is None or self._original_train_step is None:
-            return
-        if "train_step" in vars(model) and isinstance(
-            vars(model)["train_step"], _RewritingTrainStep
-        ):
-            original = self._original_train_step
-            if getattr(original, "__self__", None) is model and getattr(
-                original, "__func__", None
-            ) is getattr(type(model), "train_step", None):
-                del model.train_step  # the class's own method again
-            else:
-                model.train_step = original
-        model.train_function = None  # the next fit builds a plain one (or re-rewrites)
-        self._original_train_step = None
-
-
-def _turn_off_xla(model) -> None:
-    if tf.config.optimizer.get_jit():
-        raise ConfigError(
-            f"TensorFlow XLA auto-clustering is on (tf.config.optimizer.get_jit()="
-            f"{tf.config.optimizer.get_jit()!r}); XLA clusters ignore the host placement of swap ops. "
-            "Call tf.config.optimizer.set_jit(False) (and unset TF_XLA_FLAGS) before training with LMS."
-        )
-    if not model.jit_compile:
-        return
-    resolve = getattr(model, "_resolve_auto_jit_compile", None)
-    chosen_by_keras = bool(resolve and resolve())
-    if not chosen_by_keras:
-        raise ConfigError(
-            "The model was compiled with jit_compile=True, but XLA ignores the host placement of "
-            "LMS swap ops. Compile with jit_compile=False to train with LMSCallback."
-        )
-    logger.warning(
-        "LMSCallback: turning off XLA for the train function (Keras enabled it with "
-        "jit_compile='auto'); XLA clusters would ignore the swap ops' host placement."
-    )
-    model.jit_compile = False

@@ -38,8 +38,9 @@ import tensorflow as tf
 from tflms.apply.core import apply_plan
 from tflms.apply.validation import validate
 from tflms.config import LMSConfig
-from tflms.errors import AlreadyRewrittenError, ConfigError
-from tflms.graph.view import build_view
+from tflms.devices import check_local_device
+from tflms.errors import AlreadyRewrittenError, ConfigError, UnsupportedGraphError
+from tflms.graph.view import build_view, require_batch_size
 from tflms.plan.planner import make_plan
 from tflms.plan.swap_plan import SwapPlan
 
@@ -74,16 +75,43 @@ class LMS:
         self.view = None  # the analysis view of the last graph planned (before any rewrite)
 
     @tf.autograph.experimental.do_not_convert
-    def plan(self, graph: tf.Graph) -> SwapPlan:
+    def plan(
+        self, graph: tf.Graph, *, batch_size: int | None = None, batch_source: str | None = None
+    ) -> SwapPlan:
         """Analyse ``graph`` and return a plan without changing anything.
 
         With ``memory_budget`` set, the plan is the one :func:`tflms.autotune`
         picks (kept in :attr:`tuning`); it has no swaps if the step fits.
 
+        Args:
+            graph: a ``tf.Graph`` or ``FuncGraph`` of this process.
+            batch_size: the batch each step sees, when the graph leaves it
+                open (``LMSConfig.batch_size`` wins).
+            batch_source: where ``batch_size`` came from, for the plan's notes.
+
+        Returns:
+            The :class:`SwapPlan` (possibly without swaps; its notes say why).
+
         Raises:
+            ConfigError: a device option names no device of this machine, or
+                the batch size is unknown, so tensors could only be sized per
+                sample.
+            UnsupportedGraphError: the graph has no ops.
             PlanInfeasibleError: with ``memory_budget``, no plan fits.
         """
-        return self._plan(build_view(graph, config=self.config))
+        return self._plan(self._view(graph, batch_size, batch_source))
+
+    def _view(self, graph, batch_size, batch_source):
+        _check_graph(graph)
+        check_local_device("host_device", self.config.host_device)
+        check_local_device("device", self.config.device)
+        if self.config.batch_size is not None:  # the user's setting wins over a detected size
+            batch_size = batch_source = None
+        view = build_view(
+            graph, config=self.config, batch_size=batch_size, batch_source=batch_source
+        )
+        require_batch_size(view, fix="LMSConfig(batch_size=N)", reason=batch_source)
+        return view
 
     def _plan(self, view) -> SwapPlan:
         self.view = view
@@ -95,15 +123,27 @@ class LMS:
         return self.tuning.plan
 
     @tf.autograph.experimental.do_not_convert
-    def run(self, graph: tf.Graph) -> SwapPlan:
+    def run(
+        self, graph: tf.Graph, *, batch_size: int | None = None, batch_source: str | None = None
+    ) -> SwapPlan:
         """Plan, rewrite ``graph`` in place, validate it, and return the plan.
 
+        Args:
+            graph: a ``tf.Graph`` or ``FuncGraph`` of this process, still
+                being built (for a ``FuncGraph``: before tracing ends).
+            batch_size: the batch each step sees, as for :meth:`plan`.
+            batch_source: where ``batch_size`` came from, for the plan's notes.
+
+        Returns:
+            The :class:`SwapPlan` that was applied.
+
         Raises:
+            ConfigError, UnsupportedGraphError: as for :meth:`plan`.
             AlreadyRewrittenError: ``graph`` already holds tflms swap ops.
             ValidationError: the rewritten graph breaks an invariant.
             PlanInfeasibleError: with ``memory_budget``, no plan fits.
         """
-        view = build_view(graph, config=self.config)
+        view = self._view(graph, batch_size, batch_source)
         rewritten = [n for n, d in view.nodes(data=True) if d["tflms"]]
         if rewritten:
             raise AlreadyRewrittenError(
@@ -117,3 +157,25 @@ class LMS:
         apply_plan(graph, plan)
         validate(graph, plan)
         return plan
+
+
+def _check_graph(graph) -> None:
+    if not isinstance(graph, tf.Graph):
+        raise UnsupportedGraphError(
+            f"LMS needs a tf.Graph or FuncGraph, got {type(graph).__name__}. For a tf.function "
+            "use tflms.function; for a Keras model, tflms.LMSCallback."
+        )
+    if not graph.get_operations():
+        eager = tf.executing_eagerly() and graph is tf.compat.v1.get_default_graph()
+        raise UnsupportedGraphError(
+            f"The graph {getattr(graph, 'name', '') or ''!r} has no ops, so there is nothing to "
+            "plan."
+            + (
+                " TensorFlow 2 runs eagerly: ops do not go into the default graph. Did you mean "
+                "to build the model inside `with graph.as_default():` (or call "
+                "tf.compat.v1.disable_eager_execution() first, for Session code), "
+                "@tflms.function for a tf.function, or tflms.LMSCallback for Keras?"
+                if eager
+                else " Build the model into this graph before calling LMS."
+            )
+        )

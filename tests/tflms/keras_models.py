@@ -7,6 +7,8 @@ give the same initial weights and data.
 
 from __future__ import annotations
 
+from tensorflow.python.eager import context
+
 from tflms import zoo
 
 BATCH = 4
@@ -32,3 +34,31 @@ def _with_data(build):
 MODELS = {name: _with_data(build) for name, build in SIZES.items()}
 mlp = MODELS["mlp"]
 cnn_bn = MODELS["cnn_bn"]
+
+
+def registered_swap_ops() -> set[str]:
+    """Names of tflms swap ops in the train functions registered with the eager context."""
+    ctx = context.context()
+    found = set()
+    for name in ctx.list_function_names():
+        if "one_step_on_data" in name:
+            found.update(
+                n.name for n in ctx.get_function_def(name).node_def if "lms/swap" in n.name
+            )
+    return found
+
+
+def swap_ops_in(train_function) -> set[str]:
+    """Names of tflms swap ops in the graphs a Keras train function has traced.
+
+    Keras 3 returns a plain closure over its ``tf.function`` steps; their
+    concrete functions (and the functions nested in them) are searched.
+    """
+    found = set()
+    for cell in train_function.__closure__ or ():
+        functions = getattr(cell.cell_contents, "_list_all_concrete_functions", None)
+        for concrete in functions() if functions else ():
+            graph_def = concrete.graph.as_graph_def()
+            nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+            found.update(n.name for n in nodes if "lms/swap" in n.name)
+    return found

@@ -19,7 +19,8 @@ import numpy as np
 import tensorflow as tf
 
 BATCH, WIDTH, DEPTH = 32, 256, 6
-SWAP_FLAGS = ["--swapout-threshold", "3", "--swapin-ahead", "2", "--min-tensor-bytes", "0"]
+PLAN_FLAGS = ["--swapout-threshold", "3", "--swapin-ahead", "2", "--min-tensor-bytes", "0"]
+SWAP_FLAGS = [*PLAN_FLAGS, "--batch-size", str(BATCH)]
 """CLI flags that make the tiny test models swap."""
 
 

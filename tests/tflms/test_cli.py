@@ -61,7 +61,7 @@ def assert_error(result, code, *fragments):
 
 
 def test_analyze_reports_graphs_plan_and_untouched_functions(run, models):
-    code, out, _ = run("analyze", models["tf2"], *sm.SWAP_FLAGS)
+    code, out, _ = run("analyze", models["tf2"], *sm.PLAN_FLAGS)  # its batch is static
     assert code == ExitCode.OK
     assert "TF2 SavedModel" in out
     assert "function __inference_train_" in out and "batch 32 (from input signature)" in out
@@ -194,8 +194,9 @@ def test_nothing_to_swap_exits_6_and_writes_nothing(run, models, tmp_path, key):
 
 def test_a_training_graph_with_nothing_worth_swapping_exits_6(run, models, tmp_path):
     code, _, err = run(
-        "rewrite", models["graph_def"], tmp_path / "out.pb", "--swapout-threshold", "500"
-    )
+        "rewrite", models["graph_def"], tmp_path / "out.pb", "--swapout-threshold", "500",
+        "--batch-size", "32",
+    )  # fmt: skip
     assert code == ExitCode.NOTHING_TO_SWAP and "--swapout-threshold" in err
 
 
@@ -272,8 +273,9 @@ def test_config_file_and_flag_precedence(run, models, tmp_path):
         json.dumps({"swapout_threshold": 3, "min_tensor_bytes": 0, "swapin_ahead": 2})
     )
     code, out, _ = run(
-        "analyze", models["tf1"], "--json", "--config", config, "--swapin-ahead", "1"
-    )
+        "analyze", models["tf1"], "--json", "--config", config, "--swapin-ahead", "1",
+        "--batch-size", "32",
+    )  # fmt: skip
     assert code == ExitCode.OK
     data = json.loads(out)["config"]
     assert (data["swapout_threshold"], data["swapin_ahead"]) == (3, 1)
@@ -348,3 +350,10 @@ def test_the_installed_console_script(models, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "tensors swapped" in done.stdout and "Traceback" not in done.stderr
     assert sm.train_tf2(dst)[0] == sm.train_tf2(models["tf2"])[0]
+
+
+def test_an_open_batch_dimension_needs_the_batch_size_flag(run, models, tmp_path):
+    result = run("rewrite", models["tf1"], tmp_path / "x", *sm.PLAN_FLAGS)
+    assert_error(result, ExitCode.USAGE, "batch size of", "is unknown", "--batch-size N")
+    assert not (tmp_path / "x").exists()
+    assert run("rewrite", models["tf1"], tmp_path / "y", *sm.SWAP_FLAGS)[0] == ExitCode.OK

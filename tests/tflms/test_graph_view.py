@@ -37,7 +37,7 @@ def test_diamond_levels_follow_the_longest_path():
 def test_batch_dimension_comes_from_config_then_signature_then_per_sample():
     g = chain_with_skip(n=3, batch=None)
     by_config = build_view(g, config=LMSConfig(batch_size=32))
-    assert by_config.graph["batch_source"] == "config"
+    assert by_config.graph["batch_source"] == "LMSConfig.batch_size"
     assert by_config.nodes["h0"]["outputs"][0].bytes == 32 * WIDTH * 4
     per_sample = build_view(g)
     assert per_sample.graph["batch_size"] is None

@@ -1,16 +1,15 @@
 """LMSCallback hooks and its behaviour inside real `fit` calls."""
 
-import logging
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tflms
-from tests.tflms.keras_models import BATCH, cnn_bn, mlp
-from tflms.errors import ConfigError
-from tflms.keras_callback import _RewritingTrainStep
+from tests.tflms.keras_models import BATCH, cnn_bn, mlp, swap_ops_in
+from tflms import zoo
+from tflms.errors import ConfigError, PlanInfeasibleError
+from tflms.keras_session import GuardedTrainFunction
 
 OPTIONS = dict(batch_size=BATCH, swapout_threshold=8, swapin_ahead=3, min_tensor_bytes=1024)
 
@@ -19,17 +18,24 @@ def weights_equal(a, b):
     return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
-def test_hooks_wrap_and_restore_the_train_step():
+def _state(model):
+    """What LMSCallback may touch: it must come out of every fit as it went in."""
+    return (vars(model).get("train_step"), model.train_function, model.jit_compile)
+
+
+def test_hooks_change_only_the_train_function_and_only_during_the_fit():
     model, _, _ = mlp(8)
+    model.make_train_function()
+    before = _state(model)
     callback = tflms.LMSCallback(**OPTIONS)
     callback.set_model(model)
     callback.on_train_begin()
-    assert isinstance(model.train_step, _RewritingTrainStep)
-    assert model.train_function is not None
+    assert _state(model) == before  # nothing changes before the first step
+    callback.on_train_batch_begin(0)
+    assert isinstance(model.train_function, GuardedTrainFunction)
+    assert "train_step" not in vars(model) and model.jit_compile is False
     callback.on_train_end()
-    assert not isinstance(model.train_step, _RewritingTrainStep)
-    assert model.train_step.__func__ is type(model).train_step
-    assert model.train_function is None
+    assert _state(model) == before
 
 
 def test_state_is_reset_so_an_instance_can_be_reused(devices):
@@ -66,44 +72,107 @@ def test_steps_per_execution_greater_than_one(devices):
     assert weights_equal(plain, model)
 
 
-def test_an_interrupted_fit_does_not_stack_wrappers(devices):
+class _Raise(keras.callbacks.Callback):
+    def __init__(self, hook, error):
+        super().__init__()
+        setattr(self, hook, self._raise)
+        self.error = error
+
+    def _raise(self, *args, **kwargs):
+        raise self.error
+
+
+FAILURES = {
+    "plan infeasible": (dict(memory_budget="1KiB"), (), {}, PlanInfeasibleError),
+    "other callback, first step": (
+        {},
+        [_Raise("on_train_batch_begin", RuntimeError("boom"))],
+        {},
+        RuntimeError,
+    ),
+    "other callback, after a step": (
+        {},
+        [_Raise("on_train_batch_end", RuntimeError("boom"))],
+        {},
+        RuntimeError,
+    ),
+    "other callback, on_train_begin": (
+        {},
+        [_Raise("on_train_begin", RuntimeError("boom"))],
+        {},
+        RuntimeError,
+    ),
+    "KeyboardInterrupt at epoch end": (
+        {},
+        [_Raise("on_epoch_end", KeyboardInterrupt())],
+        {},
+        KeyboardInterrupt,
+    ),
+    "validation error": (
+        {},
+        (),
+        {"validation_data": (np.ones((4, 3), "float32"), np.ones((4,), "int32"))},
+        ValueError,
+    ),
+    "unknown device": (dict(device="/device:GPU:9"), (), {}, ConfigError),
+}
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+def test_a_failing_fit_leaves_the_model_as_it_went_in(failure, devices):
+    options, others, fit_kwargs, error = FAILURES[failure]
     model, x, y = mlp(BATCH * 4)
-
-    class Boom(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            raise RuntimeError("interrupted")
-
-    with tf.device(devices.compute), pytest.raises(RuntimeError, match="interrupted"):
-        model.fit(
-            x, y, batch_size=BATCH, verbose=0, callbacks=[tflms.LMSCallback(**OPTIONS), Boom()]
-        )
-    assert isinstance(model.train_step, _RewritingTrainStep)  # on_train_end never ran
-    callback = tflms.LMSCallback(**OPTIONS)
+    model.make_train_function()
+    before = _state(model)
+    callbacks = [tflms.LMSCallback(**{**OPTIONS, **options}), *others]
     with tf.device(devices.compute):
-        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[callback])
-    assert callback.plan.swaps
-    assert (
-        model.train_step.__func__ is type(model).train_step
-    )  # restored, not a wrapper of a wrapper
+        try:
+            model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=callbacks, **fit_kwargs)
+        except error:
+            pass
+        else:
+            pytest.fail(f"fit did not raise {error.__name__}")
+        assert _state(model) == before
+        # a later fit without the callback trains plainly
+        history = model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    assert not isinstance(model.train_function, GuardedTrainFunction)
+    assert not swap_ops_in(model.train_function) and np.isfinite(history.history["loss"]).all()
 
 
-def test_forced_xla_is_refused():
+def test_an_escaped_failure_is_healed_by_the_next_fit(devices):
+    """If an exception escapes between the guards, the next fit restores the model first."""
+    model, x, y = mlp(BATCH * 4)
+    model.make_train_function()
+    original = model.train_function
+    callback = tflms.LMSCallback(**OPTIONS)
+    callback.set_model(model)
+    callback.on_train_begin()
+    callback.on_train_batch_begin(0)  # what fit does; then, say, Ctrl-C in Keras' own loop
+    assert isinstance(model.train_function, GuardedTrainFunction)
+    with tf.device(devices.compute):
+        model.fit(x, y, batch_size=BATCH, verbose=0)  # no callback
+    assert model.train_function is original  # put back, then run
+    assert not callback.traces  # the LMS step never traced
+
+
+def test_xla_is_refused_with_the_fix_and_the_model_is_left_alone():
     model, x, y = mlp(BATCH)
     model.compile(optimizer="sgd", loss=model.loss, jit_compile=True)
-    with pytest.raises(ConfigError, match="compiled with jit_compile=True"):
+    with pytest.raises(ConfigError, match=r"jit_compile=False: model.compile"):
         model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[tflms.LMSCallback(**OPTIONS)])
+    assert model.jit_compile is True
 
 
-def test_xla_chosen_by_keras_is_turned_off_with_a_warning(caplog, monkeypatch, devices):
+def test_xla_chosen_by_keras_on_a_gpu_machine_is_refused_too(monkeypatch):
     model, x, y = mlp(BATCH * 2)
-    # What Keras does on a GPU machine with jit_compile="auto":
+    # What Keras does on a GPU machine with jit_compile="auto": it resolves to True and
+    # stores True, indistinguishable from an explicit jit_compile=True.
     monkeypatch.setattr(model, "_resolve_auto_jit_compile", lambda: True)
-    model.jit_compile = True
-    callback = tflms.LMSCallback(**OPTIONS)
-    with caplog.at_level(logging.WARNING, logger="tflms"), tf.device(devices.compute):
-        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[callback])
-    assert "turning off XLA" in caplog.text
-    assert model.jit_compile is False and callback.plan.swaps
+    model.compile(optimizer="sgd", loss=model.loss)
+    assert model.jit_compile is True
+    with pytest.raises(ConfigError, match="jit_compile='auto', which Keras turns into True"):
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[tflms.LMSCallback(**OPTIONS)])
+    assert model.jit_compile is True
 
 
 def test_global_xla_autoclustering_is_refused():
@@ -131,7 +200,7 @@ def test_verbose_prints_the_plan_summary(capsys, devices):
         model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[callback])
     printed = capsys.readouterr().out
     assert "tflms plan for one_step_on_data" in printed and "bytes swapped per layer" in printed
-    assert callback.summary().splitlines()[0] in printed
+    assert all(plan.summary().splitlines()[0] in printed for plan in callback.plans)
 
 
 def test_silent_by_default(capsys, devices):
@@ -168,3 +237,82 @@ def test_simulate_predicts_the_traced_step_with_and_without_the_plan(devices):
         and result.device_peak_bytes <= result.baseline.device_peak_bytes
     )
     assert result.bytes_swapped_out == callback.plan.bytes_swapped
+
+
+def test_the_swap_ops_check_sees_a_rewritten_train_function(devices):
+    model, x, y = mlp(BATCH * 2)
+    seen = []
+
+    class Look(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(swap_ops_in(self.model.train_function.function))
+
+    with tf.device(devices.compute):
+        model.fit(
+            x, y, batch_size=BATCH, verbose=0, callbacks=[tflms.LMSCallback(**OPTIONS), Look()]
+        )
+    assert seen and all(seen)
+
+
+def _conv(seed=0):
+    # per sample the step peaks near 3 MiB, at batch 32 near 100 MiB (simulated)
+    return zoo.cnn(64, (32, 32, 32, 32), batch_norm=False, seed=seed)
+
+
+def test_sizes_are_those_of_the_batch_fit_feeds_not_per_sample(devices):
+    model = _conv()
+    x, y = zoo.synthetic_data(model, 40)
+    callback = tflms.LMSCallback(memory_budget="80MiB", safety_margin=0.0)
+    with tf.device(devices.compute):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[callback])
+    assert callback.batch_size == 32 and "batch_size" in callback.batch_source
+    assert callback.plan.batch_size == 32
+    assert callback.tuning.lms_needed  # the old verdict said "LMS not needed: 3 MiB"
+    assert callback.tuning.baseline.device_peak_bytes > 80 << 20
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_a_dataset_gives_its_batch_size(drop_remainder, devices):
+    model = _conv()
+    x, y = zoo.synthetic_data(model, 20)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=drop_remainder)
+    callback = tflms.LMSCallback(**{**OPTIONS, "batch_size": None})
+    with tf.device(devices.compute):
+        model.fit(data, epochs=1, verbose=0, callbacks=[callback])
+    assert callback.batch_size == 8 and callback.plan.batch_size == 8
+    expected = "element spec" if drop_remainder else "first batch of the dataset"
+    assert expected in callback.batch_source
+
+
+def test_an_unknown_batch_size_is_refused_with_the_fix(devices):
+    model = _conv()
+    x, y = zoo.synthetic_data(model, 8)
+
+    class Data(keras.utils.PyDataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return x[4 * i : 4 * i + 4], y[4 * i : 4 * i + 4]
+
+    model.make_train_function()
+    before = _state(model)
+    callback = tflms.LMSCallback(**{**OPTIONS, "batch_size": None})
+    with tf.device(devices.compute), pytest.raises(ConfigError, match=r"LMSConfig\(batch_size=N\)"):
+        model.fit(Data(), epochs=1, verbose=0, callbacks=[callback])
+    assert _state(model) == before
+    callback = tflms.LMSCallback(**{**OPTIONS, "batch_size": 4})
+    with tf.device(devices.compute):
+        model.fit(Data(), epochs=1, verbose=0, callbacks=[callback])
+    assert callback.plan.batch_size == 4
+
+
+def test_summary_says_which_trace_is_in_use(devices):
+    model, x, y = mlp(BATCH * 2)
+    callback = tflms.LMSCallback(**OPTIONS)
+    with tf.device(devices.compute):
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[callback])
+    text = callback.summary()
+    assert callback.trace.in_use and callback.plan is callback.trace.plan
+    if len(callback.traces) > 1:
+        assert f"trace {len(callback.traces)} of {len(callback.traces)} (in use" in text

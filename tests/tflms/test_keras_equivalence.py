@@ -11,10 +11,9 @@ registered for training must contain the swap ops.
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager import context
 
 import tflms
-from tests.tflms.keras_models import BATCH, MODELS
+from tests.tflms.keras_models import BATCH, MODELS, registered_swap_ops
 
 STEPS = 50
 
@@ -30,23 +29,11 @@ def _train(build, devices, callbacks=()):
     return model, history
 
 
-def _registered_swap_ops():
-    """Names of tflms swap ops in the functions registered with the eager context."""
-    ctx = context.context()
-    found = set()
-    for name in ctx.list_function_names():
-        if "one_step_on_data" not in name:
-            continue
-        fdef = ctx.get_function_def(name)
-        found.update(n.name for n in fdef.node_def if "lms/swap" in n.name)
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_training_is_bitwise_identical(name, devices):
     plain, plain_hist = _train(MODELS[name], devices)
-    before = _registered_swap_ops()
+    before = registered_swap_ops()
     callback = tflms.LMSCallback(**LMS_OPTIONS)
     swapped, lms_hist = _train(MODELS[name], devices, [callback])
 
@@ -56,7 +43,7 @@ def test_training_is_bitwise_identical(name, devices):
 
     plan = callback.plan
     assert plan is not None
-    new_ops = _registered_swap_ops() - before
+    new_ops = registered_swap_ops() - before
     if name == "lstm":
         assert any("control-flow" in note for note in plan.notes), plan.notes
         swapped_ops_in_loop = [s for s in plan.swaps if "while" in s.producer.lower()]

@@ -64,7 +64,7 @@ def test_each_trace_gets_its_own_plan():
 def test_tf_function_options_pass_through():
     spec = [tf.TensorSpec([None, 4])]
 
-    @tflms.function(input_signature=spec, reduce_retracing=True)
+    @tflms.function(config=CONFIG, input_signature=spec, reduce_retracing=True)
     def f(x):
         return tf.nn.relu(x)
 
@@ -98,3 +98,101 @@ def test_jit_compile_is_refused():
 def test_config_must_be_an_lms_config():
     with pytest.raises(ConfigError, match="config must be an LMSConfig"):
         tflms.function(lambda x: x, config={"swapin_ahead": 2})
+
+
+class _Trainer(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = tf.Variable(tf.ones([8, 8]))
+
+    @tflms.function(config=CONFIG.replace(swapout_threshold=1, min_tensor_bytes=0))
+    def step(self, x):
+        first = h = tf.nn.relu(x @ self.w)
+        for _ in range(4):
+            h = tf.nn.relu(h @ self.w)
+        return tf.reduce_sum(h * first)  # `first` lives long: worth a swap
+
+
+def test_a_bound_method_keeps_the_lms_api():
+    t = _Trainer()
+    x = tf.ones([2, 8])
+    t.step(x)
+    plan = t.step.plan_for(x)  # on the bound method, not only through the class
+    assert plan.swaps and plan in t.step.plans
+    assert isinstance(t.step, tflms.LMSFunction) and t.step.config is _Trainer.step.config
+    other = _Trainer()
+    other.step(x)  # each instance traces its own graph, with its own plan
+    assert other.step.plan_for(x) is not plan
+
+
+def test_it_behaves_like_a_tf_function():
+    spec = [tf.TensorSpec([4, 8])]
+
+    @tflms.function(input_signature=spec)
+    def f(x):
+        return tf.nn.relu(x) * 2.0
+
+    @tf.function(input_signature=spec)
+    def g(x):
+        return tf.nn.relu(x) * 2.0
+
+    assert isinstance(f, tf.types.experimental.PolymorphicFunction)
+    for name in ("input_signature", "function_spec", "python_function", "__name__", "__wrapped__"):
+        assert hasattr(f, name), name
+    assert f.input_signature == g.input_signature
+    assert f.experimental_get_tracing_count() == 0
+    np.testing.assert_array_equal(f(tf.ones([4, 8])), g(tf.ones([4, 8])))
+    assert f.experimental_get_tracing_count() == 1
+    assert f.get_concrete_function().structured_outputs.shape == [4, 8]
+
+
+def test_a_module_with_an_lms_method_exports_as_a_saved_model(tmp_path):
+    t = _Trainer()
+    x = tf.ones([2, 8])
+    expected = float(t.step(x))
+    tf.saved_model.save(t, str(tmp_path / "m"))
+    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    assert float(loaded.step(x)) == expected
+
+
+def test_an_open_batch_dimension_is_refused_unless_the_batch_size_is_given():
+    spec = [tf.TensorSpec([None, 64])]
+    options = dict(swapout_threshold=1, min_tensor_bytes=0)
+
+    def body(x):
+        h = x
+        for _ in range(4):
+            h = tf.nn.relu(h @ tf.ones([64, 64]))
+        return h + x
+
+    f = tflms.function(body, config=tflms.LMSConfig(**options), input_signature=spec)
+    with pytest.raises(
+        ConfigError, match=r"batch size of .* is unknown.*LMSConfig\(batch_size=N\)"
+    ):
+        f(tf.ones([4, 64]))
+    g = tflms.function(body, config=tflms.LMSConfig(batch_size=4, **options), input_signature=spec)
+    g(tf.ones([4, 64]))
+    assert g.plans[0].batch_size == 4
+    shaped = tflms.function(body, config=tflms.LMSConfig(**options), reduce_retracing=True)
+    shaped(tf.ones([4, 64]))  # the first trace has the call's shapes
+    assert shaped.plans[0].batch_size == 4
+
+
+def test_tf1_lms_on_an_empty_graph_says_what_to_do():
+    from tflms.errors import UnsupportedGraphError
+
+    with pytest.raises(UnsupportedGraphError, match="runs eagerly.*Did you mean"):
+        tflms.LMS().run(tf.compat.v1.get_default_graph())
+    with pytest.raises(UnsupportedGraphError, match="has no ops"):
+        tflms.LMS().run(tf.Graph())
+
+
+@pytest.mark.parametrize(
+    "option", [dict(host_device="/device:CPU:7"), dict(device="/device:GPU:3")]
+)
+def test_devices_the_machine_lacks_are_refused_when_a_live_graph_is_planned(option):
+    g = tf.Graph()
+    with g.as_default():
+        tf.nn.relu(tf.compat.v1.placeholder(tf.float32, [4, 4]))
+    with pytest.raises(ConfigError, match="is not a device of this machine; its logical devices"):
+        tflms.LMS(**option).run(g)

@@ -10,12 +10,13 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 
 from tests.tflms import saved_models as sm
 from tflms import LMSConfig
+from tflms.errors import ConfigError
 from tflms.saved_model.read import read_model
 from tflms.saved_model.resource_args import resource_arguments
 from tflms.saved_model.rewrite import analyze_model, rewrite_model
 from tflms.saved_model.write import write_model
 
-SWAP = LMSConfig(swapout_threshold=3, swapin_ahead=2, min_tensor_bytes=0)
+SWAP = LMSConfig(swapout_threshold=3, swapin_ahead=2, min_tensor_bytes=0, batch_size=sm.BATCH)
 
 
 @pytest.fixture(scope="module")
@@ -194,10 +195,12 @@ def _binary(text_path, tmp_path):
     return out
 
 
-def test_unknown_batch_dimensions_take_the_batch_size_option(models):
-    per_sample = analyze_model(read_model(models["tf1"]), SWAP).training[0]
-    sized = analyze_model(read_model(models["tf1"]), SWAP.replace(batch_size=sm.BATCH)).training[0]
-    assert per_sample.view.graph["batch_size"] is None
+def test_unknown_batch_dimensions_need_the_batch_size_option(models):
+    with pytest.raises(ConfigError, match=r"batch size of .* is unknown.*--batch-size N"):
+        analyze_model(read_model(models["tf1"]), SWAP.replace(batch_size=None))
+    sized = analyze_model(read_model(models["tf1"]), SWAP).training[0]
+    assert sized.view.graph["batch_size"] == sm.BATCH
     relu_bytes = [d["outputs"][0].bytes for n, d in sized.view.nodes(data=True) if n == "relu0"]
     assert relu_bytes == [sm.BATCH * sm.WIDTH * 4]
-    assert sized.plan.bytes_swapped > 20 * per_sample.plan.bytes_swapped
+    unplanned = analyze_model(read_model(models["tf1"]), SWAP.replace(batch_size=None), plan=False)
+    assert not unplanned.training[0].plan.swaps  # a plan from a file will replace it

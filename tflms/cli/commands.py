@@ -171,7 +171,7 @@ def _cmd_rewrite(args, progress) -> int:
     if not args.dry_run:
         saved_model.check_destination(args.src, args.dst, force=args.force)
     config, model = _prepare(args, progress)
-    analysis = saved_model.analyze_model(model, config, progress=progress)
+    analysis = saved_model.analyze_model(model, config, progress=progress, plan=not args.plan)
     if args.plan:
         analysis = analysis.with_plans(read_plans(args.plan))
     if args.dry_run:

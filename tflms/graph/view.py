@@ -50,12 +50,13 @@ import tensorflow as tf
 
 from tflms.config import LMSConfig
 from tflms.devices import DeviceMatcher, default_compute_type
-from tflms.errors import UnsupportedGraphError
+from tflms.errors import ConfigError, UnsupportedGraphError
 from tflms.gc_pause import gc_paused
 
 __all__ = [
     "TensorInfo",
     "build_view",
+    "require_batch_size",
     "consumers",
     "assign_levels",
     "CONTROL_FLOW_TYPES",
@@ -120,6 +121,7 @@ def build_view(
     *,
     config: LMSConfig | None = None,
     batch_size: int | None = None,
+    batch_source: str | None = None,
 ) -> nx.DiGraph:
     """Build the analysis view of ``graph``.
 
@@ -127,7 +129,10 @@ def build_view(
         graph: a ``tf.Graph`` or ``FuncGraph``. It is only read.
         config: supplies the compute/host devices (for ``placement``) and the
             batch size; defaults to ``LMSConfig()``.
-        batch_size: overrides ``config.batch_size``.
+        batch_size: the batch size for unknown first dimensions; overrides
+            ``config.batch_size``.
+        batch_source: where ``batch_size`` came from (the view's
+            ``batch_source``; default ``"argument"``).
 
     Returns:
         The annotated ``networkx.DiGraph`` described in the module docstring.
@@ -143,13 +148,19 @@ def build_view(
         )
     config = config or LMSConfig()
     with gc_paused():
-        return _build(graph, config, batch_size)
+        return _build(graph, config, batch_size, batch_source)
 
 
-def _build(graph: tf.Graph, config: LMSConfig, batch_size: int | None) -> nx.DiGraph:
+def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.DiGraph:
     matcher = DeviceMatcher(compute=config.device, host=config.host_device)
     ops = graph.get_operations()
-    batch, batch_source = _resolve_batch(graph, ops, batch_size or config.batch_size)
+    if batch_size is not None:
+        configured = (batch_size, batch_source or "argument")
+    elif config.batch_size is not None:
+        configured = (config.batch_size, "LMSConfig.batch_size")
+    else:
+        configured = None
+    batch, batch_source = _resolve_batch(graph, ops, configured)
 
     # One serialized GraphDef gives names, inputs, control inputs and attrs far
     # faster than per-op Python API calls; shapes and dtypes come from the ops.
@@ -218,6 +229,33 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size: int | None) -> nx.DiG
         batch_source,
     )
     return view
+
+
+def require_batch_size(view: nx.DiGraph, *, fix: str, reason: str | None = None) -> None:
+    """Refuse a view whose tensors could only be sized per sample.
+
+    Planning and simulating judge bytes (``min_tensor_bytes``, memory
+    budgets); with an open batch dimension and no batch size those bytes
+    would be per sample, silently tens of times too small.
+
+    Args:
+        view: an analysis view.
+        fix: how to pass the batch size, e.g. ``"LMSConfig(batch_size=N)"``.
+        reason: why no batch size was found, if known.
+
+    Raises:
+        ConfigError: some tensor has an open first dimension and the view has
+            no batch size.
+    """
+    unsized = view.graph.get("unsized_batch") or ()
+    if unsized and view.graph.get("batch_size") is None:
+        raise ConfigError(
+            f"The batch size of {view.graph.get('name') or 'the graph'} is unknown: "
+            f"{len(unsized)} tensors (e.g. {unsized[0]!r}) have an open first dimension, so "
+            "their sizes, min_tensor_bytes and any memory budget would be judged per sample. "
+            f"Pass the batch size each step sees: {fix}."
+            + (f" (No batch size found: {reason}.)" if reason else "")
+        )
 
 
 def assign_levels(view: nx.DiGraph) -> None:
@@ -332,9 +370,9 @@ def _tensor_info(
     return TensorInfo(name, index, dtype_name, dims, n * size, is_ref)
 
 
-def _resolve_batch(graph: tf.Graph, ops, configured: int | None) -> tuple[int | None, str]:
+def _resolve_batch(graph: tf.Graph, ops, configured) -> tuple[int | None, str]:
     if configured is not None:
-        return configured, "config"
+        return configured
     inputs = getattr(graph, "inputs", None)
     if inputs:
         candidates = [t for t in inputs if t.dtype not in (tf.resource, tf.variant)]

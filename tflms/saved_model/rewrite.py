@@ -47,7 +47,7 @@ from tflms.apply.proto_editor import ProtoEditor
 from tflms.apply.validation import validate
 from tflms.config import LMSConfig
 from tflms.errors import AlreadyRewrittenError, ConfigError
-from tflms.graph.view import SWAP_ATTR, build_view
+from tflms.graph.view import SWAP_ATTR, build_view, require_batch_size
 from tflms.plan.planner import make_plan
 from tflms.plan.swap_plan import SwapPlan
 from tflms.saved_model.read import Model, Target
@@ -169,18 +169,28 @@ def plan_view(view: nx.DiGraph, config: LMSConfig):
     return tuning.plan, tuning
 
 
-def analyze_model(model: Model, config: LMSConfig | None = None, *, progress=None) -> ModelAnalysis:
+def analyze_model(
+    model: Model, config: LMSConfig | None = None, *, progress=None, plan: bool = True
+) -> ModelAnalysis:
     """Analyse and plan every training target of ``model`` (which is not modified).
 
     Args:
         model: from :func:`tflms.saved_model.read.read_model`.
         config: planner options; defaults to ``LMSConfig()``.
         progress: an object with ``stage(text)`` (see :mod:`tflms.cli.progress`).
+        plan: make plans; ``False`` analyses only (plans read from a file
+            replace them, see :meth:`ModelAnalysis.with_plans`), and then an
+            open batch dimension is no error.
+
+    Returns:
+        The :class:`ModelAnalysis`: every target, and a view and plan per training target.
 
     Raises:
         UnsupportedGraphError: a training graph cannot be imported or analysed
             (unknown op types, inconsistent graph).
         AlreadyRewrittenError: a training graph already holds tflms swap ops.
+        ConfigError: a training graph has an open batch dimension and
+            ``config.batch_size`` is not set (sizes would be per sample).
         PlanInfeasibleError: with ``memory_budget``, no plan fits.
     """
     config = config or LMSConfig()
@@ -198,11 +208,18 @@ def analyze_model(model: Model, config: LMSConfig | None = None, *, progress=Non
             )
         view = build_view(target.import_graph(), config=config)
         view.graph["name"] = target.name
+        if not plan:
+            empty = SwapPlan(graph_name=target.name, config=config.to_dict())
+            analysis.training.append(TargetAnalysis(target, view, empty, None))
+            continue
+        require_batch_size(view, fix="--batch-size N (LMSConfig(batch_size=N))")
         if progress is not None:
             progress.stage(f"planning {target.name} ({view.number_of_nodes()} ops)")
-        plan, tuning = plan_view(view, config)
-        analysis.training.append(TargetAnalysis(target, view, plan, tuning))
-        logger.debug("%s: %d ops, %d swaps", target.name, view.number_of_nodes(), len(plan.swaps))
+        target_plan, tuning = plan_view(view, config)
+        analysis.training.append(TargetAnalysis(target, view, target_plan, tuning))
+        logger.debug(
+            "%s: %d ops, %d swaps", target.name, view.number_of_nodes(), len(target_plan.swaps)
+        )
     return analysis
 
 

@@ -87,6 +87,8 @@ class SimulationResult:
         overhead: ``step_time_s / baseline_step_time_s - 1`` (0.0 without swaps).
         baseline: the simulation of the graph without swaps, if one was run.
         simulator: which simulator produced the numbers.
+        per_sample: tensors with an open batch dimension were sized per
+            sample (the view had no batch size): every byte figure is too small.
     """
 
     graph_name: str
@@ -115,6 +117,7 @@ class SimulationResult:
     overhead: float = 0.0
     baseline: SimulationResult | None = field(default=None, repr=False)
     simulator: str = SIMULATOR
+    per_sample: bool = False
 
     def fits(self, budget_bytes: int) -> bool:
         """Whether the device peak is at most ``budget_bytes``."""
@@ -143,6 +146,11 @@ class SimulationResult:
                 f"  without swaps: device peak {format_bytes(self.baseline.device_peak_bytes)}"
             )
         lines.append(f"  ({self.simulator}; variables {format_bytes(self.variable_bytes)})")
+        if self.per_sample:
+            lines.append(
+                "  WARNING: the batch size is unknown, so tensors with an open batch dimension "
+                "were sized per sample; build the view with batch_size=N for real sizes"
+            )
         return "\n".join(lines)
 
     def to_dict(self, *, timeline: bool = True) -> dict:
@@ -170,6 +178,7 @@ class SimulationResult:
             "copy_time_s": dict(self.copy_time_s),
             "baseline_step_time_s": self.baseline_step_time_s,
             "overhead": self.overhead,
+            "per_sample": self.per_sample,
         }
         if timeline:
             data["timeline"] = {
@@ -240,6 +249,14 @@ def simulate(
         raise ConfigError(f"plan must be a tflms.SwapPlan or None, got {type(plan).__name__}.")
     target = apply_to_view(view, plan) if plan is not None and plan.swaps else view
     result = _run(target, device, link, accounting)
+    if view.graph.get("unsized_batch") and view.graph.get("batch_size") is None:
+        logger.warning(
+            "tflms.simulate %s: the batch size is unknown; %d tensors are sized per sample, so "
+            "the peak is too small. Build the view with batch_size=N.",
+            result.graph_name,
+            len(view.graph["unsized_batch"]),
+        )
+        result = _replace(result, per_sample=True)
     before = None
     if isinstance(baseline, SimulationResult):
         before = baseline

@@ -53,7 +53,7 @@ import tensorflow as tf
 
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
-from tflms.graph.view import build_view
+from tflms.graph.view import build_view, require_batch_size
 from tflms.hardware import DEVICES, DeviceModel, LinkModel, get_device, get_link
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.simulator import SimulationResult
@@ -304,9 +304,12 @@ def _as_view(graph_or_view, config: LMSConfig, batch_size: int | None) -> nx.DiG
                 "autotune needs the graph without swap ops; this view was already rewritten "
                 "by tflms. Pass the view of the original graph."
             )
+        require_batch_size(graph_or_view, fix="tflms.build_view(graph, batch_size=N)")
         return graph_or_view
     if isinstance(graph_or_view, tf.Graph):
-        return build_view(graph_or_view, config=config, batch_size=batch_size)
+        view = build_view(graph_or_view, config=config, batch_size=batch_size)
+        require_batch_size(view, fix="autotune(graph, batch_size=N)")
+        return view
     raise UnsupportedGraphError(
         f"autotune needs a tf.Graph/FuncGraph or its tflms.build_view view, got "
         f"{type(graph_or_view).__name__}. Example: tflms.autotune(step.get_concrete_function("

@@ -1,0 +1,284 @@
+"""What :class:`~tflms.LMSCallback` changes on a Keras model during one ``fit``, and how it is undone.
+
+Keras 3 ``fit`` reads ``model.train_function`` before every step and never
+tells a callback that it failed (``on_train_end`` runs only on success). So
+the callback changes as little as it can, for as short as it can:
+
+* ``model.train_step`` and ``model.jit_compile`` are never left changed: the
+  rewriting train step is handed to ``make_train_function`` and the
+  attribute is put back at once (Keras captures the step when it builds the
+  function).
+* ``model.train_function`` is the one change that lasts the fit. It is
+  installed at the first step (so a failing ``on_train_begin`` of another
+  callback finds the model untouched) as a :class:`GuardedTrainFunction`.
+* Everything is restored by :meth:`FitSession.restore`, which runs on
+  ``on_train_end``, on any exception (``KeyboardInterrupt`` included) raised
+  by a training step, by a callback hook of the same ``fit`` or by its
+  validation, and - should an exception escape from between those (Keras'
+  own loop code) - on the first call of a later ``fit``: a guarded train
+  function called from a ``fit`` that is not its own restores the model and
+  runs the original train function instead.
+
+The running ``fit`` is found by walking the Python stack (Keras passes its
+data and callback list to no callback); without it - a callback driven by
+hand - only the batch-size lookup and the hook guards are skipped.
+
+Example:
+    >>> import keras
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> model.compile("sgd", "mse", jit_compile=False)
+    >>> check_xla(model)  # XLA off: nothing to say
+    >>> model.jit_compile = True
+    >>> check_xla(model)
+    Traceback (most recent call last):
+    ...
+    tflms.errors.ConfigError: The model's training step would be compiled by XLA ...
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import weakref
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from tflms.errors import ConfigError
+
+__all__ = ["FitSession", "GuardedTrainFunction", "fit_frame", "fit_batch_size", "check_xla"]
+
+logger = logging.getLogger(__name__)
+
+_MISSING = object()
+GUARDED_HOOKS = (
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+)
+"""Hooks of the running fit's ``CallbackList`` that restore the model when another callback raises."""
+
+
+def check_xla(model) -> None:
+    """Refuse XLA: its clusters ignore the host placement of swap ops.
+
+    Keras 3 stores ``jit_compile="auto"`` as the value it resolved to (``True``
+    on a machine with a GPU), so an explicit ``jit_compile=True`` cannot be
+    told from ``"auto"``; both are refused with the fix rather than silently
+    overridden.
+
+    Args:
+        model: the compiled Keras model.
+
+    Raises:
+        ConfigError: XLA auto-clustering is on, or ``model.jit_compile`` is true.
+    """
+    if tf.config.optimizer.get_jit():
+        raise ConfigError(
+            f"TensorFlow XLA auto-clustering is on (tf.config.optimizer.get_jit()="
+            f"{tf.config.optimizer.get_jit()!r}); XLA clusters ignore the host placement of swap "
+            "ops. Call tf.config.optimizer.set_jit(False) (and unset TF_XLA_FLAGS) before training "
+            "with LMS."
+        )
+    if model.jit_compile:
+        raise ConfigError(
+            "The model's training step would be compiled by XLA (model.jit_compile=True: "
+            "compile(jit_compile=True), or jit_compile='auto', which Keras turns into True on a "
+            "machine with a GPU), and XLA ignores the host placement of LMS swap ops. Compile with "
+            "jit_compile=False: model.compile(..., jit_compile=False)."
+        )
+
+
+def fit_frame(model):
+    """The frame of the ``fit`` call of ``model`` that is running in this thread, or ``None``."""
+    frame = sys._getframe(1)  # noqa: SLF001 - the documented way to read the call stack
+    while frame is not None:
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def fit_batch_size(frame) -> tuple[int | None, str]:
+    """The batch size the running ``fit`` feeds, and where it was found.
+
+    Looks, in order, at the data adapter's batch size (``fit(batch_size=...)``
+    for arrays, a static batch dimension of a ``tf.data`` element spec), the
+    batches Keras peeked from a Python generator, and the first element of a
+    ``tf.data.Dataset`` whose batch dimension is dynamic.
+
+    Args:
+        frame: the ``fit`` frame (:func:`fit_frame`), or ``None``.
+
+    Returns:
+        ``(batch size, source)``; ``(None, reason)`` when it cannot be known.
+    """
+    iterator = frame.f_locals.get("epoch_iterator") if frame is not None else None
+    adapter = getattr(iterator, "data_adapter", None)
+    if adapter is None:
+        return None, "no running fit was found"
+    try:
+        size = adapter.batch_size
+    except (AttributeError, TypeError, ValueError):
+        size = None
+    if isinstance(size, int) and size > 0:
+        return size, "the batch size fit feeds (its batch_size, or the dataset's element spec)"
+    peeked = getattr(adapter, "_first_batches", None)  # Keras peeks generators for their specs
+    if peeked:
+        size = _leading_dim(peeked[0])
+        if size:
+            return size, "the first batch of the generator"
+    dataset = frame.f_locals.get("x")
+    if isinstance(dataset, tf.data.Dataset):
+        for element in dataset.take(1):
+            size = _leading_dim(element)
+            if size:
+                return size, "the first batch of the dataset"
+    return None, f"the data ({type(adapter).__name__}) has no static batch size"
+
+
+def _leading_dim(batch) -> int | None:
+    for item in tf.nest.flatten(batch):
+        shape = getattr(item, "shape", None)
+        if shape is not None and len(shape) and shape[0] is not None:
+            return int(shape[0])
+    return None
+
+
+class GuardedTrainFunction:
+    """``model.train_function`` during an LMS fit: the rewritten function behind guards.
+
+    Args:
+        function: the train function Keras built with the rewriting step.
+        session: the :class:`FitSession` that installed it.
+    """
+
+    def __init__(self, function: Callable, session: FitSession):
+        self.function = function
+        self.session = session
+
+    def __call__(self, iterator):
+        session = self.session
+        if not session.owns_call():  # a later fit without the callback: put the model back
+            return session.restore_and_run(iterator)
+        try:
+            return self.function(iterator)
+        except BaseException:
+            session.restore()
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self.function, name)
+
+
+class FitSession:
+    """The changes one ``fit`` with LMS makes to a model, and their undoing (see the module docs).
+
+    Args:
+        model: the Keras model.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._original_function = model.train_function
+        self._callbacks = None  # weakref to the CallbackList of this session's fit
+        self._patched: list[tuple[object, str, object]] = []
+        self.installed = False
+        self.closed = False
+
+    def guard_hooks(self, callback_list) -> None:
+        """Restore the model when a hook of ``callback_list`` (another callback) raises."""
+        if not isinstance(callback_list, keras.callbacks.CallbackList):
+            return
+        self._callbacks = weakref.ref(callback_list)
+        for name in GUARDED_HOOKS:
+            self._patch(callback_list, name, self._guarded(getattr(callback_list, name)))
+
+    def install(self, rewriting_step: Callable) -> None:
+        """Build the train function around ``rewriting_step`` and make it ``model.train_function``.
+
+        The optimizer is built first, eagerly: Keras would otherwise create its
+        slots inside the first trace, and a trace that fails (a plan that does
+        not fit) would leave them uninitialized for every later fit.
+        """
+        model = self.model
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        own_step = vars(model).get("train_step", _MISSING)
+        model.train_step = rewriting_step
+        try:
+            model.make_train_function(force=True)  # Keras captures the step it is given here
+            function = model.train_function
+        finally:
+            if own_step is _MISSING:
+                del model.train_step
+            else:
+                model.train_step = own_step
+        model.train_function = GuardedTrainFunction(function, self)
+        self._patch(model, "evaluate", self._guarded(model.evaluate))  # validation inside fit
+        self.installed = True
+
+    def owns_call(self) -> bool:
+        """Whether the running train-function call comes from this session's fit.
+
+        A ``fit`` on the stack whose callback list is not this session's is a
+        later fit (the one this session belonged to ended without
+        ``on_train_end``); without a ``fit`` on the stack (hooks driven by
+        hand), the call is this session's until it is restored.
+        """
+        if self.closed:
+            return False
+        frame = fit_frame(self.model)
+        if frame is None:
+            return True
+        ours = self._callbacks() if self._callbacks is not None else None
+        return ours is not None and frame.f_locals.get("callbacks") is ours
+
+    def restore(self) -> None:
+        """Put back everything this session changed; safe to call more than once."""
+        if self.closed:
+            return
+        self.closed = True
+        for owner, name, before in reversed(self._patched):
+            if before is _MISSING:
+                vars(owner).pop(name, None)
+            else:
+                setattr(owner, name, before)
+        self._patched.clear()
+        if self.installed and isinstance(self.model.train_function, GuardedTrainFunction):
+            self.model.train_function = self._original_function
+        logger.debug("tflms: model %s restored after fit", getattr(self.model, "name", "?"))
+
+    def restore_and_run(self, iterator):
+        """Restore the model, then run the train function it had (built anew if it had none)."""
+        logger.info(
+            "tflms: a fit without LMSCallback reached the train function an interrupted LMS fit "
+            "left on model %s; restoring the model's own train function",
+            getattr(self.model, "name", "?"),
+        )
+        self.restore()
+        self.model.make_train_function()
+        return self.model.train_function(iterator)
+
+    # -------------------------------------------------------------- internals
+    def _patch(self, owner, name: str, value) -> None:
+        self._patched.append((owner, name, vars(owner).get(name, _MISSING)))
+        setattr(owner, name, value)
+
+    def _guarded(self, method: Callable) -> Callable:
+        def guarded(*args, **kwargs):
+            try:
+                return method(*args, **kwargs)
+            except BaseException:
+                self.restore()
+                raise
+
+        guarded.__wrapped__ = method
+        return guarded
