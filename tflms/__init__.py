@@ -62,7 +62,7 @@ __getattr__, __dir__, _exported = _lazy_exports(
         "build_view": "tflms.graph.view",
         "function": "tflms.lms_function",
         "LMSFunction": "tflms.lms_function",
-        "make_plan": "tflms.plan.planner",
+        "make_plan": "tflms.tuning.compose",
         "simulate": "tflms.simulation.simulator",
         "SimulationResult": "tflms.simulation.simulator",
         "validate": "tflms.apply.validation",

@@ -127,6 +127,19 @@ class LMSConfig:
     """Host link the auto-tuner times swap copies with: ``"pcie3"``,
     ``"pcie4"``, ``"pcie5"``, ``"nvlink2"`` or ``"ideal"``."""
 
+    recompute: bool = False
+    """Recompute cheap activations (elementwise chains such as BatchNorm +
+    ReLU, chosen by predicted cost) just before the backward pass needs them,
+    from tensors it keeps or swaps anyway, instead of keeping or swapping
+    them (:mod:`tflms.plan.recompute`). With ``memory_budget`` the
+    auto-tuner decides."""
+
+    reorder: bool = False
+    """Add control edges that order the ops whose interleaving makes the
+    memory peak (two backward branches running side by side), as the
+    simulator finds them (:mod:`tflms.tuning.ordering`). With
+    ``memory_budget`` the auto-tuner decides."""
+
     def __post_init__(self) -> None:
         check_device_string("host_device", self.host_device, owner="LMSConfig.")
         if self.device is not None:
@@ -191,6 +204,9 @@ class LMSConfig:
         if not isinstance(self.link, str) or self.link.lower() not in LINKS:
             raise _fail("link", self.link, f"one of {sorted(LINKS)}", 'Example: link="nvlink2".')
         object.__setattr__(self, "link", self.link.lower())
+        for name in ("recompute", "reorder"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(name, getattr(self, name), "True or False", "")
 
     # ------------------------------------------------------------------ helpers
     def replace(self, **changes: Any) -> LMSConfig:

@@ -41,8 +41,8 @@ from tflms.config import LMSConfig
 from tflms.devices import check_local_device
 from tflms.errors import AlreadyRewrittenError, ConfigError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
-from tflms.plan.planner import make_plan
 from tflms.plan.swap_plan import SwapPlan
+from tflms.tuning.compose import make_plan
 
 __all__ = ["LMS", "resolve_config"]
 

@@ -14,11 +14,11 @@ import pytest
 
 from tflms import simulate
 from tflms.apply.core import apply_to_view
+from tflms.cost import op_cost
 from tflms.errors import ConfigError
 from tflms.graph.view import TensorInfo, assign_levels
 from tflms.hardware import LinkModel, get_device
 from tflms.plan.swap_plan import Swap, SwapIn, SwapPlan
-from tflms.simulation.cost import op_cost
 
 A = 4 << 20  # one activation: 4 MiB, so every op lasts a few microseconds
 
@@ -28,11 +28,17 @@ def tensor(name: str, nbytes: int, dtype: str = "float32") -> TensorInfo:
     return TensorInfo(f"{name}:0", 0, dtype, (max(1, nbytes // 4 // cols), cols), nbytes)
 
 
+OP = "Transpose"
+"""Default op type: memory-bound like an element-wise op, but its kernel never writes
+into its input's buffer, so every output is a fresh buffer (tests of buffer reuse
+use element-wise types explicitly)."""
+
+
 def make_view(nodes, edges, controls=(), name="hand"):
     """``nodes``: (name, bytes or None[, type]); ``edges``: (src, dst, input index)."""
     view = nx.DiGraph(name=name)
     for spec in nodes:
-        op, nbytes, op_type = (*spec, "Relu")[:3]
+        op, nbytes, op_type = (*spec, OP)[:3]
         outputs = () if nbytes is None else (tensor(op, nbytes),)
         if op_type == "VarHandleOp":
             outputs = (TensorInfo(f"{op}:0", 0, "resource", (), 0),)
@@ -252,6 +258,43 @@ def test_identity_and_reshape_share_their_input_buffer():
 
     assert simulate(view, link="ideal").device_peak_bytes == 2 * A
     assert simulate(view, link="ideal", accounting="grappler").device_peak_bytes > 2 * A
+
+
+def test_an_elementwise_op_writes_into_its_dying_input():
+    nodes = [("x", A, "Placeholder")] + [(f"r{i}", A, "Relu") for i in range(5)]
+    edges = [("x", "r0", 0)] + [(f"r{i - 1}", f"r{i}", 0) for i in range(1, 5)]
+    # x is an argument (its caller holds it): r0 cannot reuse it; r1..r4 reuse r0's buffer
+    assert simulate(make_view(nodes, edges), link="ideal").device_peak_bytes == 2 * A
+    edges.append(("r1", "r4", 1))  # r1 is read later: r2 cannot reuse it, r3 and r4 reuse r2's
+    reused = simulate(make_view(nodes, edges), link="ideal")
+    assert reused.device_peak_bytes == 2 * A  # x died with r0; r1 and r2..r4
+    assert dict(zip(reused.timeline_ops, reused.timeline_device, strict=True))["r2"] == 2 * A
+    fresh = simulate(make_view(nodes, edges), link="ideal", accounting="grappler")
+    assert fresh.device_peak_bytes > 2 * A
+
+
+def test_buffers_are_reused_only_when_size_dtype_and_readers_allow():
+    half = TensorInfo("h:0", 0, "float16", (A // 2 // 256, 256), A // 2)
+    view = make_view(
+        [("x", A), ("a", A, "Relu"), ("c", A // 2, "Relu")], [("x", "a", 0), ("a", "c", 0)]
+    )
+    view.nodes["c"]["outputs"] = (half,)  # another size and dtype: a fresh buffer
+    assert simulate(view, link="ideal").device_peak_bytes == A + A + A // 2 - A  # x died at a
+    # a swap-out still copying holds a reference: no reuse until the copy is done
+    slow = LinkModel("slow", bandwidth=A / 1e-3)
+    nodes = [("x", A), ("a", A, "Relu"), ("b", A, "Relu"), ("c", A, "Relu")]
+    view = make_view(nodes, [("x", "a", 0), ("a", "b", 0), ("b", "c", 0), ("a", "c", 1)])
+    plan = SwapPlan(
+        swaps=(Swap("a:0", "a", 0, A, "float32", 1, "", (SwapIn((("c", 1),), trigger="b"),)),),
+        config={},
+    )
+    fast = simulate(view, plan, link="ideal", baseline=False)
+    slowed = simulate(view, plan, link=slow, baseline=False)
+    at_b = {
+        r.link: dict(zip(r.timeline_ops, r.timeline_device, strict=True))["b"]
+        for r in (fast, slowed)
+    }
+    assert at_b == {"ideal": A, "slow": 2 * A}  # b reuses a only once a's copy is done
 
 
 # --------------------------------------------------------------------------- time model

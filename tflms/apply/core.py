@@ -10,11 +10,16 @@ representation gets exactly the same rewrite:
 * :class:`tflms.apply.proto_editor.ProtoEditor` edits ``GraphDef`` /
   ``FunctionDef`` protobufs (SavedModels, frozen graphs).
 
-For every swap the core inserts ``lms/swapout_<tensor>`` (an Identity on the
-host device) fed by the tensor, one swap-in ``<producer>-lms/swapin`` per
-consumer group (an Identity on the consumers' device; see
-:mod:`tflms.plan.swap_plan` for why it is named so) fed by the swap-out, reroutes the
-consumers' inputs to the swap-in and adds the trigger control edge.
+The core applies a plan's levers in order. For every recomputation it clones
+the group's ops (``<op>-lms/recompute``, same type and attributes, reading
+the group's clones or the original tensors), reroutes the far consumers to
+the clones and adds the trigger edges into the clones that read nothing of
+the group. For every swap it inserts ``lms/swapout_<tensor>`` (an Identity
+on the host device) fed by the tensor, one swap-in ``<producer>-lms/swapin``
+per consumer group (an Identity on the consumers' device; see
+:mod:`tflms.plan.entries` for the naming) fed by the swap-out, reroutes the
+consumers' inputs - clones among them - to the swap-in and adds the trigger
+control edge. Then the serialization chains and the order edges.
 """
 
 from __future__ import annotations
@@ -57,6 +62,12 @@ class Editor(Protocol):
     def add_control(self, src: str, dst: str) -> None:
         """Add a control edge ``src -> dst``."""
 
+    def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
+        """Insert a copy ``name`` of op ``original`` reading ``inputs``, marked as a recomputation."""
+
+    def data_inputs(self, op: str) -> list[tuple[str, int]]:
+        """``(source op, output index)`` of each data input of ``op``, in input order."""
+
     def editing(self) -> contextlib.AbstractContextManager:
         """Context entered around all edits of one plan."""
 
@@ -92,6 +103,8 @@ def apply_with(editor: Editor, plan: SwapPlan) -> int:
 
 def _edit(editor: Editor, plan: SwapPlan, host: str) -> int:
     inserted = 0
+    for recompute in plan.recomputes:
+        inserted += _clone_group(editor, recompute)
     for swap in plan.swaps:
         editor.add_identity(swap.swapout_name, (swap.producer, swap.index), host, "out")
         inserted += 1
@@ -111,11 +124,37 @@ def _edit(editor: Editor, plan: SwapPlan, host: str) -> int:
     for chain in plan.serialization:
         for before, after in pairwise(chain):
             editor.add_control(before, after)
+    for before, after in plan.order:
+        editor.add_control(before, after)
     return inserted
+
+
+def _clone_group(editor: Editor, recompute) -> int:
+    """Clone the ops of one recomputation, reroute its consumers, add its trigger edges."""
+    members = set(recompute.ops)
+    reads = {}
+    for op in recompute.ops:
+        reads[op] = editor.data_inputs(op)
+        inputs = [
+            (recompute.clone_name(src), k) if src in members else (src, k) for src, k in reads[op]
+        ]
+        editor.add_clone(recompute.clone_name(op), op, inputs)
+    for consumer, index, op, k in recompute.consumers:
+        editor.reroute(consumer, index, (recompute.clone_name(op), k))
+    if recompute.trigger is not None:
+        for op in recompute.entry_ops(lambda o: [src for src, _ in reads[o]]):
+            editor.add_control(recompute.trigger, recompute.clone_name(op))
+    return len(recompute.ops)
 
 
 def _check_plan_matches(editor: Editor, plan: SwapPlan) -> None:
     needed = set()
+    for recompute in plan.recomputes:
+        needed.update(recompute.ops)
+        needed.update(c for c, _, _, _ in recompute.consumers)
+        if recompute.trigger is not None:
+            needed.add(recompute.trigger)
+    needed.update(op for edge in plan.order for op in edge)
     for swap in plan.swaps:
         needed.add(swap.producer)
         needed.update(swap.wait_for_swapout)
@@ -125,7 +164,7 @@ def _check_plan_matches(editor: Editor, plan: SwapPlan) -> None:
             if swap_in.trigger is not None:
                 needed.add(swap_in.trigger)
     needed.update(op for chain in plan.serialization for op in chain)
-    missing = editor.missing(needed)
+    missing = editor.missing(needed - plan.op_names())  # ops the plan itself inserts
     if missing:
         raise ValidationError(
             f"The plan for {plan.graph_name!r} does not match this graph: {len(missing)} ops it names "

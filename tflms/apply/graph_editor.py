@@ -38,9 +38,10 @@ class GraphEditor:
 
     # -- queries
     def swap_ops(self) -> list[str]:
+        """Names of ops tflms inserted (swap ops and recompute clones)."""
         found = []
         for op in self.graph.get_operations():
-            if op.type == "Identity" and "lms/swap" in op.name:
+            if "lms/" in op.name:
                 try:
                     op.get_attr(SWAP_ATTR)
                 except ValueError:
@@ -59,7 +60,12 @@ class GraphEditor:
         return True
 
     def device_of(self, op: str) -> str:
+        """The device string of ``op``."""
         return self._op(op).device
+
+    def data_inputs(self, op: str) -> list[tuple[str, int]]:
+        """``(source op, output index)`` of each data input of ``op``."""
+        return [(t.op.name, t.value_index) for t in self._op(op).inputs]
 
     # -- edits
     @contextlib.contextmanager
@@ -89,6 +95,34 @@ class GraphEditor:
             raise ValidationError(f"Could not create op {name!r}: TensorFlow named it {op.name!r}.")
         if device:
             op._set_device(device)  # noqa: SLF001
+
+    def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
+        """A copy of op ``original`` called ``name``: same type, attributes, device and
+        control inputs, reading ``inputs``; marked as a recomputation and kept by Grappler."""
+        op = self._op(original)
+        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
+        attrs[SWAP_ATTR] = attr_value_pb2.AttrValue(s=b"recompute")
+        attrs[GRAPPLER_KEEP_ATTR] = attr_value_pb2.AttrValue(b=True)
+        tensors = [self._op(src).outputs[k] for src, k in inputs]
+        clone = self.graph._create_op_internal(  # noqa: SLF001 - as for swap ops, see add_identity
+            op.type,
+            tensors,
+            dtypes=[out.dtype for out in op.outputs],
+            name=name + "/",
+            attrs=attrs,
+            op_def=op.op_def,
+            compute_device=False,
+        )
+        if clone.name != name:
+            raise ValidationError(
+                f"Could not create op {name!r}: TensorFlow named it {clone.name!r}."
+            )
+        for out, new in zip(op.outputs, clone.outputs, strict=True):
+            new.set_shape(out.shape)
+        if op.device:
+            clone._set_device(op.device)  # noqa: SLF001
+        for control in op.control_inputs:
+            clone._add_control_input(control)  # noqa: SLF001
 
     def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
         op = self._op(consumer)

@@ -39,7 +39,7 @@ from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, n
 
 from tflms.apply.graph_editor import GRAPPLER_KEEP_ATTR
 from tflms.errors import UnsupportedGraphError, ValidationError
-from tflms.graph.op_signatures import OpSignatures, graph_tensor_name
+from tflms.graph.op_signatures import OpSignatures, graph_tensor_name, parse_tensor_name
 from tflms.graph.view import SWAP_ATTR
 
 __all__ = ["ProtoEditor"]
@@ -75,6 +75,7 @@ class ProtoEditor:
 
     # -- queries
     def swap_ops(self) -> list[str]:
+        """Names of the nodes tflms inserted."""
         return [name for name, node in self._nodes.items() if SWAP_ATTR in node.attr]
 
     def missing(self, names: set[str]) -> list[str]:
@@ -84,8 +85,29 @@ class ProtoEditor:
         return name in self._nodes or name in self._args
 
     def device_of(self, op: str) -> str:
+        """The device string of ``op`` (``""`` for a function argument)."""
         node = self._nodes.get(op)
         return node.device if node is not None else ""
+
+    def data_inputs(self, op: str) -> list[tuple[str, int]]:
+        """``(source op, flat output index)`` of each data input of ``op``."""
+        return [self._parse(name) for name in self._node(op).input if not name.startswith("^")]
+
+    def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
+        """A copy of node ``original`` called ``name`` reading ``inputs`` (same op, attributes,
+        device and control inputs), marked as a recomputation and kept by Grappler."""
+        source = self._node(original)
+        node = self._container.add()
+        node.CopyFrom(source)
+        node.name = name
+        del node.input[:]
+        node.input.extend(self._tensor_name(src, k) for src, k in inputs)
+        node.input.extend(c for c in source.input if c.startswith("^"))
+        if "_class" in node.attr:
+            del node.attr["_class"]
+        node.attr[SWAP_ATTR].CopyFrom(attr_value_pb2.AttrValue(s=b"recompute"))
+        node.attr[GRAPPLER_KEEP_ATTR].CopyFrom(attr_value_pb2.AttrValue(b=True))
+        self._nodes[name] = node
 
     # -- edits
     def editing(self):
@@ -124,6 +146,17 @@ class ProtoEditor:
             return self._nodes[name]
         except KeyError:
             raise ValidationError(f"No node {name!r} in the graph being rewritten.") from None
+
+    def _parse(self, name: str) -> tuple[str, int]:
+        """``(op, flat output index)`` of an input string of this graph or function."""
+        if not self.is_function:
+            return parse_tensor_name(name)
+        parts = name.split(":")
+        if len(parts) == 1:  # a function argument
+            return name, 0
+        if len(parts) != 3 or not parts[2].isdigit():
+            raise ValidationError(f"Cannot read the FunctionDef input {name!r}.")
+        return parts[0], self._signatures.flat_index(self._node(parts[0]), parts[1], int(parts[2]))
 
     def _tensor_name(self, op: str, index: int) -> str:
         if op in self._args:

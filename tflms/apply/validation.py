@@ -21,6 +21,7 @@ import networkx as nx
 from tflms.devices import same_device
 from tflms.errors import UnsupportedGraphError, ValidationError
 from tflms.graph.view import assign_levels, build_view
+from tflms.plan.entries import SCOPE
 from tflms.plan.swap_plan import SwapPlan
 
 __all__ = ["validate"]
@@ -84,6 +85,9 @@ def _structural(view: nx.DiGraph, host: str) -> list[str]:
         kind = data.get("tflms")
         if not kind:
             continue
+        if kind == "recompute":
+            problems.extend(_structural_clone(view, name, data))
+            continue
         if data["type"] != "Identity":
             problems.append(f"swap op {name} is a {data['type']}, not an Identity")
         inputs = _data_inputs(view, name)
@@ -116,8 +120,35 @@ def _structural(view: nx.DiGraph, host: str) -> list[str]:
     return problems
 
 
+def original_of(clone: str) -> str:
+    """The op a recompute clone copies (``a/b-lms/recompute_2`` -> ``a/b``)."""
+    return clone.rsplit(f"-{SCOPE}/recompute", 1)[0]
+
+
+def _structural_clone(view: nx.DiGraph, name: str, data: dict) -> list[str]:
+    original = original_of(name)
+    if original not in view:
+        return [f"recompute clone {name} has no original op {original}"]
+    source = view.nodes[original]
+    problems = []
+    if data["type"] != source["type"]:
+        problems.append(
+            f"recompute clone {name} is a {data['type']}, its original a {source['type']}"
+        )
+    if len(_data_inputs(view, name)) != len(_data_inputs(view, original)):
+        problems.append(f"recompute clone {name} has another number of inputs than {original}")
+    if not _same_placement(data["device"], source["device"]):
+        problems.append(f"recompute clone {name} is on {data['device']!r}, not with {original}")
+    return problems
+
+
 def _against_plan(view: nx.DiGraph, plan: SwapPlan) -> list[str]:
     problems = []
+    for recompute in plan.recomputes:
+        problems.extend(_recompute_against_plan(view, plan, recompute))
+    for before, after in plan.order:
+        if not (view.has_edge(before, after) and view[before][after]["control"]):
+            problems.append(f"order edge {before} -> {after} is missing")
     planned = plan.op_names()
     for name, data in view.nodes(data=True):
         if data.get("tflms") and name not in planned:
@@ -152,4 +183,43 @@ def _against_plan(view: nx.DiGraph, plan: SwapPlan) -> list[str]:
         for before, after in pairwise(chain):
             if not (view.has_edge(before, after) and view[before][after]["control"]):
                 problems.append(f"serialization edge {before} -> {after} is missing")
+    return problems
+
+
+def _recompute_against_plan(view: nx.DiGraph, plan: SwapPlan, recompute) -> list[str]:
+    """A clone reads the group's clones, or the original tensor or a swap-in of it."""
+    problems = []
+    clones = {recompute.clone_name(op): op for op in recompute.ops}
+    swapped_in = {
+        s.swapin_name(k): (s.producer, s.index) for s in plan.swaps for k in range(len(s.swap_ins))
+    }
+
+    def meaning(tensor):  # what a tensor stands for: swap-ins and clones by their originals
+        src, k = swapped_in.get(tensor[0], tensor)
+        return clones.get(src, src), k
+
+    for op, clone in zip(recompute.ops, recompute.clone_names, strict=True):
+        if clone not in view:
+            problems.append(f"recompute clone {clone} is missing")
+            continue
+        expected = {i: meaning(src) for i, src in _data_inputs(view, op).items()}
+        for index, src in _data_inputs(view, clone).items():
+            if src[0] in clones.values() or meaning(src) != expected.get(index):
+                problems.append(
+                    f"input {index} of recompute clone {clone} reads {src[0]}:{src[1]}, "
+                    f"not {expected.get(index)}"
+                )
+    for consumer, index, op, k in recompute.consumers:
+        read = _data_inputs(view, consumer).get(index)
+        if read is None or meaning(read) != (op, k) or read[0] == op:
+            problems.append(f"input {index} of {consumer} does not read {recompute.clone_name(op)}")
+    if recompute.trigger is not None:
+        entries = recompute.entry_ops(lambda o: [s for s, _ in _data_inputs(view, o).values()])
+        for op in entries:
+            clone = recompute.clone_name(op)
+            edge = view.get_edge_data(recompute.trigger, clone) or {}
+            if clone in view and not edge.get("control"):
+                problems.append(
+                    f"recompute clone {clone} lacks its trigger edge from {recompute.trigger}"
+                )
     return problems

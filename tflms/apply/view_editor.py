@@ -38,7 +38,32 @@ class ViewEditor:
         return name in self.view
 
     def device_of(self, op: str) -> str:
+        """The device string of ``op``."""
         return self.view.nodes[op]["device"]
+
+    def data_inputs(self, op: str) -> list[tuple[str, int]]:
+        """``(source op, output index)`` of each data input of ``op``, in input order."""
+        found = []
+        for pred, edge in self.view.pred[op].items():
+            found.extend((in_idx, pred, out_idx) for out_idx, in_idx in edge.get("tensors", ()))
+        return [(pred, out_idx) for _, pred, out_idx in sorted(found)]
+
+    def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
+        """A node ``name`` like ``original`` (type, device, outputs), reading ``inputs``."""
+        node = self.view.nodes[original]
+        outputs = tuple(info._replace(name=f"{name}:{info.index}") for info in node["outputs"])
+        self.view.add_node(
+            name,
+            **{**node, "outputs": outputs, "tflms": "recompute", "recompute_of": original},
+        )
+        for in_idx, (src, k) in enumerate(inputs):
+            if self.view.has_edge(src, name):
+                self.view[src][name]["tensors"].append((k, in_idx))
+            else:
+                self.view.add_edge(src, name, tensors=[(k, in_idx)], control=False)
+        for pred, edge in self.view.pred[original].items():
+            if edge.get("control"):
+                self.add_control(pred, name)
 
     def add_identity(self, name: str, source: tuple[str, int], device: str, kind: str) -> None:
         src_info = self.view.nodes[source[0]]["outputs"][source[1]]

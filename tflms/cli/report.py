@@ -8,7 +8,7 @@ produced it.
 Example:
     >>> plans_from_json({"format_version": 1, "swaps": [], "graph_name": "f", "serialization": [],
     ...                  "config": {}, "skipped": [], "notes": [], "batch_size": None})
-    {'f': SwapPlan(swaps=(), graph_name='f', serialization=(), config={}, skipped=(), notes=(), batch_size=None)}
+    {'f': SwapPlan(swaps=(), graph_name='f', serialization=(), config={}, skipped=(), notes=(), batch_size=None, recomputes=(), order=())}
 """
 
 from __future__ import annotations

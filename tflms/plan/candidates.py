@@ -179,7 +179,11 @@ def veto(view: nx.DiGraph, producer: str, info, uses, far) -> str | None:
         )
     for c, i in far:
         cnode = view.nodes[c]
-        if cnode["placement"] != "compute" or cnode["control_flow"] or cnode["tflms"]:
+        if (
+            cnode["placement"] != "compute"
+            or cnode["control_flow"]
+            or cnode["tflms"] not in (None, "recompute")  # a recompute clone may read a swap-in
+        ):
             return f"a far consumer ({cnode['type']}) is in control flow or off the compute device"
         if node["type"] in ARITHMETIC_CHAIN and cnode["type"] in ARITHMETIC_CHAIN:
             return (

@@ -1,7 +1,9 @@
-"""Plan: choose the tensors to swap and the triggers of their swap-ins.
+"""The swap planner: choose the tensors to swap and the triggers of their swap-ins.
 
-:func:`make_plan` reads the analysis view (:func:`tflms.build_view`) and
-returns a :class:`~tflms.plan.swap_plan.SwapPlan`. It never touches TensorFlow.
+:func:`plan_swaps` reads the analysis view (:func:`tflms.build_view`) and
+returns a :class:`~tflms.plan.swap_plan.SwapPlan` of swaps; it never touches
+TensorFlow. :func:`tflms.make_plan` combines it with recomputation and
+ordering.
 
 How a plan is made (TFLMS v2's rules, automatic, no optimizer scope needed):
 
@@ -47,13 +49,13 @@ from tflms.plan.candidates import (
 from tflms.plan.swap_plan import Swap, SwapPlan
 from tflms.plan.triggers import group_consumers, plan_swap_in, trigger_filter
 
-__all__ = ["make_plan", "NEVER_SWAP_PRODUCERS", "NEVER_SWAP_DTYPES"]
+__all__ = ["plan_swaps", "NEVER_SWAP_PRODUCERS", "NEVER_SWAP_DTYPES"]
 
 logger = logging.getLogger(__name__)
 
 
-def make_plan(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
-    """Choose swaps for ``view`` under ``config``.
+def plan_swaps(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
+    """Choose swaps for ``view`` under ``config`` (the swap lever of :func:`tflms.make_plan`).
 
     Args:
         view: the analysis view of a graph (from :func:`tflms.build_view`).
@@ -75,7 +77,7 @@ def make_plan(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
         ...         v.add_edge(f"op{i-1}", f"op{i}", tensors=[(0, 0)], control=False)
         >>> v.add_edge("op1", "op11", tensors=[(0, 1)], control=False)
         >>> assign_levels(v)
-        >>> plan = make_plan(v, LMSConfig(swapout_threshold=5, swapin_ahead=3, min_tensor_bytes=0))
+        >>> plan = plan_swaps(v, LMSConfig(swapout_threshold=5, swapin_ahead=3, min_tensor_bytes=0))
         >>> [(s.tensor, s.swap_ins[0].trigger) for s in plan.swaps]
         [('op1:0', 'op8')]
     """

@@ -1,10 +1,18 @@
-"""SwapPlan: which tensors to swap, for which consumers, started by which trigger.
+"""SwapPlan: what a rewrite does to one graph - swaps, recomputations, and an order.
 
-A plan is a frozen value: the planner (:mod:`tflms.plan.planner`) makes it from
-the analysis view, the appliers (:mod:`tflms.apply.graph_editor`,
-:mod:`tflms.apply.view_editor`) execute it, :func:`tflms.validate` checks a graph
-against it, and it round-trips through JSON so it can be saved, inspected
-and applied later (``tflms rewrite --plan``).
+A plan is a frozen value: the planner (:func:`tflms.make_plan`) makes it from
+the analysis view, the appliers (:mod:`tflms.apply`) execute it on a live
+graph, a view or a protobuf, :func:`tflms.validate` checks a graph against it,
+and it round-trips through JSON so it can be saved, inspected and applied
+later (``tflms rewrite --plan``). Its levers, applied in this order:
+
+* :attr:`SwapPlan.recomputes` - cheap ops cloned to re-run before their far
+  consumers (:class:`~tflms.plan.entries.Recompute`);
+* :attr:`SwapPlan.swaps` - tensors copied to the host and back
+  (:class:`~tflms.plan.entries.Swap`); their consumers may be clones;
+* :attr:`SwapPlan.order` - control edges that fix the order of ops whose
+  interleaving made the peak (and :attr:`SwapPlan.serialization`, TFLMS v2's
+  level chains).
 
 Example:
     >>> swap = Swap(
@@ -13,20 +21,17 @@ Example:
     ...     swap_ins=(SwapIn(consumers=(("grad/ReluGrad", 1),), trigger="grad/Conv2DBackpropInput",
     ...                      trigger_level=40, consumer_level=44),),
     ... )
-    >>> plan = SwapPlan(swaps=(swap,), graph_name="train_step")
+    >>> plan = SwapPlan(swaps=(swap,), graph_name="train_step", order=(("a", "b"),))
     >>> swap.swapout_name, swap.swapin_name(0), swap.swapin_name(1)
     ('lms/swapout_conv1/Relu_0', 'conv1/Relu-lms/swapin', 'conv1/Relu-lms/swapin_1')
     >>> SwapPlan.from_json(plan.to_json()) == plan
     True
 
-Naming: swap-outs are called ``lms/swapout_<tensor>``. Swap-ins are called
-``<producer>-lms/swapin`` (``-lms/swapin_out<k>`` for output ``k > 0``, plus
-``_<n>`` for the n-th consumer group), so that a rerouted input *sorts where
-the original input sorted*. Grappler canonicalizes commutative ops by sorting
-their inputs by name and reassociates chains of Mul/Add/AddN in that order;
-a swap-in named ``lms/...`` would move within those sorts, change the float
+Naming (:mod:`tflms.plan.entries`) keeps every rerouted input sorting where
+the original input sorted: Grappler canonicalizes commutative ops by sorting
+their inputs by name and reassociates chains of Mul/Add/AddN in that order; a
+swap-in named ``lms/...`` would move within those sorts, change the float
 summation order and make training differ from the original in the last bits.
-With this naming the rewrite is bitwise neutral.
 """
 
 from __future__ import annotations
@@ -36,86 +41,18 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from tflms.errors import ConfigError
+from tflms.plan.entries import Recompute, Swap, SwapIn
 from tflms.units import format_bytes
 
-__all__ = ["SwapIn", "Swap", "SwapPlan", "PLAN_FORMAT_VERSION"]
+__all__ = ["SwapIn", "Swap", "Recompute", "SwapPlan", "PLAN_FORMAT_VERSION"]
 
-PLAN_FORMAT_VERSION = 1
-SCOPE = "lms"
-
-
-def _sanitize(tensor_name: str) -> str:
-    return tensor_name.replace(":", "_")
-
-
-@dataclass(frozen=True)
-class SwapIn:
-    """One swap-in of a swapped-out tensor, shared by a group of consumers.
-
-    Attributes:
-        consumers: ``(op name, input index)`` pairs rerouted to read the
-            swapped-in copy instead of the original tensor.
-        trigger: op whose completion starts the swap-in (a control edge
-            ``trigger -> swap-in``); ``None`` when there is no suitable op.
-        control_inputs: further ops the swap-in waits for (sync mode 2 and
-            the synchronous fallback: the consumer's other inputs).
-        trigger_level: level of ``trigger`` (``None`` without trigger).
-        consumer_level: level of the earliest consumer.
-        fallback: why no trigger was found (``None`` when one was).
-    """
-
-    consumers: tuple[tuple[str, int], ...]
-    trigger: str | None = None
-    control_inputs: tuple[str, ...] = ()
-    trigger_level: int | None = None
-    consumer_level: int = 0
-    fallback: str | None = None
-
-
-@dataclass(frozen=True)
-class Swap:
-    """One tensor swapped out to the host and back in for its far consumers.
-
-    Attributes:
-        tensor: ``"op:index"`` name of the swapped tensor.
-        producer, index: the op producing it and the output index.
-        bytes: estimated size (see :class:`tflms.graph.view.TensorInfo`).
-        dtype: dtype name.
-        producer_level: the producer's level.
-        device: the producer's device string (``""`` if unassigned).
-        swap_ins: one entry per consumer group.
-        wait_for_swapout: ops given a control edge from the swap-out
-            (sync modes 1 and 3: the producer's other consumers).
-    """
-
-    tensor: str
-    producer: str
-    index: int
-    bytes: int
-    dtype: str
-    producer_level: int
-    device: str
-    swap_ins: tuple[SwapIn, ...]
-    wait_for_swapout: tuple[str, ...] = ()
-
-    @property
-    def swapout_name(self) -> str:
-        """Name of the swap-out op, ``lms/swapout_<tensor>``."""
-        return f"{SCOPE}/swapout_{_sanitize(self.tensor)}"
-
-    def swapin_name(self, k: int) -> str:
-        """Name of the swap-in of consumer group ``k`` (see the module docstring)."""
-        base = f"{self.producer}-{SCOPE}/swapin" + (f"_out{self.index}" if self.index else "")
-        return f"{base}_{k}" if k else base
-
-    @property
-    def consumers(self) -> tuple[tuple[str, int], ...]:
-        return tuple(c for s in self.swap_ins for c in s.consumers)
+PLAN_FORMAT_VERSION = 2
+"""2 added recomputations and order edges; version 1 plans (swaps only) still load."""
 
 
 @dataclass(frozen=True)
 class SwapPlan:
-    """A complete swap plan for one graph.
+    """A complete memory plan for one graph.
 
     Attributes:
         swaps: the swaps, largest tensor first.
@@ -128,6 +65,9 @@ class SwapPlan:
         notes: facts the user should know (control flow left alone, unknown
             dims, batch size source, ...).
         batch_size: batch size used for sizes (``None``: per-sample sizes).
+        recomputes: groups of cheap ops re-run before their far consumers.
+        order: ``(before, after)`` control edges that fix an order with a
+            lower peak.
     """
 
     swaps: tuple[Swap, ...] = ()
@@ -137,6 +77,8 @@ class SwapPlan:
     skipped: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     batch_size: int | None = None
+    recomputes: tuple[Recompute, ...] = ()
+    order: tuple[tuple[str, str], ...] = ()
 
     # ------------------------------------------------------------------ queries
     @property
@@ -145,8 +87,19 @@ class SwapPlan:
         return sum(s.bytes for s in self.swaps)
 
     @property
+    def bytes_recomputed(self) -> int:
+        """Sum of the sizes of the tensors recomputed instead of kept."""
+        return sum(r.bytes for r in self.recomputes)
+
+    @property
     def num_swap_ins(self) -> int:
+        """Number of swap-in ops (one per consumer group of each swap)."""
         return sum(len(s.swap_ins) for s in self.swaps)
+
+    @property
+    def empty(self) -> bool:
+        """Whether the plan changes nothing."""
+        return not (self.swaps or self.recomputes or self.order or self.serialization)
 
     def op_names(self) -> set[str]:
         """Names of every op the plan inserts."""
@@ -154,14 +107,34 @@ class SwapPlan:
         for s in self.swaps:
             names.add(s.swapout_name)
             names.update(s.swapin_name(k) for k in range(len(s.swap_ins)))
+        for r in self.recomputes:
+            names.update(r.clone_names)
         return names
 
     def summary(self, *, per_scope: bool = True, top: int = 10) -> str:
-        """A readable report: totals, per-layer bytes, the largest swaps."""
-        lines = [
+        """A readable report: the levers pulled, totals, per-layer bytes, the largest tensors.
+
+        Args:
+            per_scope: add the swapped bytes per layer.
+            top: how many layers and tensors to list.
+
+        Returns:
+            The report, one fact per line.
+        """
+        head = (
             f"tflms plan for {self.graph_name or 'graph'}: {len(self.swaps)} tensors swapped "
             f"({format_bytes(self.bytes_swapped)} each way), {self.num_swap_ins} swap-ins"
-            + (f", batch size {self.batch_size}" if self.batch_size else ", per-sample sizes"),
+        )
+        if self.recomputes:
+            head += (
+                f", {sum(len(r.tensors) for r in self.recomputes)} tensors recomputed "
+                f"({format_bytes(self.bytes_recomputed)}, "
+                f"{sum(len(r.ops) for r in self.recomputes)} ops re-run)"
+            )
+        if self.order:
+            head += f", {len(self.order)} order edges"
+        lines = [
+            head + (f", batch size {self.batch_size}" if self.batch_size else ", per-sample sizes")
         ]
         fallbacks = sum(1 for s in self.swaps for si in s.swap_ins if si.fallback)
         if fallbacks:
@@ -177,23 +150,41 @@ class SwapPlan:
                 lines.append(f"    {format_bytes(nbytes):>12}  {scope}")
             if len(by_scope) > top:
                 lines.append(f"    ... {len(by_scope) - top} more layers")
-        if self.swaps:
-            lines.append("  largest swaps:")
-            for s in self.swaps[:top]:
-                far = ", ".join(f"L{si.consumer_level}" for si in s.swap_ins)
-                lines.append(
-                    f"    {format_bytes(s.bytes):>12}  {s.tensor}  (L{s.producer_level} -> {far})"
-                )
+        lines.extend(self._levers(top))
         reasons = Counter(reason for _, reason in self.skipped)
         if reasons:
-            lines.append("  large tensors not swapped:")
+            lines.append("  large tensors kept (not swapped or recomputed):")
             for reason, n in reasons.most_common():
                 lines.append(f"    {n:5d}  {reason}")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
+    def _levers(self, top: int) -> list[str]:
+        """The largest tensors and the lever each got, with why."""
+        rows = [
+            (
+                s.bytes,
+                s.tensor,
+                "swap",
+                f"L{s.producer_level} -> "
+                + ", ".join(f"L{si.consumer_level}" for si in s.swap_ins),
+            )
+            for s in self.swaps
+        ]
+        for r in self.recomputes:
+            per = r.bytes // max(1, len(r.tensors))
+            rows.extend((per, t, "recompute", r.reason) for t in r.tensors)
+        if not rows:
+            return []
+        rows.sort(key=lambda row: (-row[0], row[1]))
+        lines = ["  largest tensors and their lever:"]
+        for nbytes, tensor, lever, why in rows[:top]:
+            lines.append(f"    {format_bytes(nbytes):>12}  {lever:9s} {tensor}  ({why})")
+        return lines
+
     # --------------------------------------------------------------- JSON I/O
     def to_dict(self) -> dict:
+        """The plan as plain JSON-ready values, with ``format_version``."""
         data = asdict(self)
         data["format_version"] = PLAN_FORMAT_VERSION
         return data
@@ -204,51 +195,68 @@ class SwapPlan:
 
     @classmethod
     def from_dict(cls, data: dict) -> SwapPlan:
-        version = data.get("format_version")
-        if version != PLAN_FORMAT_VERSION:
+        """Inverse of :meth:`to_dict`; reads format versions 1 and 2.
+
+        Raises:
+            ConfigError: another format version, or a malformed plan.
+        """
+        version = data.get("format_version") if isinstance(data, dict) else None
+        if version not in (1, PLAN_FORMAT_VERSION):
             raise ConfigError(
-                f"Unsupported swap plan format_version={version!r}; this tflms reads "
-                f"version {PLAN_FORMAT_VERSION}. Re-create the plan with this tflms version."
+                f"Unsupported swap plan format_version={version!r}; this tflms reads versions 1 "
+                f"and {PLAN_FORMAT_VERSION}. Re-create the plan with this tflms version."
             )
         try:
-            swaps = tuple(
-                Swap(
-                    **{
-                        **s,
-                        "swap_ins": tuple(
-                            SwapIn(
-                                **{
-                                    **si,
-                                    "consumers": tuple((c, int(i)) for c, i in si["consumers"]),
-                                    "control_inputs": tuple(si["control_inputs"]),
-                                }
-                            )
-                            for si in s["swap_ins"]
-                        ),
-                        "wait_for_swapout": tuple(s["wait_for_swapout"]),
-                    }
-                )
-                for s in data["swaps"]
-            )
             return cls(
-                swaps=swaps,
+                swaps=tuple(_swap(s) for s in data["swaps"]),
                 graph_name=data["graph_name"],
                 serialization=tuple(tuple(chain) for chain in data["serialization"]),
                 config=dict(data["config"]),
                 skipped=tuple((t, r) for t, r in data["skipped"]),
                 notes=tuple(data["notes"]),
                 batch_size=data["batch_size"],
+                recomputes=tuple(_recompute(r) for r in data.get("recomputes", ())),
+                order=tuple((a, b) for a, b in data.get("order", ())),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ConfigError(f"Malformed swap plan JSON: {err!r}.") from err
 
     @classmethod
     def from_json(cls, text: str) -> SwapPlan:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ConfigError: the text is not JSON or not a plan this tflms reads.
+        """
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise ConfigError(f"A swap plan must be JSON: {err}.") from err
         return cls.from_dict(data)
+
+
+def _swap(s: dict) -> Swap:
+    swap_ins = tuple(
+        SwapIn(
+            **{
+                **si,
+                "consumers": tuple((c, int(i)) for c, i in si["consumers"]),
+                "control_inputs": tuple(si["control_inputs"]),
+            }
+        )
+        for si in s["swap_ins"]
+    )
+    return Swap(**{**s, "swap_ins": swap_ins, "wait_for_swapout": tuple(s["wait_for_swapout"])})
+
+
+def _recompute(r: dict) -> Recompute:
+    return Recompute(
+        **{
+            **r,
+            "ops": tuple(r["ops"]),
+            "consumers": tuple((c, int(i), op, int(k)) for c, i, op, k in r["consumers"]),
+        }
+    )
 
 
 def _layer_of(op_name: str) -> str:

@@ -48,9 +48,9 @@ from tflms.apply.validation import validate
 from tflms.config import LMSConfig
 from tflms.errors import AlreadyRewrittenError, ConfigError
 from tflms.graph.view import SWAP_ATTR, build_view, require_batch_size
-from tflms.plan.planner import make_plan
 from tflms.plan.swap_plan import SwapPlan
 from tflms.saved_model.read import Model, Target
+from tflms.tuning.compose import make_plan
 
 __all__ = ["TargetAnalysis", "ModelAnalysis", "analyze_model", "rewrite_model", "plan_view"]
 

@@ -1,7 +1,7 @@
 """Simulation: predict the memory peak and step time of a training step without a GPU.
 
 :func:`simulate` compiles a view (:mod:`~tflms.simulation.schedule`), times its
-ops (:mod:`~tflms.simulation.cost`, presets in :mod:`tflms.hardware`),
+ops (:mod:`tflms.cost`, presets in :mod:`tflms.hardware`),
 schedules them as Grappler does and accounts every buffer
 (:mod:`~tflms.simulation.memory`). :mod:`~tflms.simulation.grappler` runs
 TensorFlow's own estimate, :mod:`~tflms.simulation.crosscheck` compares the

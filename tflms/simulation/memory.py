@@ -22,9 +22,11 @@ Two accountings share this machinery:
 ``"tensorflow"`` (the default, what a GPU does)
     Variables and optimizer slots are resident for the whole step (counted
     once, see :func:`variable_bytes`), a ``ReadVariableOp`` aliases its
-    variable, and ``Identity``/``Reshape``/``Squeeze``/``ExpandDims``/
+    variable, ``Identity``/``Reshape``/``Squeeze``/``ExpandDims``/
     ``StopGradient`` outputs share their input's buffer (TensorFlow forwards
-    it). The peak is what an allocator would need at least.
+    it), and an element-wise op (:data:`FORWARDING_OPS`) writes its output
+    into an input buffer nobody else reads any more, as TensorFlow's kernels
+    do. The peak is what an allocator would need at least.
 
 ``"grappler"`` (Grappler's conventions, for a like-with-like cross-check)
     Every output is a fresh buffer, ``ReadVariableOp`` and ``Identity``
@@ -42,11 +44,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tflms.cost import ALIAS_OPS
 from tflms.errors import ConfigError
-from tflms.simulation.cost import ALIAS_OPS
 from tflms.simulation.schedule import CompiledGraph, Schedule
 
-__all__ = ["ACCOUNTINGS", "MemoryTrace", "LiveBuffer", "trace_memory", "variable_bytes"]
+__all__ = [
+    "ACCOUNTINGS",
+    "FORWARDING_OPS",
+    "MemoryTrace",
+    "LiveBuffer",
+    "trace_memory",
+    "variable_bytes",
+]
 
 ACCOUNTINGS = {
     "tensorflow": "variables resident, variable reads and Identity/Reshape alias their input",
@@ -140,6 +149,68 @@ def _alias_source(graph: CompiledGraph, i: int, k: int):
     return None
 
 
+FORWARDING_OPS: dict[str, tuple[int, ...] | None] = {
+    **dict.fromkeys(
+        (
+            "Abs", "Ceil", "Cos", "Elu", "Erf", "Exp", "Expm1", "Floor", "Inv", "LeakyRelu",
+            "Log", "Log1p", "Neg", "Reciprocal", "Relu", "Relu6", "Rint", "Round", "Rsqrt",
+            "Selu", "Sigmoid", "Sign", "Sin", "Softplus", "Softsign", "Sqrt", "Square", "Tan",
+            "Tanh", "BiasAdd",
+        ),
+        (0,),
+    ),
+    **dict.fromkeys(
+        (
+            "Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "RealDiv", "DivNoNan", "FloorDiv",
+            "FloorMod", "Maximum", "Minimum", "Pow", "SquaredDifference", "Xdivy", "Xlogy",
+            "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad",
+            "TanhGrad", "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad",
+        ),
+        (0, 1),
+    ),
+    "SelectV2": (1, 2),
+    "Select": (1, 2),
+    "AddN": None,
+}  # fmt: skip
+"""Ops whose TensorFlow kernels write their output into an input buffer when that input
+is read by nobody else any more (``forward_input_or_allocate_output``), and which inputs
+they try, in order (``None``: all). Element-wise ops and their gradients, BiasAdd, AddN."""
+
+
+def _forwardable(graph, schedule, i, info, buffer_of, b_tensors, b_space, b_bytes):
+    """The input buffer op ``i`` may write its output into, or ``None``.
+
+    The input must be on the device, as large as the output, of the same
+    dtype, not a function argument, read once by ``i``, and every other
+    reader of its buffer (aliases included) must have ended when ``i``
+    starts: the reference count the kernel sees is then 1.
+    """
+    allowed = FORWARDING_OPS[graph.types[i]]
+    reads: dict[int, int] = {}
+    for p, k, _ in graph.inputs[i]:
+        b = buffer_of.get((p, k))
+        if b is not None:
+            reads[b] = reads.get(b, 0) + 1
+    start = schedule.start[i]
+    for p, k, in_idx in sorted(graph.inputs[i], key=lambda t: t[2]):
+        if allowed is not None and in_idx not in allowed:
+            continue
+        b = buffer_of.get((p, k))
+        if (
+            b is None
+            or reads[b] != 1
+            or b_space[b] != "device"
+            or b_bytes[b] != info.bytes
+            or graph.outputs[p][k].dtype != info.dtype
+            or graph.types[b_tensors[b][0][0]] in _HANDLE_TYPES
+        ):
+            continue
+        others = (c for t in b_tensors[b] for c in graph.consumers.get(t, ()) if c != i)
+        if all(schedule.end[c] <= start for c in others):
+            return b
+    return None
+
+
 def trace_memory(
     graph: CompiledGraph, schedule: Schedule, *, accounting: str = "tensorflow", top: int = 20
 ) -> MemoryTrace:
@@ -190,6 +261,12 @@ def trace_memory(
                         buffer_of[(i, k)] = b
                         b_tensors[b].append((i, k))
                         continue
+            if realistic and k == 0 and op_type in FORWARDING_OPS and graph.copy[i] is None:
+                b = _forwardable(graph, schedule, i, info, buffer_of, b_tensors, b_space, b_bytes)
+                if b is not None:  # TensorFlow writes the output into a dying input's buffer
+                    buffer_of[(i, k)] = b
+                    b_tensors[b].append((i, k))
+                    continue
             buffer_of[(i, k)] = len(b_space)
             b_space.append(space)
             b_bytes.append(info.bytes)

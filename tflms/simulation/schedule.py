@@ -28,7 +28,7 @@ kernels of one stream in the order they were enqueued. On a single compute
 stream FirstReady reduces to "first in, first out by readiness": the order of
 a training step's forward and backward ops does not depend on the op
 durations, except among ops that become ready at the same instant (name
-order, as in Grappler). Our op times (a roofline, :mod:`tflms.simulation.cost`)
+order, as in Grappler). Our op times (a roofline, :mod:`tflms.cost`)
 differ from Grappler's analytical ones, yet the order - which decides the
 memory peak - stays the same; the durations only decide how copies overlap.
 
@@ -55,9 +55,9 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from tflms.cost import MIN_SECONDS, op_cost
 from tflms.errors import UnsupportedGraphError
 from tflms.hardware import HOST, DeviceModel, LinkModel, get_device, get_link
-from tflms.simulation.cost import MIN_SECONDS, op_cost
 
 __all__ = ["CompiledGraph", "Schedule", "compile_view", "first_ready", "LANES"]
 

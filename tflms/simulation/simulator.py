@@ -7,7 +7,7 @@ own module:
 
 * schedule (:mod:`tflms.simulation.schedule`): Grappler's FirstReady order on a
   compute stream, with swap copies on one stream per link direction;
-* time (:mod:`tflms.simulation.cost`, :mod:`tflms.hardware`): a roofline per op
+* time (:mod:`tflms.cost`, :mod:`tflms.hardware`): a roofline per op
   on a device preset (V100-16GB, A100-80GB, ...), copies at the link's
   bandwidth (pcie3, nvlink2, ...); a consumer waits for its swap-in;
 * memory (:mod:`tflms.simulation.memory`): resident variables, a buffer per output
@@ -29,10 +29,10 @@ Example:
     ...     y = tf.tanh(h, name="y")
     ...     z = tf.add(y, h, name="z")
     >>> result = tflms.simulate(tflms.build_view(g))
-    >>> result.device_peak_bytes // (256 * 1024 * 4)  # h, y and z while z runs (x died)
-    3
+    >>> result.device_peak_bytes // (256 * 1024 * 4)  # x and h, then h and y; z reuses y's buffer
+    2
     >>> result.peak_op, result.overhead
-    ('z', 0.0)
+    ('h', 0.0)
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def simulate(
         )
     if plan is not None and not isinstance(plan, SwapPlan):
         raise ConfigError(f"plan must be a tflms.SwapPlan or None, got {type(plan).__name__}.")
-    target = apply_to_view(view, plan) if plan is not None and plan.swaps else view
+    target = apply_to_view(view, plan) if plan is not None and not plan.empty else view
     result = _run(target, device, link, accounting)
     if view.graph.get("unsized_batch") and view.graph.get("batch_size") is None:
         logger.warning(
@@ -260,7 +260,7 @@ def simulate(
     before = None
     if isinstance(baseline, SimulationResult):
         before = baseline
-    elif baseline and plan is not None and plan.swaps:
+    elif baseline and plan is not None and not plan.empty:
         before = _run(view, device, link, accounting)
     if before is not None:
         overhead = result.step_time_s / before.step_time_s - 1 if before.step_time_s else 0.0

@@ -1,7 +1,9 @@
 """Tuning: the plan that fits a memory budget at the lowest predicted step time.
 
-:func:`autotune` searches the planner's options (:mod:`~tflms.tuning.search`)
-with the simulator as judge; :func:`retime_triggers` re-triggers swap-ins by
+:func:`make_plan` combines the levers (recompute, swap, order);
+:func:`autotune` searches their options (:mod:`~tflms.tuning.search`) with
+the simulator as judge; :func:`order_edges` finds the control edges that
+lower a simulated peak; :func:`retime_triggers` re-triggers swap-ins by
 simulated time instead of level distance.
 """
 
@@ -14,5 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "autotune": "tflms.tuning.autotuner",
         "resolve_budget": "tflms.tuning.autotuner",
         "retime_triggers": "tflms.tuning.retime",
+        "make_plan": "tflms.tuning.compose",
+        "order_edges": "tflms.tuning.ordering",
     },
 )

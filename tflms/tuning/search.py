@@ -19,10 +19,10 @@ import logging
 from dataclasses import dataclass
 
 from tflms.config import LMSConfig
-from tflms.plan.planner import make_plan
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.schedule import compile_view, first_ready
 from tflms.simulation.simulator import SimulationResult, simulate
+from tflms.tuning.compose import make_plan
 from tflms.tuning.retime import retime_triggers
 
 __all__ = ["Search", "Candidate", "TUNED_OPTIONS"]

@@ -1,0 +1,343 @@
+"""Recomputation: which activations to re-run before the backward pass instead of keeping them.
+
+A tensor is *recomputed* when its producer is cheap and what it is computed
+from is at hand when its far consumers run: the ops are cloned, the clones
+run just before those consumers (started by a trigger, like a swap-in), and
+the original outputs die after the forward pass. In a network with unfused
+BatchNorm, the BN output and the ReLU after it are recomputed from the
+convolution output, which the BN backward pass keeps (or swaps) anyway.
+
+Which ops qualify is decided by the cost model (:mod:`tflms.cost`), not by a
+list of names: an op is *cheap* when it is not a dense (convolution/matmul)
+kernel and does at most :data:`CHEAP_INTENSITY` FLOPs per byte it moves -
+elementwise ops, activations, the BatchNorm arithmetic, casts, reshapes,
+concatenations and reductions, whatever their type. It must also be
+stateless, on the compute device, outside control flow and not a
+constant/variable/placeholder.
+
+A recomputation *group* is grown from a tensor with far consumers (a
+*target*) back through its inputs: an input is
+
+* *at hand* when it is small (below ``min_tensor_bytes``), resident (a
+  variable read or constant), or read in the backward pass anyway (it has a
+  consumer at least as late as the target's far consumers - it is then kept
+  or swapped by the swap planner, which sees the clones as its consumers);
+* otherwise it is recomputed too, if its producer qualifies, up to
+  :data:`MAX_GROUP_OPS` ops; if not, the target is kept.
+
+Rewrites that would change Grappler's arithmetic rewrites or TensorFlow's
+buffer reuse of an ``AddN`` are refused (see :func:`veto`), so training stays
+bitwise identical.
+
+Example:
+    >>> import networkx as nx
+    >>> from tflms.config import LMSConfig
+    >>> from tflms.graph.view import TensorInfo, assign_levels
+    >>> v = nx.DiGraph(name="chain")
+    >>> def op(name, kind, nbytes, *ins):
+    ...     out = TensorInfo(f"{name}:0", 0, "float32", (8, nbytes // 32), nbytes)
+    ...     v.add_node(name, type=kind, device="", placement="compute", outputs=(out,),
+    ...                control_flow=False, functions=(), stateful=False, tflms=None)
+    ...     for i, src in enumerate(ins):
+    ...         v.add_edge(src, name, tensors=[(0, i)], control=False)
+    >>> op("conv", "Conv2D", 1 << 20)
+    >>> op("relu", "Relu", 1 << 20, "conv")
+    >>> for i in range(12):
+    ...     op(f"f{i}", "Tanh", 1 << 20, f"f{i-1}" if i else "relu")
+    >>> op("grad", "ReluGrad", 1 << 20, "f11", "relu")
+    >>> op("wgrad", "Conv2DBackpropFilter", 1 << 20, "grad", "conv")
+    >>> assign_levels(v)
+    >>> groups = plan_recomputes(v, LMSConfig(swapout_threshold=5, swapin_ahead=2, min_tensor_bytes=0))
+    >>> [(g.ops, g.consumers) for g in groups]
+    [(('relu',), (('grad', 1, 'relu', 0),))]
+"""
+
+from __future__ import annotations
+
+import logging
+
+import networkx as nx
+
+from tflms.config import LMSConfig
+from tflms.cost import op_cost
+from tflms.graph.view import consumers as tensor_consumers
+from tflms.hardware import DEVICES, DeviceModel, get_device
+from tflms.plan.candidates import (
+    CPU_PAIRED_INPUTS,
+    NAME_SENSITIVE,
+    NEVER_SWAP_DTYPES,
+    NEVER_SWAP_PRODUCERS,
+    compute_device_type,
+    order_sensitive,
+    tensor_ok,
+)
+from tflms.plan.entries import Recompute
+from tflms.plan.triggers import find_trigger, trigger_filter
+
+__all__ = ["plan_recomputes", "cheap", "veto", "CHEAP_INTENSITY", "MAX_GROUP_OPS"]
+
+logger = logging.getLogger(__name__)
+
+CHEAP_INTENSITY = 4.0
+"""FLOPs per byte moved up to which a (non-dense) op counts as cheap to re-run."""
+
+MAX_GROUP_OPS = 8
+"""At most this many ops are cloned to recompute one tensor."""
+
+_ADDS = frozenset({"Add", "AddV2", "AddN"})
+_ASSOCIATIVE = frozenset({"Add", "AddV2", "Mul"})
+
+
+def _device_model(config: LMSConfig) -> DeviceModel:
+    preset = config.memory_budget if isinstance(config.memory_budget, str) else None
+    return get_device(preset if preset in DEVICES else "V100-16GB")
+
+
+def _inputs(view: nx.DiGraph, node: str) -> list[tuple[str, int]]:
+    found = []
+    for pred, edge in view.pred[node].items():
+        found.extend((in_idx, pred, out_idx) for out_idx, in_idx in edge.get("tensors", ()))
+    return [(pred, out_idx) for _, pred, out_idx in sorted(found)]
+
+
+def cheap(view: nx.DiGraph, node: str, device: DeviceModel) -> tuple[bool, float]:
+    """Whether ``node`` may be cloned, and its predicted time on ``device``.
+
+    Args:
+        view: the analysis view.
+        node: the op.
+        device: the device model that times it.
+
+    Returns:
+        ``(eligible, seconds)``.
+    """
+    data = view.nodes[node]
+    if (
+        data["placement"] != "compute"
+        or data["control_flow"]
+        or data["tflms"]
+        or data["stateful"]
+        or data["functions"]
+        or data["type"] in NEVER_SWAP_PRODUCERS
+        or any(
+            info.dtype in NEVER_SWAP_DTYPES - {"int32"} or info.is_ref for info in data["outputs"]
+        )
+        or not data["outputs"]
+    ):
+        return False, 0.0
+    ins = [view.nodes[p]["outputs"][k] for p, k in _inputs(view, node)]
+    cost = op_cost(data["type"], ins, data["outputs"], device)
+    if cost.dense or cost.flops > CHEAP_INTENSITY * max(cost.bytes, 1):
+        return False, cost.seconds
+    return True, cost.seconds
+
+
+def _fold_sensitive(producer_type: str, consumer_type: str) -> bool:
+    """Whether Grappler's arithmetic optimizer folds ``producer -> consumer`` only when the
+    producer's output has one consumer (AddOpsRewrite, MinimizeBroadcasts,
+    HoistCommonFactor, RemoveNegation): changing that fanout changes float rounding."""
+    return (
+        (producer_type in _ADDS and consumer_type in _ADDS)
+        or (producer_type in _ASSOCIATIVE and producer_type == consumer_type)
+        or (producer_type == "Mul" and consumer_type in _ADDS)
+        or (producer_type == "Neg" and consumer_type in _ADDS | {"Sub"})
+    )
+
+
+def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
+    """Why recomputing ``group`` would change how TensorFlow computes, or ``None``.
+
+    Args:
+        view: the analysis view.
+        group: the ops to clone.
+        rerouted: ``{(op, output index): [(consumer, input index), ...]}``
+            the far consumers that would read clones.
+
+    Returns:
+        A reason, or ``None`` when the rewrite is neutral.
+    """
+    members = set(group)
+    for op in group:
+        for src, k in _inputs(view, op):
+            if src in members:
+                continue
+            readers = tensor_consumers(view, src, k)
+            if any(order_sensitive(view, c) for c, _ in readers):
+                return f"an AddN of 3+ inputs reads {src}:{k}, which a clone would also read"
+            src_type = view.nodes[src]["type"]
+            if len(readers) == 1 and _fold_sensitive(src_type, view.nodes[readers[0][0]]["type"]):
+                return f"a clone reading {src}:{k} would stop Grappler folding it into its consumer"
+    for (op, k), far in rerouted.items():
+        op_type = view.nodes[op]["type"]
+        uses = tensor_consumers(view, op, k)
+        if order_sensitive(view, op) or any(order_sensitive(view, c) for c, _ in uses):
+            return f"an AddN of 3+ inputs reads or writes {op}:{k}"
+        near = [c for c in uses if c not in far]
+        if len(near) == 1 and _fold_sensitive(op_type, view.nodes[near[0][0]]["type"]):
+            return f"rerouting would let Grappler fold {op}:{k} into its one remaining consumer"
+        for c, i in far:
+            ctype = view.nodes[c]["type"]
+            if k and ctype in NAME_SENSITIVE:
+                return f"a far consumer ({ctype}) of output {k} is commutative"
+            if (
+                CPU_PAIRED_INPUTS.get(ctype) == i
+                and compute_device_type(view, view.nodes[c]) == "CPU"
+            ):
+                return f"on CPU, oneDNN pairs {op} with {ctype} through a workspace"
+    return None
+
+
+def plan_recomputes(
+    view: nx.DiGraph, config: LMSConfig | None = None, *, device: DeviceModel | None = None
+) -> tuple[Recompute, ...]:
+    """Choose the recomputation groups of ``view`` (see the module docstring).
+
+    Args:
+        view: the analysis view (without tflms ops).
+        config: ``swapout_threshold`` defines *far* consumers, ``swapin_ahead``
+            how early a group is triggered, ``min_tensor_bytes`` what is worth
+            it, the scope/type filters which producers qualify.
+        device: times the clones (default: the budget's preset, else V100-16GB).
+
+    Returns:
+        The groups, largest saving first.
+    """
+    config = config or LMSConfig()
+    device = device or _device_model(config)
+    levels = nx.get_node_attributes(view, "level")
+    trigger_ok = trigger_filter(view)
+    memo: dict[str, tuple[bool, float]] = {}
+
+    def eligible(node):
+        if node not in memo:
+            memo[node] = cheap(view, node, device)
+        return memo[node][0]
+
+    groups: list[Recompute] = []
+    claimed: set[str] = set()
+    for producer in nx.topological_sort(view):
+        node = view.nodes[producer]
+        if producer in claimed or not eligible(producer) or not _filters_ok(producer, node, config):
+            continue
+        for info in node["outputs"]:
+            if not tensor_ok(info, config):
+                continue
+            lp = levels[producer]
+            far = [
+                (c, i)
+                for c, i in tensor_consumers(view, producer, info.index)
+                if levels[c] - lp > config.swapout_threshold
+            ]
+            if not far:
+                continue
+            group = _grow(view, producer, far, levels, config, eligible)
+            if group is None or claimed.intersection(group):
+                continue
+            entry = _make_group(view, group, levels, config, trigger_ok, memo)
+            if entry is not None:
+                groups.append(entry)
+                claimed.update(group)
+    groups.sort(key=lambda g: (-g.bytes, g.ops))
+    logger.debug(
+        "planned %d recompute groups (%d bytes)", len(groups), sum(g.bytes for g in groups)
+    )
+    return tuple(groups)
+
+
+def _filters_ok(name: str, node: dict, config: LMSConfig) -> bool:
+    if config.incl_types and node["type"] not in config.incl_types:
+        return False
+    if node["type"] in config.excl_types:
+        return False
+    if config.incl_scopes and not name.startswith(config.incl_scopes):
+        return False
+    return not (config.excl_scopes and name.startswith(config.excl_scopes))
+
+
+def _grow(view, target, far, levels, config, eligible) -> list[str] | None:
+    """The ops to clone for ``target``, topologically ordered; ``None`` if it cannot be done."""
+    earliest = min(levels[c] for c, _ in far)
+    group, todo = [], [target]
+    while todo:
+        op = todo.pop()
+        if op in group:
+            continue
+        group.append(op)
+        if len(group) > MAX_GROUP_OPS:
+            return None
+        for src, k in _inputs(view, op):
+            if _at_hand(view, src, k, earliest, config):
+                continue
+            if not eligible(src):
+                return None
+            todo.append(src)
+    return sorted(group, key=lambda op: (levels[op], op))
+
+
+def _at_hand(view, src, k, earliest, config) -> bool:
+    data = view.nodes[src]
+    info = data["outputs"][k]
+    if info.bytes < config.min_tensor_bytes or info.bytes == 0:
+        return True
+    if data["type"] in NEVER_SWAP_PRODUCERS:  # constants, variable reads, inputs: resident
+        return True
+    levels = view.nodes
+    return any(levels[c]["level"] >= earliest for c, _ in tensor_consumers(view, src, k))
+
+
+def _make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | None:
+    members = set(group)
+    rerouted: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for op in group:
+        lp = levels[op]
+        for info in view.nodes[op]["outputs"]:
+            far = [
+                (c, i)
+                for c, i in tensor_consumers(view, op, info.index)
+                if c not in members and levels[c] - lp > config.swapout_threshold
+            ]
+            if far:
+                rerouted[(op, info.index)] = far
+    if not rerouted:
+        return None
+    reason = veto(view, group, rerouted)
+    if reason is not None:
+        logger.debug("not recomputing %s: %s", group[-1], reason)
+        return None
+    consumers = sorted(
+        ((c, i, op, k) for (op, k), far in rerouted.items() for c, i in far),
+        key=lambda t: (levels[t[0]], t[0], t[1]),
+    )
+    earliest = consumers[0][0]
+    lc = levels[earliest]
+    floor = max(levels[op] for op in group)
+    trigger = find_trigger(view, earliest, lc - config.swapin_ahead, floor, levels, trigger_ok)
+    if trigger is None or trigger in members:
+        return None
+    nbytes = sum(view.nodes[op]["outputs"][k].bytes for op, k in rerouted)
+    seconds = sum(memo[op][1] for op in group)
+    sources = sorted(
+        {f"{s}:{k}" for op in group for s, k in _inputs(view, op) if s not in members}
+        - {f"{s}:{k}" for s, k in _small_inputs(view, group, config)}
+    )
+    return Recompute(
+        ops=tuple(group),
+        consumers=tuple(consumers),
+        trigger=trigger,
+        trigger_level=levels[trigger],
+        consumer_level=lc,
+        bytes=nbytes,
+        seconds=seconds,
+        reason=(
+            f"{len(group)} cheap ops re-run from {', '.join(sources) or 'small inputs'} "
+            f"({seconds * 1e3:.3f} ms predicted)"
+        ),
+    )
+
+
+def _small_inputs(view, group, config):
+    members = set(group)
+    for op in group:
+        for src, k in _inputs(view, op):
+            if src not in members and view.nodes[src]["outputs"][k].bytes < config.min_tensor_bytes:
+                yield src, k
