@@ -11,10 +11,17 @@ whose predicted step time is lowest:
    ``swapin_groupby`` around the best pair;
 3. swap-in triggers chosen by simulated time rather than level distance
    (:func:`tflms.tuning.retime.retime_triggers`), with a few slacks;
-4. only if nothing fits yet: ``sync_mode`` 1-3, ``serialization`` of the
+4. ``recompute=True`` on the most promising settings: cheap activations
+   re-run instead of kept or swapped (their compute time is charged);
+5. ``reorder=True`` on the best plans so far: control edges that stop
+   sibling branches from piling up at the peak (no time cost when the
+   simulator finds no slowdown);
+6. only if nothing fits yet: ``sync_mode`` 1-3, ``serialization`` of the
    levels around the peak, and ``min_tensor_bytes=0``;
-5. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
+7. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
    traffic, less overhead.
+
+Among the plans that fit, the one with the lowest predicted step time wins.
 
 A plan *fits* when its predicted device peak is at most the budget minus the
 safety margin (``LMSConfig.safety_margin``), which is kept for what static
@@ -120,7 +127,9 @@ class AutotuneResult:
                 head,
                 f"  peak {format_bytes(self.baseline.device_peak_bytes)} -> "
                 f"{format_bytes(self.result.device_peak_bytes)}, {len(self.plan.swaps)} tensors "
-                f"swapped ({format_bytes(self.plan.bytes_swapped)} each way), predicted overhead "
+                f"swapped ({format_bytes(self.plan.bytes_swapped)} each way), "
+                f"{sum(len(r.tensors) for r in self.plan.recomputes)} recomputed, "
+                f"{len(self.plan.order)} order edges, predicted overhead "
                 f"{self.overhead:+.1%} ({len(self.candidates)} plans simulated)",
                 f"  options: {options}"
                 + (
@@ -143,6 +152,8 @@ class AutotuneResult:
             "config": self.config.to_dict(),
             "retime": self.retime,
             "swaps": len(self.plan.swaps),
+            "recomputed": sum(len(r.tensors) for r in self.plan.recomputes),
+            "order_edges": len(self.plan.order),
             "bytes_swapped": self.plan.bytes_swapped,
             "result": self.result.to_dict(timeline=False),
             "candidates": [asdict(c) for c in self.candidates],

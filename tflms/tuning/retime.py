@@ -85,12 +85,21 @@ def retime_triggers(
     )
     ends = [t for t, _ in eligible]
 
+    # a recompute clone reading a swap-in is due when the clone's own consumers start
+    # (minus the clones' compute time, which the copy must precede)
+    clone_due = {}
+    for r in plan.recomputes:
+        start = min(schedule.start[index[c]] for c, _, _, _ in r.consumers) - r.seconds
+        clone_due.update(dict.fromkeys(r.clone_names, start))
     entries = []
     for s, swap in enumerate(plan.swaps):
         for k, swap_in in enumerate(swap.swap_ins):
             if swap_in.trigger is None:
                 continue
-            due = min(schedule.start[index[c]] for c, _ in swap_in.consumers)
+            due = min(
+                clone_due[c] if c in clone_due else schedule.start[index[c]]
+                for c, _ in swap_in.consumers
+            )
             entries.append((due, s, k, link.seconds(swap.bytes)))
     entries.sort(reverse=True)
 

@@ -22,7 +22,7 @@ from tflms.config import LMSConfig
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.schedule import compile_view, first_ready
 from tflms.simulation.simulator import SimulationResult, simulate
-from tflms.tuning.compose import make_plan
+from tflms.tuning.compose import make_plan, with_order
 from tflms.tuning.retime import retime_triggers
 
 __all__ = ["Search", "Candidate", "TUNED_OPTIONS"]
@@ -37,6 +37,8 @@ TUNED_OPTIONS = (
     "serialization",
     "n_tensors",
     "min_tensor_bytes",
+    "recompute",
+    "reorder",
 )
 """The :class:`~tflms.LMSConfig` fields the auto-tuner searches."""
 
@@ -106,13 +108,17 @@ class Search:
         key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
         if key in self._seen:
             return self._seen[key]
-        plan = make_plan(self.view, cfg)
+        plan = make_plan(self.view, cfg.replace(reorder=False))
         if retime is not None and plan.swaps:
             if self._timed is None:
                 compiled = compile_view(self.view, device=self.device, link=self.link)
                 self._timed = (compiled, first_ready(compiled))
             plan = retime_triggers(
                 self.view, plan, device=self.device, link=self.link, slack=retime, timed=self._timed
+            )
+        if cfg.reorder and not plan.empty:  # ordered last: the edges depend on the triggers
+            plan = with_order(
+                self.view, plan, device=self.device, link=self.link, accounting=self.accounting
             )
         result = simulate(
             self.view,
@@ -149,7 +155,7 @@ class Search:
         return done
 
     def fits(self, done: _Evaluated) -> bool:
-        if not done.plan.swaps or done.result.device_peak_bytes > self.usable:
+        if done.plan.empty or done.result.device_peak_bytes > self.usable:
             return False
         if self.robust and done.instant_peak is None:
             instant = simulate(
@@ -186,7 +192,7 @@ class Search:
         pool = list(self._seen.values()) if pool is None else list(pool)
         return min(
             pool,
-            key=lambda e: (e.peak, not e.plan.swaps, e.result.step_time_s),
+            key=lambda e: (e.peak, e.plan.empty, e.result.step_time_s),
         )
 
     def pick(self, pool) -> _Evaluated:
@@ -224,6 +230,25 @@ class Search:
                 self.evaluate(retime=slack, **_opts(current.config))
                 for slack in _SLACKS
                 if current.plan.swaps
+            ]
+        )
+        # Recompute cheap activations instead of swapping them, around the best settings.
+        top = sorted(self._seen.values(), key=self.rank)[:_PROMISING]
+        current = self.pick(
+            [current]
+            + [self.evaluate(retime=e.retime, **_opts(e.config, recompute=True)) for e in top]
+        )
+        # Order the branches that make the peak, on the best plans so far, with and
+        # without recomputation (their peaks differ before ordering, not after).
+        ranked = sorted(self._seen.values(), key=self.rank)
+        top = [e for e in ranked if not e.config.recompute][:2]
+        top += [e for e in ranked if e.config.recompute][:2]
+        current = self.pick(
+            [current]
+            + [
+                self.evaluate(retime=e.retime, **_opts(e.config, reorder=True))
+                for e in top
+                if not e.plan.empty
             ]
         )
         if not self.fits(current):
