@@ -111,6 +111,13 @@ def test_the_site_loads_nothing_from_the_network(site):
     assert not offenders, offenders
 
 
+def test_every_page_is_in_the_navigation():
+    nav = (REPO / "mkdocs.yml").read_text().split("\nnav:", 1)[1]
+    pages = [str(p.relative_to(DOCS)) for p in _pages()] + list(api_pages.PACKAGES.values())
+    for page in pages:
+        assert f": {page}\n" in nav, f"{page} is not in the nav of mkdocs.yml"
+
+
 def test_the_reference_documents_every_public_name(site):
     for package, page in api_pages.PACKAGES.items():
         html = (site / page).with_suffix(".html").read_text()

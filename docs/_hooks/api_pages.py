@@ -28,8 +28,14 @@ PACKAGES = {
     "tflms": "reference/tflms.md",
     "ddl_tf": "reference/ddl_tf.md",
     "ddl_tf.keras": "reference/ddl_tf.keras.md",
+    "tflms.simulation": "reference/tflms.simulation.md",
+    "tflms.simulation.crosscheck": "reference/tflms.simulation.crosscheck.md",
+    "tflms.tuning": "reference/tflms.tuning.md",
+    "tflms.zoo": "reference/tflms.zoo.md",
+    "ddl_tf.config": "reference/ddl_tf.config.md",
+    "ddl_tf.cluster": "reference/ddl_tf.cluster.md",
 }
-"""The packages whose ``__all__`` the reference documents, and their pages."""
+"""The packages (and modules) whose ``__all__`` the reference documents, and their pages."""
 
 INTRO = {
     "tflms": "Large Model Support: the front ends (`LMSCallback`, `function`, `LMS`), the "
@@ -39,6 +45,15 @@ INTRO = {
     "ddl_tf.keras": "Horovod's Keras API for Keras 3 (`import ddl_tf.keras as hvd`): the "
     "`DistributedOptimizer`, the callbacks and `load_model`, with the collectives taking "
     "and returning tensors.",
+    "tflms.simulation": "Predicted peak memory and step time of a training step, without a GPU "
+    "(see [the simulator](../simulator.md)).",
+    "tflms.simulation.crosscheck": "The simulator side by side with Grappler's own estimate.",
+    "tflms.tuning": "The swap plan that fits a memory budget at the lowest predicted cost.",
+    "tflms.zoo": "The compiled Keras models the tests, benchmarks, examples and demo train.",
+    "ddl_tf.config": "`DDLConfig`, the one configuration value of ddl_tf "
+    "(see [settings](../settings.md)).",
+    "ddl_tf.cluster": "Rehearsal clusters: virtual nodes on one machine "
+    "(see [cluster rehearsal](../cluster-rehearsal.md)).",
 }
 
 
@@ -109,8 +124,16 @@ def public_names(package: str) -> list[ApiName]:
     return [_locate(package, name, getattr(module, name)) for name in names]
 
 
-def reference_page(package: str) -> str:
-    """The Markdown of ``package``'s reference page."""
+def reference_page(package: str, seen: dict[str, str] | None = None) -> str:
+    """The Markdown of ``package``'s reference page.
+
+    Args:
+        package: A key of :data:`PACKAGES`.
+        seen: ``{defining path: public name}`` of objects earlier pages
+            documented; those get a link here instead of a second copy (an
+            object has one place in the reference). Updated in place.
+    """
+    seen = {} if seen is None else seen
     lines = [
         f"# `{package}`",
         "",
@@ -128,11 +151,13 @@ def reference_page(package: str) -> str:
                 "The installed distribution's version (`tflms-ddl`), from its metadata; "
                 "`0+unknown` when running from a source tree that is not installed."
             )
+        elif item.defined in seen:
+            lines.append(f"The same object as [`{seen[item.defined]}`][{item.defined}].")
         else:
+            seen[item.defined] = item.public
             if item.defined != item.public:
-                lines.append(
-                    f"Defined in `{item.defined.rsplit('.', 1)[0] if item.kind != 'module' else item.defined}`."
-                )
+                where = item.defined if item.kind == "module" else item.defined.rsplit(".", 1)[0]
+                lines.append(f"Defined in `{where}`.")
                 lines.append("")
             lines.append(f"::: {item.defined}")
             lines.append("    options:")

@@ -41,7 +41,15 @@ import tables_tflms  # noqa: E402, F401 - registers the tflms tables
 
 log = logging.getLogger("mkdocs.hooks.docs")
 
-_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):(?=<code>)")
+_ROLE = re.compile(
+    r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):<code>(~)?([\w.]+)(\(\))?</code>"
+)
+
+
+def _role(match: re.Match) -> str:
+    # Sphinx: :class:`~a.b.C` shows only ``C``; :class:`a.b.C` the whole path.
+    name = match.group(2).rsplit(".", 1)[-1] if match.group(1) else match.group(2)
+    return f"<code>{name}{match.group(3) or ''}</code>"
 
 
 def on_files(files: Files, config) -> Files:
@@ -49,9 +57,10 @@ def on_files(files: Files, config) -> Files:
     for path in sorted(RESULTS.iterdir()):
         if path.suffix in (".json", ".png"):
             files.append(File.generated(config, f"results/{path.name}", abs_src_path=str(path)))
+    seen: dict[str, str] = {}  # each object is documented once, on the first page that has it
     for package, page in api_pages.PACKAGES.items():
         try:
-            content = api_pages.reference_page(package)
+            content = api_pages.reference_page(package, seen)
         except results_tables.DocsBuildError as err:
             raise PluginError(str(err)) from err
         files.append(File.generated(config, page, content=content))
@@ -69,5 +78,5 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 def on_page_content(html: str, page, config, files) -> str:
-    """Drop Sphinx role prefixes before inline code (``:class:<code>X</code>``)."""
-    return _ROLE.sub("", html)
+    """Drop Sphinx role prefixes before inline code (``:class:<code>~a.X</code>`` -> ``X``)."""
+    return _ROLE.sub(_role, html)
