@@ -295,6 +295,17 @@ def test_every_python_snippet_of_the_docs_compiles():
             compile(block, f"{path.name}[python block {i}]", "exec")
 
 
+def test_json_snippets_parse_and_topology_files_load():
+    from ddl_tf.core.topology_file import TopologySpec
+
+    blocks = [b for page in _pages() for b in _blocks(page.read_text(), "json")]
+    assert blocks
+    for block in blocks:
+        data = json.loads(block)
+        if "levels" in data:
+            assert TopologySpec.from_dict(data).levels == tuple(data["levels"])
+
+
 def test_the_readme_make_and_pip_commands_exist():
     makefile = (REPO / "Makefile").read_text()
     setup = (REPO / "setup.cfg").read_text()

@@ -184,7 +184,7 @@ def _lms_config_table() -> str:
         [
             f"`{f.name}`",
             f"`{f.option}`",
-            f"`{f.annotation}`",
+            f"`{f.annotation.replace(' | ', ' or ')}`",  # a | would split the table cell
             f"`{f.default!r}`",
             " ".join(f.doc.split()),
         ]
