@@ -1,4 +1,5 @@
-# Two commands matter: `make demo` (the main job) and `make test` (the suite).
+# Two commands matter: `make demo` (the main job) and `make test` (the suite, which
+# also builds the docs site); `make docs` builds the site alone into site/.
 # Both create and use a project-local virtual environment in .venv.
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ PYTEST_ARGS ?=
 
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench docs lint clean
 
 install: $(STAMP)
 
@@ -42,10 +43,15 @@ bench: install
 	done
 	$(PY) -m pytest -m bench -p no:cacheprovider $(PYTEST_ARGS)
 
+# The documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing
+# reference or a results file a page asks for that does not exist fails the build.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 lint: install
-	$(VENV)/bin/ruff check tflms ddl_tf tests benchmarks examples
-	$(VENV)/bin/ruff format --check tflms ddl_tf tests benchmarks examples
+	$(VENV)/bin/ruff check tflms ddl_tf tests benchmarks examples docs/_hooks
+	$(VENV)/bin/ruff format --check tflms ddl_tf tests benchmarks examples docs/_hooks
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

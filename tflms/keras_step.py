@@ -200,7 +200,8 @@ def analyze(
     Args:
         model: a compiled Keras 3 model.
         batch_size: the batch each step sees.
-        x, y: sample data or specs, as for :func:`train_step_graph`.
+        x: sample inputs or specs, as for :func:`train_step_graph`.
+        y: sample targets or specs, as for :func:`train_step_graph`.
         config: devices for placement classes (default ``LMSConfig()``).
 
     Returns:

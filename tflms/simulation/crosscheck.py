@@ -141,7 +141,8 @@ def grappler_timeline(
 
     Args:
         graph: a ``tf.Graph`` or ``FuncGraph``.
-        device, host_device: the virtual GPU and host.
+        device: the virtual GPU.
+        host_device: the virtual host.
         batch_size: replaces an unknown leading placeholder dimension.
         slowdown: divide the virtual devices' speed by this factor (as for
             :func:`tflms.simulation.grappler.grappler_peak`).

@@ -58,7 +58,8 @@ def retime_triggers(
         view: the analysis view ``plan`` was made from (without swap ops).
         plan: the plan to retime; swap-ins without a trigger (synchronous
             ones, sync modes 2 and 3) are kept as they are.
-        device, link: presets (or models) timing the ops and the copies.
+        device: the preset (or model) timing the ops.
+        link: the preset (or model) timing the copies.
         slack: each copy is started this many copy-times before it must end
             (1.0: just in time on an otherwise idle stream).
         timed: ``(compile_view(view, ...), first_ready(...))`` computed

@@ -1,0 +1,398 @@
+"""The docs' tables of ddl_tf results: allreduce on one host, across virtual nodes, training.
+
+Each function turns one results file into Markdown; see :mod:`results_tables`
+for the directive that calls it and what happens to missing keys.
+"""
+
+from __future__ import annotations
+
+from results_tables import (
+    MISSING,
+    Results,
+    fmt_pct,
+    fmt_ratio,
+    fmt_seconds,
+    fmt_size,
+    markdown_table,
+    table,
+)
+
+__all__: list[str] = []  # everything here is registered in results_tables.TABLES
+
+ORDER = ["mpi4py", "flat", "ring", "asa", "hierarchical", "auto", "engine", "engine-unchecked"]
+WIRE = {"none": "float32", "fp16": "fp16", "bf16": "bf16"}
+# ddl_tf commit bc2b1c5 (2026-11-22 00:43 UTC): float16 sums accumulate in float32.
+FP16_KERNEL_CHANGE = "2026-11-22T00:43:25"
+
+
+def _layout(r: Results, key: str, value: str) -> tuple[int | None, dict]:
+    """The index and entry of ``layouts`` whose ``key`` is ``value``; records a miss."""
+    layouts = r.get("layouts")
+    for i, layout in enumerate(layouts if isinstance(layouts, list) else []):
+        if layout.get(key) == value:
+            return i, layout
+    r.missing.append(f"layouts[{key}={value}]")
+    return None, {}
+
+
+def _ordered(names) -> list[str]:
+    return sorted(set(names), key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+
+def _busbw(row: dict) -> str:
+    value = row.get("busbw_GBps")
+    return f" ({value:.2f})" if isinstance(value, float) else ""
+
+
+# --------------------------------------------------------------------------- one host
+
+
+@table("allreduce_sizes", "allreduce.json")
+def allreduce_sizes(r: Results, layout: str, compression: str = "none") -> str:
+    """Median time per algorithm and message size on one layout, bus bandwidth in GB/s."""
+    i, _ = _layout(r, "layout", layout)
+    if i is None:
+        return f"*No layout {layout!r} in `{r.name}`.*"
+    rows = [
+        row
+        for row in r.get(f"layouts.{i}.rows") or []
+        if row.get("phase") is None and row.get("compression") == compression
+    ]
+    algorithms = _ordered(row["algorithm"] for row in rows)
+    cells = {(row["bytes"], row["algorithm"]): row for row in rows}
+    body = []
+    for size in sorted({row["bytes"] for row in rows}):
+        line = [fmt_size(size)]
+        for algo in algorithms:
+            row = cells.get((size, algo))
+            line.append(fmt_seconds(row["seconds"]) + _busbw(row) if row else "-")
+        body.append(line)
+    return markdown_table(["size", *algorithms], body, "l" + "r" * len(algorithms))
+
+
+@table("allreduce_compression", "allreduce.json")
+def allreduce_compression(r: Results) -> str:
+    """``auto`` with float32, fp16 and bf16 on the wire (conversions included), per layout."""
+    header, columns = ["size"], []
+    for i, layout in enumerate(r.get("layouts") or []):
+        kinds = {
+            row.get("compression")
+            for row in layout.get("rows", [])
+            if row.get("algorithm") == "auto"
+        }
+        for kind in ("none", "fp16", "bf16"):
+            if kind in kinds:
+                header.append(f"{layout.get('layout')}: {WIRE[kind]}")
+                columns.append((i, kind))
+    cells, sizes = {}, set()
+    for i, kind in columns:
+        for row in r.get(f"layouts.{i}.rows") or []:
+            if (
+                row.get("phase") is None
+                and row.get("algorithm") == "auto"
+                and row.get("compression") == kind
+            ):
+                cells[(row["bytes"], i, kind)] = row["seconds"]
+                sizes.add(row["bytes"])
+    body = [
+        [fmt_size(size), *(fmt_seconds(cells.get((size, i, kind), MISSING)) for i, kind in columns)]
+        for size in sorted(sizes)
+    ]
+    text = markdown_table(header, body, "l" + "r" * len(columns))
+    created = r.get("created")
+    if isinstance(created, str) and created < FP16_KERNEL_CHANGE:
+        text += (
+            f"\n\nThese fp16 rows were measured on {created}, before float16 sums moved to "
+            "ddl_tf's float32-accumulating operation (commit bc2b1c5); rerun "
+            "`python benchmarks/bench_allreduce.py` for current figures."
+        )
+    return text
+
+
+@table("allreduce_targets", "allreduce.json")
+def allreduce_targets(r: Results) -> str:
+    """``auto`` over ``mpi4py`` alone (interleaved A/B) per size and layout, and the verdicts."""
+    layouts = r.get("layouts") or []
+    sizes = sorted(
+        {
+            int(size)
+            for layout in layouts
+            for size in (layout.get("targets", {}).get("auto_vs_mpi_ge_1MiB") or {})
+        }
+    )
+    header = ["auto / mpi4py", *(layout.get("layout") for layout in layouts)]
+    body = [
+        [
+            "8 KiB",
+            *(
+                fmt_ratio(r.get(f"layouts.{i}.targets.auto_8KiB_latency_ratio"), 3)
+                for i in range(len(layouts))
+            ),
+        ]
+    ]
+    for size in sizes:
+        body.append(
+            [
+                fmt_size(size),
+                *(
+                    fmt_ratio(r.get(["layouts", i, "targets", "auto_vs_mpi_ge_1MiB", str(size)]), 3)
+                    for i in range(len(layouts))
+                ),
+            ]
+        )
+    met = lambda key: " / ".join(  # noqa: E731
+        {True: "met", False: "not met"}.get(r.get(["layouts", i, "targets", key]), "missing")
+        for i in range(len(layouts))
+    )
+    return markdown_table(header, body, "l" + "r" * len(layouts)) + (
+        f"\n\n`auto` no slower than MPI_Allreduce (5% allowed) at >= 1 MiB: {met('auto_no_slower_ge_1MiB')}; "
+        f"8 KiB latency within 1.2x: {met('auto_8KiB_within_1.2x')} (layouts in the order of the columns)."
+    )
+
+
+@table("allreduce_load", "allreduce.json")
+def allreduce_load(r: Results) -> str:
+    """Load average (1, 5, 15 minutes) before and after each layout's run."""
+    body = [
+        [
+            layout.get("layout"),
+            _load(layout.get("load_average_before")),
+            _load(layout.get("load_average_after")),
+        ]
+        for layout in r.get("layouts") or []
+    ]
+    return markdown_table(["layout", "load average before", "after"], body)
+
+
+def _load(values) -> str:
+    return " ".join(f"{v:.2f}" for v in values) if isinstance(values, list) else "missing"
+
+
+# --------------------------------------------------------------------------- virtual nodes
+
+
+@table("cluster_layouts", "cluster_allreduce*.json")
+def cluster_layouts(r: Results) -> str:
+    """What each rehearsal layout was: ranks, what ddl_tf saw, link throughput, load, time."""
+    header = [
+        "layout",
+        "ranks",
+        "ddl_tf sees",
+        "learned hierarchical steps",
+        "link TCP payload (Gbit/s)",
+        "load before -> after",
+        "minutes",
+    ]
+    body = []
+    for i, layout in enumerate(r.get("layouts") or []):
+        steps = r.get(f"layouts.{i}.steps.learned")
+        payload = r.get(f"layouts.{i}.link_payload_Gbps")
+        before, after = (
+            layout.get("load_average_before") or [MISSING],
+            layout.get("load_average_after") or [MISSING],
+        )
+        seconds = r.get(f"layouts.{i}.seconds")
+        body.append(
+            [
+                layout.get("layout"),
+                _ranks(layout),
+                str(layout.get("topology", "missing")).splitlines()[0],
+                ", ".join(f"{k} {v}" for k, v in steps.items())
+                if isinstance(steps, dict)
+                else "missing",
+                ", ".join(f"{k} {v}" for k, v in payload.items())
+                if isinstance(payload, dict)
+                else "missing",
+                f"{before[0]} -> {after[0]}",
+                f"{seconds / 60:.1f}" if isinstance(seconds, float) else "missing",
+            ]
+        )
+    return (
+        markdown_table(header, body)
+        + f"\n\nLinks: {r.get('cluster.link')}, MTU {r.get('cluster.mtu')}, latency {r.get('cluster.latency')}. Bound: {r.get('bound')}"
+    )
+
+
+def _ranks(layout: dict):
+    nodes, per_node = layout.get("nodes"), layout.get("ranks_per_node")
+    return nodes * per_node if isinstance(nodes, int) and isinstance(per_node, int) else "missing"
+
+
+def _per_size(values) -> str:
+    if not isinstance(values, dict):
+        return "missing"
+    return ", ".join(f"{fmt_size(int(size))}: {fmt_ratio(v)}" for size, v in values.items())
+
+
+@table("cluster_targets", "cluster_allreduce*.json")
+def cluster_targets(r: Results) -> str:
+    """The four targets per layout: bound, ring vs hierarchical, fp16 gain, auto vs best."""
+    header = [
+        "layout",
+        "hierarchical / bound (>= 16 MiB)",
+        "ring / hierarchical",
+        "float32 / fp16 (best vs best)",
+        "auto / best: median, worst (size)",
+        "auto / its own choice, same rounds",
+    ]
+    body = []
+    for i, layout in enumerate(r.get("layouts") or []):
+        targets = layout.get("targets", {})
+        fp16 = targets.get("fp32_over_fp16_ge_16MiB")
+        best = (
+            {size: v.get("best") for size, v in fp16.items()} if isinstance(fp16, dict) else MISSING
+        )
+        body.append(
+            [
+                layout.get("layout"),
+                _per_size(r.get(f"layouts.{i}.targets.hierarchical_ratio_to_bound_ge_16MiB")),
+                _per_size(r.get(f"layouts.{i}.targets.ring_over_hierarchical_ge_16MiB")),
+                _per_size(best),
+                _auto_over_best(r.get(f"layouts.{i}.targets.auto_over_best")),
+                _span(
+                    r.get(f"layouts.{i}.targets.auto_over_best"),
+                    "ratio_to_its_choice_measured_alone",
+                ),
+            ]
+        )
+    layouts = r.get("layouts") or []
+    verdicts = []
+    for key, label in (
+        ("hierarchical_within_1.15x_of_bound", "hierarchical within 1.15x of the bound"),
+        ("hierarchical_1.5x_faster_than_ring", "hierarchical 1.5x faster than ring"),
+        ("fp16_1.8x_faster", "fp16 1.8x faster than float32"),
+        ("auto_within_5pct_of_best", "auto within 5% of the best"),
+    ):
+        per_layout = ", ".join(
+            f"{layout.get('layout')} "
+            + {True: "met", False: "not met"}.get(r.get(["layouts", i, "targets", key]), "missing")
+            for i, layout in enumerate(layouts)
+        )
+        verdicts.append(f"{label}: {per_layout}")
+    return markdown_table(header, body) + "\n\nTargets: " + "; ".join(verdicts) + "."
+
+
+def _span(values, key: str) -> str:
+    if not isinstance(values, dict):
+        return "missing"
+    found = [v[key] for v in values.values() if isinstance(v.get(key), int | float)]
+    return f"{min(found):.2f} to {max(found):.2f}" if found else "missing"
+
+
+def _auto_over_best(values) -> str:
+    if not isinstance(values, dict) or not values:
+        return "missing"
+    ratios = sorted(v["ratio"] for v in values.values())
+    worst_key = max(values, key=lambda k: values[k]["ratio"])
+    kind, size = worst_key.split("/")
+    median = (
+        ratios[len(ratios) // 2]
+        if len(ratios) % 2
+        else sum(ratios[len(ratios) // 2 - 1 : len(ratios) // 2 + 1]) / 2
+    )
+    return f"{median:.2f}, {values[worst_key]['ratio']:.2f} ({fmt_size(int(size))} {WIRE.get(kind, kind)})"
+
+
+@table("cluster_sizes", "cluster_allreduce*.json")
+def cluster_sizes(r: Results, layout: str, compression: str = "none") -> str:
+    """Time per algorithm and size on one rehearsal layout, with its ratio to the link bound."""
+    i, _ = _layout(r, "layout", layout)
+    if i is None:
+        return f"*No layout {layout!r} in `{r.name}`.*"
+    rows = [
+        row for row in r.get(f"layouts.{i}.rows") or [] if row.get("compression") == compression
+    ]
+    algorithms = _ordered(row["algorithm"] for row in rows)
+    cells = {(row["bytes"], row["algorithm"]): row for row in rows}
+    body = []
+    for size in sorted({row["bytes"] for row in rows}):
+        bound = next((row.get("bound_seconds") for row in rows if row["bytes"] == size), MISSING)
+        line = [fmt_size(size), fmt_seconds(bound)]
+        for algo in algorithms:
+            row = cells.get((size, algo))
+            if not row:
+                line.append("-")
+                continue
+            chose = f", {row['chosen']}" if algo == "auto" else ""
+            line.append(
+                f"{fmt_seconds(row['seconds'])} ({fmt_ratio(row.get('ratio_to_bound', MISSING))}{chose})"
+            )
+        body.append(line)
+    names = [
+        "MPI_Allreduce (flat)" if a == "flat" else "auto (ratio, chose)" if a == "auto" else a
+        for a in algorithms
+    ]
+    return markdown_table(["size", "bound", *names], body, "lr" + "r" * len(algorithms))
+
+
+@table("policy", "cluster_allreduce*.json", "*auto_policy.json", "allreduce.json")
+def policy(r: Results) -> str:
+    """The algorithm per size range that a benchmark learned for ``auto``, per table."""
+    for key in ("learned_policy", "derived_auto_policy"):
+        if key in r.data:
+            policy = r.get(key)
+            break
+    else:
+        policy = r.data
+    if not isinstance(policy, dict):
+        return "missing"
+    body = []
+    for key, value in policy.items():
+        if key == "steps":
+            continue
+        ranges, low = [], None
+        for limit, algo in value:  # [upper bound inclusive (None: no bound), algorithm]
+            if limit is None:
+                span = "all sizes" if low is None else f"over {fmt_size(low)}"
+            else:
+                span = (
+                    f"up to {fmt_size(limit)}"
+                    if low is None
+                    else f"over {fmt_size(low)} to {fmt_size(limit)}"
+                )
+            ranges.append(f"{span}: {algo}")
+            low = limit
+        steps = policy.get("steps", {}).get(key.split("/")[0])
+        body.append(
+            [
+                f"`{key}`",
+                "; ".join(ranges),
+                ", ".join(f"{k} {v}" for k, v in steps.items()) if steps else "",
+            ]
+        )
+    return markdown_table(
+        ["table", "algorithm by message size (wire bytes)", "hierarchical steps"], body
+    )
+
+
+@table("cluster_training", "cluster_training.json")
+def cluster_training(r: Results) -> str:
+    """Keras training across virtual nodes: step time and allreduce share per variant."""
+    header = [
+        "allreduce",
+        "wire",
+        "step",
+        "share in allreduce",
+        "images/s (all ranks)",
+        "weights identical on all ranks",
+    ]
+    body = []
+    for i, _ in enumerate(r.get("variants") or []):
+        get = lambda key, i=i: r.get(f"variants.{i}.{key}")  # noqa: E731
+        body.append(
+            [
+                get("algorithm"),
+                WIRE.get(get("compression"), get("compression")),
+                fmt_seconds(get("step_seconds")),
+                fmt_pct(get("comm_share"), ".0%"),
+                f"{get('images_per_second'):.0f}",
+                {True: "yes", False: "no"}.get(get("weights_identical_on_all_ranks"), "missing"),
+            ]
+        )
+    ratios = r.get("ratios")
+    text = (
+        ", ".join(f"{k} {v}" for k, v in ratios.items()) if isinstance(ratios, dict) else "missing"
+    )
+    return markdown_table(header, body) + (
+        f"\n\nModel: {r.get('model')}. Cluster: {r.get('cluster')}. Method: {r.get('method')} Ratios: {text}."
+    )

@@ -1,0 +1,393 @@
+"""The docs' tables of tflms results: capacity, simulator fidelity, defaults, rewrite speed, demo.
+
+Each function turns one results file into Markdown; see :mod:`results_tables`
+for the directive that calls it and what happens to missing keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from results_tables import (
+    MISSING,
+    Results,
+    fmt_bytes,
+    fmt_pct,
+    fmt_ratio,
+    fmt_seconds,
+    markdown_table,
+    table,
+)
+
+__all__: list[str] = []  # everything here is registered in results_tables.TABLES
+
+GIB = 1 << 30
+
+
+def _options(options) -> str:
+    if not isinstance(options, dict):
+        return "missing"
+    return ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
+
+
+# --------------------------------------------------------------------------- capacity
+
+
+@table("capacity", "capacity.json")
+def capacity(r: Results) -> str:
+    """Largest batch / cube without and with LMS on the virtual V100, both simulators."""
+    header = [
+        "model (unit)",
+        "without LMS",
+        "with LMS, PCIe3 (overhead)",
+        "with LMS, NVLink2 (overhead)",
+        "ratio",
+        "Grappler: without / with LMS (ratio)",
+        "first 2x-oversubscribed size: PCIe3 / NVLink2 overhead",
+    ]
+    rows = []
+    models = r.get("models")
+    for name in models if isinstance(models, dict) else []:
+        model = models[name]
+        cells = []
+        for link in ("pcie3", "nvlink2"):
+            best = r.get(f"models.{name}.with_lms.{link}.ours")
+            overhead = r.get(f"models.{name}.with_lms.{link}.at_ours.{link}.overhead")
+            cells.append(f"{best} ({fmt_pct(overhead)})")
+        over = model.get("oversubscribed_2x", {})
+        fits = [
+            r.get(f"models.{name}.oversubscribed_2x.{link}.fits") for link in ("pcie3", "nvlink2")
+        ]
+        if any(fits):
+            at_2x = " / ".join(
+                fmt_pct(over[link].get("overhead")) if over[link].get("fits") else "does not fit"
+                for link in ("pcie3", "nvlink2")
+            )
+        else:
+            at_2x = "no plan fits"
+        rows.append(
+            [
+                f"{model.get('description', name)} ({model.get('unit', 'size')})",
+                r.get(f"models.{name}.without_lms.ours"),
+                *cells,
+                f"{fmt_ratio(r.get(f'summary.{name}.ratio_ours'))}x ({r.get(f'summary.{name}.ratio_is')})",
+                f"{r.get(f'models.{name}.without_lms.grappler')} / "
+                f"{r.get(f'models.{name}.with_lms.grappler.size')} "
+                f"({fmt_ratio(r.get(f'summary.{name}.ratio_grappler'))}x)",
+                f"{over.get('size', MISSING)}: {at_2x}",
+            ]
+        )
+    targets = r.get("targets")
+    lines = [markdown_table(header, rows)]
+    if isinstance(targets, dict):
+        lines.append(
+            f"Targets: ratio >= {targets.get('ratio')}x; at a {targets.get('oversubscription')}x "
+            f"oversubscribed size, overhead <= {fmt_pct(targets.get('overhead_nvlink2'), '.0%')} "
+            f"over NVLink2 and <= {fmt_pct(targets.get('overhead_pcie3'), '.0%')} over PCIe3. Met: "
+            + "; ".join(
+                f"{name} ratio {_yes(r.get(f'summary.{name}.target_ratio_met'))}, "
+                f"overhead {_yes(r.get(f'summary.{name}.target_overhead_met'))}"
+                for name in (models if isinstance(models, dict) else [])
+            )
+            + "."
+        )
+    return "\n\n".join(lines)
+
+
+def _yes(value) -> str:
+    return {True: "yes", False: "no"}.get(value, "missing") if value is not MISSING else "missing"
+
+
+@table("fidelity", "simulator_fidelity.json")
+def fidelity(r: Results) -> str:
+    """tflms.simulate's device peak against Grappler's, per model and plan."""
+    header = [
+        "model",
+        "batch",
+        "plan",
+        "swaps",
+        "Grappler peak",
+        "ours, Grappler's conventions",
+        "difference",
+        "ours on Grappler's schedule",
+        "ours, TensorFlow's conventions",
+        "tensors sized differently",
+    ]
+    rows = []
+    for i, _ in enumerate(r.get("rows") or []):
+        cell = lambda key, i=i: r.get(f"rows.{i}.{key}")  # noqa: E731
+        grappler = cell("grappler_peak_bytes")
+        schedule = cell("ours_on_grappler_schedule_bytes")
+        rows.append(
+            [
+                cell("model"),
+                cell("batch"),
+                cell("plan"),
+                cell("swaps"),
+                fmt_bytes(grappler),
+                fmt_bytes(cell("ours_bytes")),
+                fmt_pct(cell("relative_error"), "+.1%"),
+                f"{fmt_bytes(schedule)} ({_diff(schedule, grappler)})",
+                fmt_bytes(cell("ours_tensorflow_bytes")),
+                cell("size_mismatches"),
+            ]
+        )
+    summary = (
+        f"Largest difference from Grappler: {fmt_pct(r.get('max_abs_relative_error'), '.1%')} "
+        f"(tolerance {fmt_pct(r.get('tolerance'), '.0%')}; within: "
+        f"{_yes(r.get('within_tolerance'))}). Device {r.get('device')}, link {r.get('link')}."
+    )
+    return markdown_table(header, rows, "llllrrrrrr") + "\n\n" + summary
+
+
+def _diff(value, reference) -> str:
+    if (
+        not isinstance(value, int | float)
+        or not isinstance(reference, int | float)
+        or not reference
+    ):
+        return "missing"
+    return f"{(value - reference) / reference:+.1%}"
+
+
+@table("defaults_sweep", "defaults_sweep.json")
+def defaults_sweep(r: Results) -> str:
+    """The swap defaults before and after the sweep, and whether LMSConfig uses them today."""
+    from tflms.config import LMSConfig
+
+    today = {f.name: f.default for f in dataclasses.fields(LMSConfig)}
+    header = [
+        "options",
+        "mean saving",
+        "worst saving",
+        "worst overhead, NVLink2",
+        "worst overhead, PCIe3",
+        "LMSConfig's defaults today",
+    ]
+    rows = []
+    for key, label in (("current_defaults", "before the sweep"), ("recommended", "recommended")):
+        config = r.get(f"{key}.config")
+        is_today = isinstance(config, dict) and all(today.get(k) == v for k, v in config.items())
+        rows.append(
+            [
+                f"{label}: {_options(config)}",
+                fmt_pct(r.get(f"{key}.mean_saving"), ".1%"),
+                fmt_pct(r.get(f"{key}.worst_saving"), ".1%"),
+                fmt_pct(r.get(f"{key}.worst_overhead_nvlink2"), "+.1%"),
+                fmt_pct(r.get(f"{key}.worst_overhead_pcie3"), "+.0%"),
+                "yes" if is_today else "no",
+            ]
+        )
+    workloads = r.get("workloads")
+    names = ", ".join(workloads) if isinstance(workloads, dict) else "missing"
+    rows_count = len(r.get("rows") or [])
+    return (
+        markdown_table(header, rows)
+        + f"\n\n{rows_count} option sets on {names}; criterion: {r.get('criterion')}."
+    )
+
+
+# --------------------------------------------------------------------------- speed
+
+
+@table("rewrite_speed", "tflms_rewrite.json")
+def rewrite_speed(r: Results) -> str:
+    """Analysis, plan, apply and validate times on TF1 training graphs of residual blocks."""
+    header = [
+        "training graph",
+        "ops",
+        "swaps",
+        "analysis",
+        "plan",
+        "apply",
+        "total",
+        "ops/s",
+        "validate",
+    ]
+    rows = []
+    for i, _ in enumerate(r.get("rewrite") or []):
+        get = lambda key, i=i: r.get(f"rewrite.{i}.{key}")  # noqa: E731
+        rows.append(
+            [
+                f"{get('blocks')} residual blocks",
+                get("ops"),
+                get("swaps"),
+                fmt_seconds(get("analysis_s")),
+                fmt_seconds(get("plan_s")),
+                fmt_seconds(get("apply_s")),
+                fmt_seconds(get("analysis_plan_apply_s")),
+                f"{get('ops_per_s'):,}" if isinstance(get("ops_per_s"), int) else get("ops_per_s"),
+                fmt_seconds(get("validate_s")),
+            ]
+        )
+    scaling = r.get("scaling_ratio_time_4n_over_n")
+    targets = r.get("targets")
+    lines = [markdown_table(header, rows, "lrrrrrrrr")]
+    if isinstance(scaling, dict):
+        lines.append(
+            "Time for 4x the ops: "
+            + ", ".join(f"{k}: {v}x" for k, v in scaling.items())
+            + f" (target <= {targets.get('ratio_4n_n') if isinstance(targets, dict) else 'missing'}x;"
+            f" ops/s target >= {targets.get('ops_per_s') if isinstance(targets, dict) else 'missing'})."
+        )
+    return "\n\n".join(lines)
+
+
+@table("cpu_overhead", "tflms_rewrite.json")
+def cpu_overhead(r: Results) -> str:
+    """Step time of a Keras CNN with and without LMSCallback on this CPU."""
+    header = [
+        "model",
+        "swaps",
+        "bytes swapped",
+        "step without LMS",
+        "step with LMS",
+        "difference",
+        "target",
+    ]
+    rows = [
+        [
+            r.get("cpu_overhead.model"),
+            r.get("cpu_overhead.swaps"),
+            fmt_bytes(r.get("cpu_overhead.bytes_swapped")),
+            f"{r.get('cpu_overhead.plain_step_ms')} ms",
+            f"{r.get('cpu_overhead.lms_step_ms')} ms",
+            f"{r.get('cpu_overhead.overhead_pct'):+}%",
+            f"<= {r.get('cpu_overhead.target_pct')}%",
+        ]
+    ]
+    return (
+        markdown_table(header, rows) + f"\n\n{r.get('cpu_overhead.rounds')} interleaved rounds of "
+        f"{r.get('cpu_overhead.steps_per_round')} steps, medians. {r.get('cpu_overhead.note')}"
+    )
+
+
+@table("resnet50_equivalence", "resnet50_equivalence.json")
+def resnet50_equivalence(r: Results) -> str:
+    """Whether ResNet-50 trains bitwise identically with LMS, per option set and optimizer."""
+    header = [
+        "options",
+        "optimizer",
+        "swaps",
+        "swapped each way",
+        "weights bitwise identical",
+        "largest weight difference",
+        "mean loss without / with LMS",
+    ]
+    rows = []
+    configs = r.get("configs")
+    for config_name, optimizers in configs.items() if isinstance(configs, dict) else []:
+        for optimizer in optimizers:
+            base = ["configs", config_name, optimizer]
+            get = lambda key, base=base: r.get([*base, key])  # noqa: E731
+            plain, lms = get("losses_plain"), get("losses_lms")
+            rows.append(
+                [
+                    f"{config_name} ({_options(get('options'))})",
+                    optimizer,
+                    get("swaps"),
+                    fmt_bytes(get("bytes_swapped")),
+                    _yes(get("weights_bitwise_identical")),
+                    f"{get('max_abs_weight_difference'):.3g}"
+                    if isinstance(get("max_abs_weight_difference"), float)
+                    else "missing",
+                    f"{_last(plain)} / {_last(lms)}",
+                ]
+            )
+    return markdown_table(header, rows) + f"\n\nSetup: {r.get('setup')}."
+
+
+def _last(values) -> str:
+    return f"{values[-1]:.4f}" if isinstance(values, list) and values else "missing"
+
+
+# --------------------------------------------------------------------------- demo
+
+
+@table("demo_epochs", "demo_summary.json")
+def demo_epochs(r: Results) -> str:
+    """Loss, validation Dice per class and throughput per epoch of the demo run."""
+    header = [
+        "epoch",
+        "loss",
+        "Dice per class",
+        "volumes/s per rank",
+        "allreduce share of the epoch",
+    ]
+    rows = []
+    for i, _ in enumerate(r.get("history") or []):
+        get = lambda key, i=i: r.get(f"history.{i}.{key}")  # noqa: E731
+        seconds, allreduce = get("seconds"), get("allreduce_seconds")
+        share = allreduce / seconds if isinstance(seconds, float) and seconds else MISSING
+        dice = get("dice")
+        rows.append(
+            [
+                get("epoch"),
+                f"{get('loss'):.4f}",
+                " ".join(f"{d:.3f}" for d in dice) if isinstance(dice, list) else "missing",
+                f"{get('volumes_per_second'):.2f}",
+                fmt_pct(share, ".1%"),
+            ]
+        )
+    return markdown_table(header, rows, "rrlrr") + (
+        f"\n\nThroughput after the first epoch "
+        f"{r.get('performance.volumes_per_second_per_rank'):.2f} volumes/s per rank, "
+        f"communication share {fmt_pct(r.get('performance.communication_share'), '.1%')}; "
+        f"{r.get('ranks')} ranks, {r.get('train_seconds')} s of training; "
+        f"weights identical on all ranks: {_yes(r.get('weights_identical'))}."
+    )
+
+
+@table("demo_memory", "demo_summary.json")
+def demo_memory(r: Results) -> str:
+    """Simulated GPU peaks of the demo's step and of the seed paper's sizes."""
+    header = [
+        "U-Net step",
+        "batch",
+        "peak without LMS",
+        "peak with LMS",
+        "swaps",
+        "predicted overhead",
+    ]
+    rows = []
+    demo = r.get("memory.demo")
+    if isinstance(demo, dict):
+        rows.append(
+            [
+                f"the demo's, {demo.get('size')}^3",
+                demo.get("batch"),
+                fmt_bytes(demo.get("peak_without_lms_bytes")),
+                fmt_bytes(demo.get("peak_with_lms_bytes")),
+                f"{r.get('lms.swaps')} (as trained)",
+                fmt_pct(demo.get("overhead"), "+.1%"),
+            ]
+        )
+    for i, row in enumerate(r.get("memory.seed_sizes") or []):
+        if row.get("fits_with_lms") is False:
+            with_lms = f"no plan fits (best {fmt_bytes(row.get('best_peak_with_lms_bytes'))})"
+        elif row.get("lms_needed") is False:
+            with_lms = "LMS not needed"
+        else:
+            with_lms = fmt_bytes(r.get(f"memory.seed_sizes.{i}.peak_with_lms_bytes"))
+        rows.append(
+            [
+                f"depth {row.get('depth')}, {row.get('base_filters')} base filters, {row.get('size')}^3",
+                row.get("batch"),
+                fmt_bytes(row.get("peak_without_lms_bytes")),
+                with_lms,
+                row.get("swaps", "-"),
+                fmt_pct(row.get("overhead"), "+.1%"),
+            ]
+        )
+    simulators = {
+        row.get("simulator")
+        for row in [demo, *(r.get("memory.seed_sizes") or [])]
+        if isinstance(row, dict)
+    }
+    note = (
+        f"**Simulated** (no GPU was used) on a {r.get('memory.device')} over {r.get('memory.link')}, "
+        f"budget {r.get('memory.budget')}, by {'; '.join(sorted(s for s in simulators if s)) or 'missing'}."
+        if r.get("memory.simulated") is True
+        else "*These peaks are not marked as simulated in the file.*"
+    )
+    return markdown_table(header, rows, "lrrrrr") + "\n\n" + note
