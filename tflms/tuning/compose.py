@@ -90,7 +90,8 @@ def with_order(view: nx.DiGraph, plan: SwapPlan, *, device, link, **options) -> 
     Args:
         view: the analysis view ``plan`` was made for (without tflms ops).
         plan: a plan without order edges.
-        device, link: presets (or models) for the simulation.
+        device: device preset (or model) for the simulation.
+        link: link preset (or model) for the simulation.
         **options: passed to :func:`~tflms.tuning.ordering.order_edges`.
 
     Returns:

@@ -148,7 +148,8 @@ def order_edges(
     Args:
         view: the analysis view, already rewritten by the plan's swaps and
             recomputations (their ops are ordinary nodes here).
-        device, link: presets (or models) the simulation times ops and copies with.
+        device: device preset (or model) the simulation times ops with.
+        link: link preset (or model) the simulation times copies with.
         accounting: memory conventions (see :mod:`tflms.simulation.memory`).
         rounds: at most this many edge sets are added.
         max_slowdown: an edge set may lengthen the simulated step by at most
