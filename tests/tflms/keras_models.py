@@ -42,9 +42,7 @@ def registered_swap_ops() -> set[str]:
     found = set()
     for name in ctx.list_function_names():
         if "one_step_on_data" in name:
-            found.update(
-                n.name for n in ctx.get_function_def(name).node_def if "lms/swap" in n.name
-            )
+            found.update(n.name for n in ctx.get_function_def(name).node_def if "lms/" in n.name)
     return found
 
 
@@ -60,5 +58,5 @@ def swap_ops_in(train_function) -> set[str]:
         for concrete in functions() if functions else ():
             graph_def = concrete.graph.as_graph_def()
             nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
-            found.update(n.name for n in nodes if "lms/swap" in n.name)
+            found.update(n.name for n in nodes if "lms/" in n.name)
     return found

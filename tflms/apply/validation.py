@@ -189,7 +189,7 @@ def _against_plan(view: nx.DiGraph, plan: SwapPlan) -> list[str]:
 def _recompute_against_plan(view: nx.DiGraph, plan: SwapPlan, recompute) -> list[str]:
     """A clone reads the group's clones, or the original tensor or a swap-in of it."""
     problems = []
-    clones = {recompute.clone_name(op): op for op in recompute.ops}
+    clones = {r.clone_name(op): op for r in plan.recomputes for op in r.ops}
     swapped_in = {
         s.swapin_name(k): (s.producer, s.index) for s in plan.swaps for k in range(len(s.swap_ins))
     }
@@ -204,7 +204,7 @@ def _recompute_against_plan(view: nx.DiGraph, plan: SwapPlan, recompute) -> list
             continue
         expected = {i: meaning(src) for i, src in _data_inputs(view, op).items()}
         for index, src in _data_inputs(view, clone).items():
-            if src[0] in clones.values() or meaning(src) != expected.get(index):
+            if src[0] in recompute.ops or meaning(src) != expected.get(index):
                 problems.append(
                     f"input {index} of recompute clone {clone} reads {src[0]}:{src[1]}, "
                     f"not {expected.get(index)}"

@@ -132,16 +132,21 @@ def cheap(view: nx.DiGraph, node: str, device: DeviceModel) -> tuple[bool, float
     return True, cost.seconds
 
 
-def _fold_sensitive(producer_type: str, consumer_type: str) -> bool:
-    """Whether Grappler's arithmetic optimizer folds ``producer -> consumer`` only when the
-    producer's output has one consumer (AddOpsRewrite, MinimizeBroadcasts,
-    HoistCommonFactor, RemoveNegation): changing that fanout changes float rounding."""
-    return (
-        (producer_type in _ADDS and consumer_type in _ADDS)
-        or (producer_type in _ASSOCIATIVE and producer_type == consumer_type)
-        or (producer_type == "Mul" and consumer_type in _ADDS)
-        or (producer_type == "Neg" and consumer_type in _ADDS | {"Sub"})
-    )
+def _fold_sensitive(view: nx.DiGraph, producer: str, consumer: str) -> bool:
+    """Whether Grappler's arithmetic optimizer may fold the link ``producer -> consumer``
+    (AddOpsRewrite: adds into adds; MinimizeBroadcasts: chains of one associative op;
+    HoistCommonFactor: an add of multiplications only; RemoveNegation: a negation into an
+    add or subtraction). It folds a link only while the producer's output has this one
+    consumer, and never inside the clones tflms marks to keep, so changing the fanout of
+    such a link, or cloning both its ends, changes float rounding."""
+    p_type, c_type = view.nodes[producer]["type"], view.nodes[consumer]["type"]
+    if p_type in _ADDS and c_type in _ADDS:
+        return True
+    if p_type in _ASSOCIATIVE and p_type == c_type:
+        return True
+    if p_type == "Mul" and c_type in _ADDS:
+        return all(view.nodes[src]["type"] == "Mul" for src, _ in _inputs(view, consumer))
+    return p_type == "Neg" and c_type in _ADDS | {"Sub"}
 
 
 def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
@@ -159,21 +164,21 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
     members = set(group)
     for op in group:
         for src, k in _inputs(view, op):
-            if src in members:
-                continue
             readers = tensor_consumers(view, src, k)
+            if src in members:
+                if len(readers) == 1 and _fold_sensitive(view, src, op):
+                    return f"Grappler may fold {src} into {op}, but not their clones"
+                continue
             if any(order_sensitive(view, c) for c, _ in readers):
                 return f"an AddN of 3+ inputs reads {src}:{k}, which a clone would also read"
-            src_type = view.nodes[src]["type"]
-            if len(readers) == 1 and _fold_sensitive(src_type, view.nodes[readers[0][0]]["type"]):
+            if len(readers) == 1 and _fold_sensitive(view, src, readers[0][0]):
                 return f"a clone reading {src}:{k} would stop Grappler folding it into its consumer"
     for (op, k), far in rerouted.items():
-        op_type = view.nodes[op]["type"]
         uses = tensor_consumers(view, op, k)
         if order_sensitive(view, op) or any(order_sensitive(view, c) for c, _ in uses):
             return f"an AddN of 3+ inputs reads or writes {op}:{k}"
         near = [c for c in uses if c not in far]
-        if len(near) == 1 and _fold_sensitive(op_type, view.nodes[near[0][0]]["type"]):
+        if len(near) == 1 and _fold_sensitive(view, op, near[0][0]):
             return f"rerouting would let Grappler fold {op}:{k} into its one remaining consumer"
         for c, i in far:
             ctype = view.nodes[c]["type"]
