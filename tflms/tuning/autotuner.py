@@ -61,7 +61,7 @@ import tensorflow as tf
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
-from tflms.hardware import DEVICES, DeviceModel, LinkModel, get_device, get_link
+from tflms.hardware import DEVICES, LINKS, DeviceModel, LinkModel, get_device, get_link
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.simulator import SimulationResult
 from tflms.tuning.search import TUNED_OPTIONS, Candidate, Search
@@ -249,6 +249,10 @@ def autotune(
         )
     device_model = get_device(device) if device is not None else (preset or get_device("V100-16GB"))
     link_model = get_link(link if link is not None else config.link)
+    if link is not None and link_model.name in LINKS:
+        # The chosen options must reproduce the chosen plan: ordering is
+        # simulated over config.link, so it carries the link tuned for.
+        config = config.replace(link=link_model.name)
     view = _as_view(graph_or_view, config, batch_size)
     usable = int(budget_bytes * (1.0 - margin))
     search = Search(view, config, usable, device_model, link_model, robust, accounting)
