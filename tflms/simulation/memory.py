@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from tflms.cost import ALIAS_OPS
 from tflms.errors import ConfigError
+from tflms.simulation.allocator import BufferReplay, check_allocator
 from tflms.simulation.schedule import CompiledGraph, Schedule
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "LiveBuffer",
     "trace_memory",
     "variable_bytes",
+    "variable_sizes",
 ]
 
 ACCOUNTINGS = {
@@ -118,7 +120,12 @@ def variable_bytes(graph: CompiledGraph) -> int:
     A variable handle weighs nothing in a graph; its size is that of the
     largest ``ReadVariableOp`` output or assigned value among its users.
     """
-    total = 0
+    return sum(variable_sizes(graph))
+
+
+def variable_sizes(graph: CompiledGraph) -> list[int]:
+    """The size of each variable on the device, in graph order (see :func:`variable_bytes`)."""
+    sizes = []
     for i, out in enumerate(graph.outputs):
         if graph.spaces[i] != "device" or graph.types[i] not in _HANDLE_TYPES:
             continue
@@ -132,8 +139,8 @@ def variable_bytes(graph: CompiledGraph) -> int:
                 for p, k, in_idx in graph.inputs[j]:
                     if in_idx == 1:
                         size = max(size, graph.outputs[p][k].bytes)
-        total += size
-    return total
+        sizes.append(size)
+    return sizes
 
 
 def _whole_us(seconds: float) -> float:
@@ -212,7 +219,12 @@ def _forwardable(graph, schedule, i, info, buffer_of, b_tensors, b_space, b_byte
 
 
 def trace_memory(
-    graph: CompiledGraph, schedule: Schedule, *, accounting: str = "tensorflow", top: int = 20
+    graph: CompiledGraph,
+    schedule: Schedule,
+    *,
+    accounting: str = "tensorflow",
+    allocator: str = "exact",
+    top: int = 20,
 ) -> MemoryTrace:
     """Replay ``schedule`` and account every buffer (see the module docstring).
 
@@ -220,18 +232,23 @@ def trace_memory(
         graph: the compiled view.
         schedule: when each op runs.
         accounting: ``"tensorflow"`` or ``"grappler"`` (:data:`ACCOUNTINGS`).
+        allocator: ``"exact"`` (bytes of the live tensors) or ``"bfc"`` (the
+            chunks TensorFlow's BFC allocator hands out with growth, in the
+            second of two replayed steps; :data:`ALLOCATORS`).
         top: how many of the largest live buffers to keep at the peak.
 
     Returns:
         A :class:`MemoryTrace`.
 
     Raises:
-        ConfigError: ``accounting`` is not one of :data:`ACCOUNTINGS`.
+        ConfigError: an unknown ``accounting`` or ``allocator``, or ``"bfc"``
+            with Grappler's accounting (its variables weigh nothing).
     """
     if accounting not in ACCOUNTINGS:
         raise ConfigError(
             f"accounting must be one of {sorted(ACCOUNTINGS)}. Received accounting={accounting!r}."
         )
+    check_allocator(allocator, accounting)
     realistic = accounting == "tensorflow"
     end, order = schedule.end, schedule.order
     position = [0] * len(graph)
@@ -305,14 +322,22 @@ def trace_memory(
 
     variables = variable_bytes(graph) if realistic else 0
     used = {"device": variables, "host": 0}
+    bfc = None
+    if allocator == "bfc":  # a later step: the allocator's regions exist from the first one
+        on_device = [
+            (b, b_bytes[b], sign) for *_, b, sign in events if sign and b_space[b] == "device"
+        ]
+        bfc = BufferReplay.warmed(variable_sizes(graph), on_device)
     ops, times, device, host = [], [], [], []
     for t, phase, pos, b, sign in events:
         if sign:
             used[b_space[b]] += sign * b_bytes[b]
+            if bfc is not None and b_space[b] == "device":
+                bfc.event(b, b_bytes[b], sign)
         elif phase == 1:
             ops.append(order[pos])
             times.append(t)
-            device.append(used["device"])
+            device.append(bfc.in_use if bfc is not None else used["device"])
             host.append(used["host"])
     dev_point = max(range(len(device)), key=device.__getitem__, default=0)
     host_point = max(range(len(host)), key=host.__getitem__, default=0)

@@ -48,6 +48,7 @@ from tflms.errors import ConfigError
 from tflms.files import write_atomic
 from tflms.hardware import DeviceModel, LinkModel, get_device, get_link
 from tflms.plan.swap_plan import SwapPlan
+from tflms.simulation.allocator import check_allocator
 from tflms.simulation.memory import ACCOUNTINGS, LiveBuffer, trace_memory
 from tflms.simulation.schedule import compile_view, first_ready
 from tflms.units import format_bytes
@@ -68,6 +69,7 @@ class SimulationResult:
         device: the device preset name; link: the link preset name.
         accounting: ``"tensorflow"`` or ``"grappler"`` (see
             :mod:`tflms.simulation.memory`).
+        allocator: ``"exact"`` or ``"bfc"`` (see :mod:`tflms.simulation.allocator`).
         device_peak_bytes: peak device memory, resident variables included.
         host_peak_bytes: peak host memory of swapped tensors and host ops.
         peak_op: the op whose outputs were allocated at the device peak.
@@ -95,6 +97,7 @@ class SimulationResult:
     device: str
     link: str
     accounting: str
+    allocator: str
     device_peak_bytes: int
     host_peak_bytes: int
     peak_op: str
@@ -162,6 +165,7 @@ class SimulationResult:
             "device": self.device,
             "link": self.link,
             "accounting": self.accounting,
+            "allocator": self.allocator,
             "device_peak_bytes": self.device_peak_bytes,
             "host_peak_bytes": self.host_peak_bytes,
             "peak_op": self.peak_op,
@@ -214,6 +218,7 @@ def simulate(
     device: str | DeviceModel = "V100-16GB",
     link: str | LinkModel = "pcie3",
     accounting: str = "tensorflow",
+    allocator: str = "exact",
     baseline: bool | SimulationResult = True,
 ) -> SimulationResult:
     """Simulate one training step of ``view``, rewritten by ``plan`` if given.
@@ -228,6 +233,10 @@ def simulate(
             ``"ideal"``...) or a :class:`~tflms.hardware.LinkModel`.
         accounting: ``"tensorflow"`` (resident variables, as on a GPU) or
             ``"grappler"`` (Grappler's conventions, to compare with it).
+        allocator: ``"exact"`` (the bytes of the live tensors, the least any
+            allocator needs) or ``"bfc"`` (the chunks TensorFlow's BFC allocator
+            hands out when it grows, as on the CPU: requests rounded up, chunks
+            up to twice a request; see :mod:`tflms.simulation.allocator`).
         baseline: with a plan, also simulate the graph without it so that
             ``overhead`` and the "before" curve exist; pass an earlier
             result to reuse it, or ``False`` to skip.
@@ -236,7 +245,7 @@ def simulate(
         A :class:`SimulationResult`.
 
     Raises:
-        ConfigError: an unknown preset or accounting.
+        ConfigError: an unknown preset, accounting or allocator.
         UnsupportedGraphError: the graph cannot be scheduled (a cycle).
         ValidationError: the plan does not match the view.
     """
@@ -245,10 +254,11 @@ def simulate(
         raise ConfigError(
             f"accounting must be one of {sorted(ACCOUNTINGS)}. Received accounting={accounting!r}."
         )
+    check_allocator(allocator, accounting)
     if plan is not None and not isinstance(plan, SwapPlan):
         raise ConfigError(f"plan must be a tflms.SwapPlan or None, got {type(plan).__name__}.")
     target = apply_to_view(view, plan) if plan is not None and not plan.empty else view
-    result = _run(target, device, link, accounting)
+    result = _run(target, device, link, accounting, allocator)
     if view.graph.get("unsized_batch") and view.graph.get("batch_size") is None:
         logger.warning(
             "tflms.simulate %s: the batch size is unknown; %d tensors are sized per sample, so "
@@ -261,7 +271,7 @@ def simulate(
     if isinstance(baseline, SimulationResult):
         before = baseline
     elif baseline and plan is not None and not plan.empty:
-        before = _run(view, device, link, accounting)
+        before = _run(view, device, link, accounting, allocator)
     if before is not None:
         overhead = result.step_time_s / before.step_time_s - 1 if before.step_time_s else 0.0
         result = _replace(
@@ -286,10 +296,10 @@ def _replace(result: SimulationResult, **changes) -> SimulationResult:
     return dataclasses.replace(result, **changes)
 
 
-def _run(view: nx.DiGraph, device, link, accounting) -> SimulationResult:
+def _run(view: nx.DiGraph, device, link, accounting, allocator) -> SimulationResult:
     graph = compile_view(view, device=device, link=link)
     schedule = first_ready(graph)
-    memory = trace_memory(graph, schedule, accounting=accounting)
+    memory = trace_memory(graph, schedule, accounting=accounting, allocator=allocator)
     names = graph.names
     peak_index = memory.ops[memory.device_peak_point] if memory.ops else None
     outs = [i for i, kind in enumerate(graph.copy) if kind == "d2h"]
@@ -306,6 +316,7 @@ def _run(view: nx.DiGraph, device, link, accounting) -> SimulationResult:
         device=device.name,
         link=link.name,
         accounting=accounting,
+        allocator=allocator,
         device_peak_bytes=memory.device_peak,
         host_peak_bytes=memory.host_peak,
         peak_op=names[peak_index] if peak_index is not None else "",

@@ -1,0 +1,150 @@
+"""The BFC allocator model against TensorFlow's own allocator, and its use by the simulator."""
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+import tflms
+from tflms.errors import ConfigError
+from tflms.simulation.allocator import MIN_ALLOCATION, BFCModel, BufferReplay, rounded
+
+MiB = 1 << 20
+
+# Holds tensors of the given sizes in a fresh process and prints TensorFlow's
+# bytes in use on the CPU after each step (tf.fill: a real allocation, never a
+# cached constant).
+_TF_REPLAY = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    one, held, out = tf.constant(1.0), {}, []
+    for sequence in json.loads(sys.stdin.read()):
+        for kind, key, n in sequence:
+            if kind == "alloc":
+                held[key] = tf.fill([n // 4], one)
+            else:
+                del held[key]
+            out.append(tf.config.experimental.get_memory_info("CPU:0")["current"])
+        held.clear()
+        out.append(None)
+    print(json.dumps(out))
+    """
+)
+
+
+def _random_sequence(seed: int, steps: int = 50) -> list:
+    rng = random.Random(seed)
+    ops, live, total = [], {}, 0
+    for k in range(steps):
+        if live and (rng.random() < 0.4 or total > 1 << 30):
+            key = rng.choice(sorted(live))
+            total -= live.pop(key)
+            ops.append(("free", f"{seed}-{key}", 0))
+        else:
+            n = int(2 ** rng.uniform(18, 28.5)) // 4 * 4  # 256 KiB .. 362 MiB
+            live[k] = n
+            total += n
+            ops.append(("alloc", f"{seed}-{k}", n))
+    for key in sorted(live):  # the sequence ends empty, as the next one starts in TF
+        ops.append(("free", f"{seed}-{key}", 0))
+    return ops
+
+
+@pytest.mark.slow
+def test_model_reports_what_tensorflows_cpu_allocator_reports():
+    """Random allocation sequences in a fresh TensorFlow process and in one model: the bytes
+    in use agree exactly after every step (rounding, unsplit chunks, growth, coalescing)."""
+    sequences = [_random_sequence(seed) for seed in range(4)]
+    proc = subprocess.run(
+        [sys.executable, "-c", _TF_REPLAY],
+        input=json.dumps(sequences),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    model, handles, predicted = BFCModel(), {}, []
+    for sequence in sequences:
+        for kind, key, n in sequence:
+            if kind == "alloc":
+                handles[key] = model.allocate(n)
+            else:
+                model.free(handles.pop(key))
+            predicted.append(model.in_use)
+        predicted.append(None)
+    assert len(measured) == len(predicted)
+    wrong = [(i, m, p) for i, (m, p) in enumerate(zip(measured, predicted)) if m != p]
+    assert not wrong, f"{len(wrong)} of {len(measured)} steps differ (step, tf, model): {wrong[:5]}"
+    assert sum(m != n for m, n in zip(measured, [None] + measured)) > 100  # it moved
+
+
+def test_rounding_and_the_two_split_rules():
+    assert rounded(1) == MIN_ALLOCATION and rounded(256) == 256 and rounded(257) == 512
+    bfc = BFCModel()
+    a = bfc.allocate(3 * MiB)  # a 4 MiB region (2 MiB is too small): < 2x, taken whole
+    assert bfc.in_use == 4 * MiB and bfc.region_bytes == 4 * MiB
+    bfc.free(a)
+    bfc.allocate(1 * MiB)  # 4 MiB >= 2 x 1 MiB: split
+    assert bfc.in_use == 1 * MiB
+    big = BFCModel()
+    big.allocate(300 * MiB)  # region 512 MiB: the 212 MiB rest >= 128 MiB, split
+    assert big.in_use == 300 * MiB and big.region_bytes == 512 * MiB
+
+
+def test_freed_neighbours_coalesce_within_a_region():
+    bfc = BFCModel(allow_growth=False, limit_bytes=64 * MiB)  # one region, as a GPU
+    a, b, _c = (bfc.allocate(8 * MiB) for _ in range(3))
+    bfc.free(a)
+    bfc.free(_c)  # merges with the free tail: 48 MiB at 16 MiB
+    assert bfc.allocate(30 * MiB) is not None  # best fit is the 48 MiB chunk, < 2x: whole
+    assert bfc.in_use == 8 * MiB + 48 * MiB
+    bfc.free(b)  # merges with a: 16 MiB free at the front
+    assert bfc.allocate(16 * MiB) is not None and bfc.in_use == 64 * MiB
+    assert bfc.allocate(MiB) is None and bfc.failed == 1
+    assert bfc.high_water == 64 * MiB
+
+
+def test_replay_warms_the_regions_before_the_measured_step():
+    events = [(0, 3 * MiB, 1), (1, 5 * MiB, 1), (0, 3 * MiB, -1), (1, 5 * MiB, -1)]
+    replay = BufferReplay.warmed([MiB], events)
+    assert replay.in_use == replay.model.peak == MiB  # variables only; the peak restarted
+    for buffer, nbytes, sign in events:
+        replay.event(buffer, nbytes, sign)
+    assert replay.model.peak >= 1 * MiB + 3 * MiB + 5 * MiB
+
+
+def test_unknown_allocator_and_bfc_under_grappler_accounting_are_refused():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 1000], name="x")
+        tf.nn.relu(x, name="y")
+    view = tflms.build_view(g)
+    with pytest.raises(ConfigError, match="allocator must be one of"):
+        tflms.simulate(view, allocator="tcmalloc")
+    with pytest.raises(ConfigError, match="accounting='tensorflow'"):
+        tflms.simulate(view, allocator="bfc", accounting="grappler")
+    with pytest.raises(ConfigError, match="limit_bytes"):
+        BFCModel(allow_growth=False)
+
+
+def test_bfc_peak_counts_chunks_not_tensors():
+    # 3 MiB tensors get 4 MiB chunks: the BFC peak is above the exact one, by the rounding.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [3 * MiB // 4], name="x")
+        y = tf.math.sin(x, name="y")
+        tf.add(tf.math.cos(x, name="z"), y, name="w")
+    view = tflms.build_view(g)
+    exact = tflms.simulate(view)
+    bfc = tflms.simulate(view, allocator="bfc")
+    assert exact.allocator == "exact" and bfc.allocator == "bfc"
+    assert exact.device_peak_bytes == 3 * 3 * MiB
+    assert bfc.device_peak_bytes > exact.device_peak_bytes
+    assert bfc.to_dict(timeline=False)["allocator"] == "bfc"
