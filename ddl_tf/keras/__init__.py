@@ -63,6 +63,7 @@ from ddl_tf.basics import (
 from ddl_tf.broadcasts import broadcast_global_variables
 from ddl_tf.collectives import barrier
 from ddl_tf.core.reduce_ops import Adasum, Average, Max, Min, Product, Sum
+from ddl_tf.errors import ConfigError
 from ddl_tf.functions import allgather_object, broadcast_object, broadcast_variables
 from ddl_tf.keras import callbacks, elastic
 from ddl_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
@@ -143,7 +144,12 @@ def reducescatter(value, name: str | None = None, op=Average):
 
 
 def load_model(
-    filepath, custom_optimizers=None, custom_objects=None, compression=None, **kwargs
+    filepath,
+    custom_optimizers=None,
+    custom_objects=None,
+    compression=None,
+    legacy_opts: bool = False,
+    **kwargs,
 ) -> keras.Model:
     """Load a Keras model and make sure its optimizer is a :class:`DistributedOptimizer`.
 
@@ -156,8 +162,19 @@ def load_model(
         custom_optimizers: Optimizer classes the file may reference.
         custom_objects: Passed to ``keras.models.load_model``.
         compression: Compression for a newly wrapped optimizer.
+        legacy_opts: Horovod's switch for Keras 2 ``optimizers.legacy`` models;
+            Keras 3 has no legacy optimizers, so only False is accepted.
         **kwargs: Passed to ``keras.models.load_model``.
+
+    Raises:
+        ConfigError: ``legacy_opts=True``.
     """
+    if legacy_opts:
+        raise ConfigError(
+            "Keras 3 has no keras.optimizers.legacy, so a model cannot be loaded with "
+            "legacy_opts=True. Received legacy_opts=True; save the model with a Keras 3 "
+            "optimizer and load it with legacy_opts=False."
+        )
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects[cls.__name__] = cls
