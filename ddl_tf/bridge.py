@@ -15,15 +15,13 @@ order equals program order on every rank, independent of TensorFlow's own
 automatic control dependencies (which skip while loops and ``tf.compat.v1``
 graphs). :func:`collective_ops` lists a graph's chain (tests use it).
 
-A control dependency also makes a session run execute every earlier
-collective again. In a ``tf.compat.v1`` graph that a session has already
-run collectives from (build an op, run it, build the next, ...), a new
-collective therefore starts a new chain instead of depending on ones that
-already ran: every rank takes the same decision (it depends only on the
-program's own order of building and running). Ops of different chains run
-in the same ``session.run`` are not ordered against each other; build them
-before the first run (as a training graph is) to have them chained.
-``tf.function`` graphs are never run while being built, so they are one chain.
+The price is in ``tf.compat.v1`` sessions: a control dependency makes a
+session run every earlier collective of the graph (and what they consume)
+again when it runs a later one. Horovod matches collectives by name and has
+no such chain; ddl_tf keeps program order instead, because a session run
+that fetches several collectives must run them in the same order on every
+rank. Build and run one op at a time in a fresh graph (or use
+``tf.function``) to avoid the re-runs.
 
 Errors inside graphs. TensorFlow gives a Python exception raised by an op a
 type from its base class only (``ValueError`` -> ``InvalidArgumentError``,
@@ -113,14 +111,11 @@ def run(
             "MPI. Received jit_compile=True; compile the model with model.compile(..., "
             "jit_compile=False) or decorate the step with tf.function(jit_compile=False)."
         )
-    chain = _chains.setdefault(graph, [])  # _Link entries: op *names*, ops keep graphs alive
-    previous = []
-    if chain and not chain[-1].ran:
-        previous = [graph.get_operation_by_name(n) for n in (chain[-1].op, chain[-1].gate)]
-    link = _Link()
+    chain = _chains.setdefault(graph, [])  # (collective, gate) op *names*: ops keep graphs alive
+    previous = [graph.get_operation_by_name(n) for n in chain[-1]] if chain else []
     with tf.control_dependencies(previous):
         raw = tf.numpy_function(
-            _reporting(fn, name, out_dtypes, out_shapes, link),
+            _reporting(fn, name, out_dtypes, out_shapes),
             [tf.convert_to_tensor(x) for x in inputs],
             [*out_dtypes, tf.int32],
             stateful=True,
@@ -131,26 +126,14 @@ def run(
     for tensor, shape in zip(outputs, out_shapes, strict=True):
         if shape is not None:
             tensor.set_shape(shape)
-    link.op, link.gate = collective.name, (outputs[0].op if outputs else status.op).name
-    chain.append(link)
+    chain.append((collective.name, (outputs[0].op if outputs else status.op).name))
     return outputs
 
 
-class _Link:
-    """One collective of a graph's chain: its op and gate names, and whether it has run."""
-
-    __slots__ = ("op", "gate", "ran")
-
-    def __init__(self) -> None:
-        self.op = self.gate = ""
-        self.ran = False
-
-
-def _reporting(fn, name: str, out_dtypes, out_shapes, link: _Link):
+def _reporting(fn, name: str, out_dtypes, out_shapes):
     """``fn`` with a status output: 1 (and placeholder outputs) after a mismatch."""
 
     def call(*arrays):
-        link.ran = True
         try:
             return [*fn(*arrays), np.int32(0)]
         except CollectiveMismatchError as err:
@@ -217,4 +200,4 @@ def refuse(kind: str, error: DDLError, *, name: str | None = None) -> None:
 
 def collective_ops(graph: tf.Graph) -> list[tf.Operation]:
     """The collective ops created in ``graph``, in creation (= execution) order."""
-    return [graph.get_operation_by_name(link.op) for link in _chains.get(graph, [])]
+    return [graph.get_operation_by_name(names[0]) for names in _chains.get(graph, [])]

@@ -85,23 +85,23 @@ def test_a_mismatch_inside_a_graph_fails_the_step_as_failed_precondition(ddl):
         bridge.run(mismatching, [tf.ones([2])], [tf.float32], [None], name="eager")
 
 
-def test_compat_v1_collectives_built_after_a_run_start_a_new_chain(ddl):
+def test_compat_v1_collectives_stay_chained_in_program_order(ddl):
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
-        first = hvd.allreduce(tf.ones([2]), name="first")
-        second = hvd.allreduce(tf.ones([3]), name="second")  # built before any run: chained
+        hvd.allreduce(tf.ones([2]), name="first")
+        second = hvd.allreduce(tf.ones([3]), name="second")
         session.run(second)
-        third = hvd.allreduce(tf.ones([4]), name="third")  # built after a run: a new chain
+        third = hvd.allreduce(tf.ones([4]), name="third")  # built after a run: still chained
         chain = bridge.collective_ops(graph)
         assert [op.name for op in chain] == [
             "DDLAllreduce_first",
             "DDLAllreduce_second",
             "DDLAllreduce_third",
         ]
-        assert chain[0] in chain[1].control_inputs
-        assert chain[1] not in chain[2].control_inputs and not chain[2].control_inputs
+        assert chain[0] in chain[1].control_inputs and chain[1] in chain[2].control_inputs
+        gates = [op for op in chain[2].control_inputs if op.type == "IdentityN"]
+        assert [g.name for g in gates] == ["DDLAllreduce_second_gate"]  # waits for the check
         assert session.run(third).tolist() == [1.0] * 4
-        del first
 
 
 def test_tensor_compression_keeps_numpy_and_tensor_paths(ddl):

@@ -113,7 +113,12 @@ def test_mismatch_in_a_compat_v1_session_is_a_failed_precondition(rank, size):
         bad = hvd.broadcast(tf.ones([3, 10 * (rank + 1)]), root_rank=0)
         with pytest.raises(tf.errors.FailedPreconditionError):
             session.run(bad)
-        # built after `bad` ran, so not chained to it (a chained op would run `bad` again)
+        # chained after `bad` (program order), so running it runs `bad` again: same error
+        chained = hvd.broadcast(tf.fill([2], float(rank)), root_rank=size - 1)
+        with pytest.raises(tf.errors.FailedPreconditionError):
+            session.run(chained)
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
         good = hvd.broadcast(tf.fill([2], float(rank)), root_rank=size - 1)
         assert session.run(good).tolist() == [size - 1.0, size - 1.0]
     assert_in_step(size)
