@@ -15,6 +15,11 @@ order equals program order on every rank, independent of TensorFlow's own
 automatic control dependencies (which skip while loops and ``tf.compat.v1``
 graphs). :func:`collective_ops` lists a graph's chain (tests use it).
 
+Ops that by design always run alone in their session run (the broadcast of
+``BroadcastGlobalVariablesHook`` right after the session starts) are built
+inside :func:`outside_chain`: they neither wait for nor hold up the chain, so
+running them does not run the training step's collectives.
+
 The price is in ``tf.compat.v1`` sessions: a control dependency makes a
 session run every earlier collective of the graph (and what they consume)
 again when it runs a later one. Horovod matches collectives by name and has
@@ -39,9 +44,11 @@ raises :class:`~ddl_tf.errors.ConfigError` at trace time naming the fix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -49,7 +56,7 @@ import tensorflow as tf
 from ddl_tf import basics, tf_errors
 from ddl_tf.errors import CollectiveMismatchError, ConfigError, DDLError
 
-__all__ = ["run", "refuse", "op_name", "collective_ops"]
+__all__ = ["run", "refuse", "op_name", "collective_ops", "outside_chain"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +70,23 @@ except ImportError:  # pragma: no cover - depends on the TF build
 
 _chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _counter = iter(range(1 << 62))
+_unchained = threading.local()
+
+
+@contextlib.contextmanager
+def outside_chain() -> Iterator[None]:
+    """Build collectives that are not ordered against the graph's other collectives.
+
+    Only for ops that always run alone in a session run (e.g. a broadcast run
+    once right after the session is created): they do not depend on earlier
+    collectives, and later ones do not depend on them.
+    """
+    previous = getattr(_unchained, "active", False)
+    _unchained.active = True
+    try:
+        yield
+    finally:
+        _unchained.active = previous
 
 
 def op_name(kind: str, name: str | None) -> str:
@@ -112,7 +136,8 @@ def run(
             "jit_compile=False) or decorate the step with tf.function(jit_compile=False)."
         )
     chain = _chains.setdefault(graph, [])  # (collective, gate) op *names*: ops keep graphs alive
-    previous = [graph.get_operation_by_name(n) for n in chain[-1]] if chain else []
+    alone = getattr(_unchained, "active", False)
+    previous = [graph.get_operation_by_name(n) for n in chain[-1]] if chain and not alone else []
     with tf.control_dependencies(previous):
         raw = tf.numpy_function(
             _reporting(fn, name, out_dtypes, out_shapes),
@@ -126,7 +151,8 @@ def run(
     for tensor, shape in zip(outputs, out_shapes, strict=True):
         if shape is not None:
             tensor.set_shape(shape)
-    chain.append((collective.name, (outputs[0].op if outputs else status.op).name))
+    if not alone:
+        chain.append((collective.name, (outputs[0].op if outputs else status.op).name))
     return outputs
 
 

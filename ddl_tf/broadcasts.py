@@ -163,7 +163,8 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
         graph = tf.compat.v1.get_default_graph()
         if self.bcast_op is None or self._graph is not graph:
             self._graph = graph
-            self.bcast_op = broadcast_global_variables(self.root_rank)
+            with bridge.outside_chain():  # runs alone: must not run the training collectives
+                self.bcast_op = broadcast_global_variables(self.root_rank)
 
     def after_create_session(self, session, coord) -> None:
         if self.bcast_op is not None:

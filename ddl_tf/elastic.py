@@ -37,7 +37,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf import basics
+from ddl_tf import basics, bridge
 from ddl_tf.functions import broadcast_object, broadcast_variables
 
 __all__ = ["State", "ObjectState", "TensorFlowState", "TensorFlowKerasState", "run"]
@@ -137,7 +137,10 @@ class TensorFlowState(ObjectState):
         self.session = session or (
             None if tf.executing_eagerly() else tf.compat.v1.get_default_session()
         )
-        self._bcast_op = None if tf.executing_eagerly() else broadcast_variables(self.variables, 0)
+        self._bcast_op = None
+        if not tf.executing_eagerly():
+            with bridge.outside_chain():  # run alone by sync(), never with the training step
+                self._bcast_op = broadcast_variables(self.variables, 0)
         self._values: list = []
         self._save_variables()
         super().__init__(**kwargs)

@@ -132,3 +132,22 @@ def test_single_process_api_additions(ddl):
     ]
     with pytest.raises(hvd.errors.UnsupportedError, match="Adasum"):
         hvd.allreduce(tf.ones([2]), op=hvd.Adasum)
+
+
+def test_the_session_hook_broadcast_does_not_run_the_training_collectives(ddl):
+    graph = tf.Graph()
+    with graph.as_default():
+        batch = tf.compat.v1.placeholder(tf.float32, [2])  # must be fed when the step runs
+        grads = hvd.allreduce(batch * 2.0, name="grads")
+        weights = tf.compat.v1.Variable([5.0, 6.0])
+        hook = hvd.BroadcastGlobalVariablesHook(root_rank=0)
+        hook.begin()  # builds its broadcast after the gradients' allreduce, outside the chain
+        later = hvd.allreduce(batch, name="later")
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(weights.initializer)
+            hook.after_create_session(session, None)  # would fail if it ran `grads` (no feed)
+            assert session.run(weights).tolist() == [5.0, 6.0]
+            assert session.run(later, {batch: [1.0, 2.0]}).tolist() == [1.0, 2.0]
+        chain = [op.name for op in bridge.collective_ops(graph)]
+        assert chain == ["DDLAllreduce_grads", "DDLAllreduce_later"]
+        del grads
