@@ -2,7 +2,15 @@
 
 Every error ddl_tf raises on purpose is a :class:`DDLError`. Collective
 failures are raised on every rank that takes part, so a job fails instead of
-hanging.
+hanging: ranks exchange what they are about to do (and any argument error one
+of them found) before data moves, and all raise the same error.
+
+Where Horovod raises a Python built-in, the ddl_tf class subclasses it too
+(:class:`UnsupportedError` is a ``NotImplementedError``,
+:class:`CollectiveArgumentError` a ``ValueError``), so ``except`` clauses
+written for Horovod keep working. The TensorFlow-typed variants
+(``tf.errors.FailedPreconditionError``, ``tf.errors.InvalidArgumentError``)
+live in :mod:`ddl_tf.tf_errors`, which the TensorFlow layer raises.
 
 Example:
     >>> from ddl_tf.errors import CollectiveMismatchError, DDLError
@@ -16,6 +24,9 @@ __all__ = [
     "NotInitializedError",
     "TopologyError",
     "CollectiveMismatchError",
+    "CollectiveArgumentError",
+    "UnsupportedError",
+    "ExecutionModeError",
     "StallError",
     "LaunchError",
 ]
@@ -39,6 +50,20 @@ class TopologyError(DDLError):
 
 class CollectiveMismatchError(DDLError):
     """Ranks issued different collectives (name, shape, dtype, op or order)."""
+
+
+class CollectiveArgumentError(DDLError, ValueError):
+    """A collective's arguments are invalid on some rank (e.g. alltoall splits that do not
+    add up, a scalar where a dimension is needed); every rank of the collective raises it."""
+
+
+class UnsupportedError(DDLError, NotImplementedError):
+    """A valid Horovod call that ddl_tf does not implement (Adasum, ``tf.IndexedSlices``
+    with Min/Max/Product or scale factors, ...)."""
+
+
+class ExecutionModeError(DDLError, RuntimeError):
+    """A graph-mode-only API was called eagerly (or the reverse)."""
 
 
 class StallError(DDLError):

@@ -20,11 +20,18 @@ from typing import Any
 import tensorflow as tf
 
 from ddl_tf import basics, bridge
-from ddl_tf.collectives import check_process_set, grouped_allreduce
+from ddl_tf.collectives import grouped_allreduce
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
+from ddl_tf.process_sets import check_process_set
 
-__all__ = ["broadcast_variables", "broadcast_object", "allgather_object", "allreduce_gradients"]
+__all__ = [
+    "broadcast_variables",
+    "broadcast_object",
+    "broadcast_object_fn",
+    "allgather_object",
+    "allreduce_gradients",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +58,7 @@ def broadcast_variables(
     values = bridge.run(
         lambda *arrays: engine.broadcast(arrays, root_rank, name="broadcast_variables"),
         [tf.convert_to_tensor(v) for v in variables],
-        [tf.as_dtype(v.dtype) for v in variables],
+        [tf.as_dtype(v.dtype).base_dtype for v in variables],
         [tf.TensorShape(v.shape) for v in variables],
         name="DDLBroadcastVariables",
     )
@@ -71,6 +78,23 @@ def broadcast_object(
     """A picklable object from ``root_rank`` on every rank (eager only)."""
     check_process_set(process_set)
     return basics.engine().broadcast_object(obj, root_rank, name=name)
+
+
+def broadcast_object_fn(
+    root_rank: int = 0, session: Any = None, name: str | None = None, process_set: Any = None
+):
+    """A function that broadcasts a picklable object from ``root_rank`` (Horovod's TF1 helper).
+
+    Horovod needs it to reuse one graph op in ``tf.compat.v1`` sessions; ddl_tf
+    broadcasts objects outside the graph, so the function simply calls
+    :func:`broadcast_object`. ``session`` is accepted for compatibility.
+    """
+    check_process_set(process_set)
+
+    def broadcast(obj: Any) -> Any:
+        return broadcast_object(obj, root_rank, name=name)
+
+    return broadcast
 
 
 def allgather_object(

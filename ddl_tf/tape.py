@@ -25,9 +25,10 @@ from typing import Any
 import tensorflow as tf
 
 from ddl_tf import basics
-from ddl_tf.collectives import check_process_set
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.errors import ConfigError
 from ddl_tf.functions import allreduce_gradients
+from ddl_tf.process_sets import check_process_set
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -81,8 +82,13 @@ class DistributedGradientTape:
         key = source.ref() if hasattr(source, "ref") else id(source)
         return key in self._local_sources
 
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
-        """Local gradients of ``target``, allreduced (same structure as ``sources``)."""
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False, **kwargs):
+        """Local gradients of ``target``, allreduced (same structure as ``sources``).
+
+        Gradients of registered local sources are not reduced (divided by the
+        number of ranks when ``scale_local_gradients``). ``use_generic_names``
+        is accepted for Horovod compatibility.
+        """
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
@@ -105,6 +111,20 @@ class DistributedGradientTape:
                     out[i] = _divide(out[i], n)
         return tf.nest.pack_sequence_as(sources, out)
 
+    def get_local_and_global_gradients(
+        self, target, sources, output_gradients=None, use_generic_names=False
+    ) -> tuple[list, list]:
+        """:meth:`gradient`, split into ``(local [(source, grad)], global [(source, grad)])``.
+
+        The order within each list is the order of ``sources``.
+        """
+        sources = list(sources)
+        grads = self.gradient(target, sources, output_gradients)
+        local, shared = [], []
+        for source, grad in zip(sources, grads, strict=True):
+            (local if self._is_local(source) else shared).append((source, grad))
+        return local, shared
+
     def __enter__(self):
         self._tape.__enter__()
         return self
@@ -125,11 +145,21 @@ def _divide(grad, n: int):
 def PartialDistributedGradientTape(
     gradtape, local_layers=None, **kwargs
 ) -> DistributedGradientTape:  # noqa: N802 - Horovod's name
-    """A :class:`DistributedGradientTape` that keeps the gradients of ``local_layers`` local."""
+    """A :class:`DistributedGradientTape` that keeps the gradients of ``local_layers`` local.
+
+    Raises:
+        ConfigError: An entry of ``local_layers`` is not a Keras layer.
+    """
     tape = DistributedGradientTape(gradtape, **kwargs)
     layers = [] if local_layers is None else local_layers
     if not isinstance(layers, (list, tuple)):
         layers = [layers]
+    bad = [layer for layer in layers if not hasattr(layer, "trainable_weights")]
+    if bad:
+        raise ConfigError(
+            "local_layers must be Keras layers. Received "
+            f"{[type(b).__name__ for b in bad]}; pass model.layers[i] objects."
+        )
     for layer in layers:
         for variable in layer.trainable_weights:
             tape.register_local_source(variable)

@@ -31,27 +31,31 @@ from typing import Any
 import numpy as np
 
 from ddl_tf.config import DDLConfig
-from ddl_tf.core import movement
-from ddl_tf.core.algorithms import Allreduce, make_allreduce, shard_layout
+from ddl_tf.core.algorithms import Allreduce, make_allreduce
 from ddl_tf.core.comms import Communicators
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
 from ddl_tf.core.guard import CollectiveGuard, CollectiveStats, layout_text
-from ddl_tf.core.mpi import accumulation_dtype, check_reducible, dtype_info
+from ddl_tf.core.mpi import check_reducible, dtype_info
 from ddl_tf.core.negotiation import Descriptor, Negotiator
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.core.scaling import postscale_factor as combined_postscale
+from ddl_tf.core.scaling import scale
+from ddl_tf.core.scatter_gather import ScatterGather
 from ddl_tf.core.selection import AutoPolicy
 from ddl_tf.core.timeline import NullTimeline, Timeline, Tracer, merge_traces
 from ddl_tf.core.topology import Topology
-from ddl_tf.errors import DDLError
 
 __all__ = ["Engine"]
 
 logger = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(ScatterGather):
     """Collectives of one rank over its communicators.
+
+    Allreduce and the lifecycle live here; reducescatter, allgather, broadcast,
+    alltoall, objects and refusals in :class:`~ddl_tf.core.scatter_gather.ScatterGather`.
 
     Args:
         comms: Communicators from :func:`ddl_tf.core.comms.build_communicators`.
@@ -135,17 +139,23 @@ class Engine:
         return chosen
 
     def _collective(
-        self, kind: str, name: str | None, *fields: Any, summary=None
+        self, kind: str, name: str | None, *fields: Any, summary=None, error=None
     ) -> CollectiveGuard:
         """Context for one collective: lock, negotiate, trace, failure bookkeeping.
 
         ``fields`` (hashable) identify the collective across ranks; ``summary``
         (text, or a callable producing it) is what error messages show. Both are
         turned into a :class:`Descriptor` once per distinct collective and cached.
+        ``error`` is an argument error this rank found: the collective is refused
+        on every rank (see :mod:`~ddl_tf.core.guard`).
         """
-        return CollectiveGuard(self, kind, name, fields, summary)
+        return CollectiveGuard(self, kind, name, fields, summary, error)
 
-    def _descriptor(self, kind: str, name: str | None, fields: tuple, summary) -> Descriptor:
+    def _descriptor(
+        self, kind: str, name: str | None, fields: tuple, summary, error=None
+    ) -> Descriptor:
+        if error is not None:
+            return Descriptor.refusal(kind, name, error)
         key = (kind, name, fields)
         descriptor = self._descriptors.get(key)
         if descriptor is None:
@@ -185,10 +195,6 @@ class Engine:
         op = parse_op(op)
         comp = Compression.get(compression if compression is not None else self.config.compression)
         arrays = [np.asarray(a) for a in arrays]
-        for array in arrays:
-            if (array.dtype, op) not in self._reducible:
-                check_reducible(array.dtype, op)
-                self._reducible.add((array.dtype, op))
         layout = tuple((a.dtype, a.shape) for a in arrays)
         with self._collective(
             "allreduce",
@@ -200,11 +206,14 @@ class Engine:
             postscale_factor,
             summary=lambda: f"of {layout_text(arrays)} op={op.value} compression={comp.name}",
         ):
+            for array in arrays:  # dtypes and op are negotiated: every rank reaches one verdict
+                if (array.dtype, op) not in self._reducible:
+                    check_reducible(array.dtype, op)
+                    self._reducible.add((array.dtype, op))
             wire, contexts = [], []
             with self.timeline.phase("compress", compression=comp.name):
                 for array in arrays:
-                    scaled = _scale(array, prescale_factor) if prescale_factor != 1.0 else array
-                    packed, ctx = comp.compress(scaled)
+                    packed, ctx = comp.compress(scale(array, prescale_factor))
                     wire.append(packed)
                     contexts.append(ctx)
             buckets = plan_buckets(
@@ -220,114 +229,12 @@ class Engine:
                     self.choose(bucket.nbytes, bucket.dtype).allreduce(buf, op.wire_op)
                 reduced.update(unpack(bucket, buf, [w.shape for w in wire]))
             with self.timeline.phase("decompress"):
-                out = [comp.decompress(reduced[i], contexts[i]) for i in range(len(arrays))]
-                divisor = self.size if op is ReduceOp.AVERAGE else 1
-                if divisor != 1 or postscale_factor != 1.0:
-                    out = [_scale(x, postscale_factor, divisor) for x in out]
+                factor = combined_postscale(postscale_factor, op is ReduceOp.AVERAGE, self.size)
+                out = [
+                    scale(comp.decompress(reduced[i], contexts[i]), factor)
+                    for i in range(len(arrays))
+                ]
             return out
-
-    def reducescatter(
-        self,
-        array: np.ndarray,
-        *,
-        op: ReduceOp | str | None = ReduceOp.AVERAGE,
-        compression: Compressor | str | None = None,
-        name: str | None = None,
-        prescale_factor: float = 1.0,
-        postscale_factor: float = 1.0,
-    ) -> np.ndarray:
-        """Reduce ``array`` and return this rank's rows of the first dimension.
-
-        Rank ``r`` receives rows ``shard_layout(rows, size)`` (the first
-        ``rows % size`` ranks get one extra row), as Horovod splits them.
-        """
-        op = parse_op(op)
-        comp = Compression.get(compression if compression is not None else self.config.compression)
-        array = np.asarray(array)
-        check_reducible(array.dtype, op)
-        if array.ndim == 0:
-            raise DDLError("reducescatter needs a tensor with at least one dimension.")
-        with self._collective(
-            "reducescatter",
-            name,
-            str(array.dtype),
-            array.shape,
-            op.value,
-            comp.name,
-            summary=f"of {layout_text([array])} op={op.value} compression={comp.name}",
-        ):
-            scaled = _scale(array, prescale_factor) if prescale_factor != 1.0 else array
-            wire, ctx = comp.compress(np.ascontiguousarray(scaled))
-            rows, _ = shard_layout(array.shape[0], self.size)
-            row = int(np.prod(array.shape[1:], dtype=np.int64))
-            mine = np.empty((rows[self.rank], *array.shape[1:]), wire.dtype)
-            info = dtype_info(wire.dtype)
-            with self.timeline.phase("reduce_scatter", algorithm="flat"):
-                self.comms.data.Reduce_scatter(
-                    [wire, info.reduce_type],
-                    [mine, info.reduce_type],
-                    [r * row for r in rows],
-                    op=info.ops[op.wire_op],
-                )
-            out = comp.decompress(mine, ctx)
-            divisor = self.size if op is ReduceOp.AVERAGE else 1
-            if divisor != 1 or postscale_factor != 1.0:
-                out = _scale(out, postscale_factor, divisor)
-            return out
-
-    # ------------------------------------------------------------------ movement
-
-    def allgather(self, array: np.ndarray, *, name: str | None = None) -> np.ndarray:
-        """Concatenate every rank's array along the first dimension (which may differ)."""
-        array = np.asarray(array)
-        with self._collective(
-            "allgather",
-            name,
-            str(array.dtype),
-            array.shape[1:],
-            array.ndim,
-            summary=f"of {array.dtype}[?, {', '.join(map(str, array.shape[1:]))}]",
-        ):
-            return movement.allgatherv(self.comms.data, array)
-
-    def broadcast(
-        self, arrays: Sequence[np.ndarray], root_rank: int, *, name: str | None = None
-    ) -> list[np.ndarray]:
-        """The root's arrays on every rank (one fused message)."""
-        arrays = [np.asarray(a) for a in arrays]
-        layout = tuple((str(a.dtype), a.shape) for a in arrays)
-        with self._collective(
-            "broadcast",
-            name,
-            layout,
-            root_rank,
-            summary=f"of {layout_text(arrays)} from rank {root_rank}",
-        ):
-            return movement.broadcast_arrays(self.comms.data, arrays, root_rank)
-
-    def alltoall(
-        self, array: np.ndarray, splits: Sequence[int] | None = None, *, name: str | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Scatter row slices to every rank and gather theirs; returns (rows, received splits)."""
-        array = np.asarray(array)
-        with self._collective("alltoall", name, str(array.dtype), array.shape[1:], array.ndim):
-            return movement.alltoallv(self.comms.data, array, splits)
-
-    def broadcast_object(self, obj: Any, root_rank: int = 0, *, name: str | None = None) -> Any:
-        """A picklable object from the root, on every rank."""
-        with self._collective("broadcast_object", name, root_rank):
-            return self.comms.data.bcast(obj, root=root_rank)
-
-    def allgather_object(self, obj: Any, *, name: str | None = None) -> list[Any]:
-        """Every rank's picklable object, in rank order."""
-        with self._collective("allgather_object", name):
-            return self.comms.data.allgather(obj)
-
-    def barrier(self) -> None:
-        """Wait until every rank arrives (with stall reporting when checks are on)."""
-        with self._collective("barrier", None):
-            if self.negotiator is None:
-                self.comms.data.Barrier()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -369,21 +276,3 @@ class Engine:
         if self.rank == 0:
             merge_traces(self.config.timeline, gathered)
             logger.info("timeline of %d rank(s) written to %s", self.size, self.config.timeline)
-
-
-def _scale(array: np.ndarray, factor: float, divisor: int = 1) -> np.ndarray:
-    """``array * factor / divisor`` in the array's dtype (float32 math for 16-bit floats)."""
-    acc = accumulation_dtype(array.dtype)
-    if array.dtype.kind in "iu":
-        if factor != 1.0 or divisor != 1:
-            raise DDLError(
-                f"Scaling factors apply to floating tensors only. Received dtype={array.dtype}, "
-                f"factor={factor}; use prescale_factor=postscale_factor=1.0 for integers."
-            )
-        return array
-    work = array.astype(acc, copy=True)
-    if factor != 1.0:
-        work *= factor
-    if divisor != 1:
-        work /= divisor
-    return work.astype(array.dtype, copy=False)

@@ -5,8 +5,11 @@ context manager: this is on every collective's path). It takes the engine
 lock, refuses to run after an unrecoverable failure or a shutdown, opens the
 timeline phase, negotiates the collective's descriptor across ranks, and on
 the way out marks the engine failed if an MPI or data error escaped, since the
-ranks may no longer be in step. A mismatch leaves the engine usable: every
-rank saw the same verdict before any data moved.
+ranks may no longer be in step. A mismatch or a refusal leaves the engine
+usable: every rank saw the same verdict before any data moved.
+
+A rank whose own arguments are invalid passes the error in (``error=``): it
+still negotiates, so every rank raises it, and only then raises it itself.
 
 Example:
     >>> import numpy as np
@@ -61,9 +64,11 @@ class CollectiveStats:
 class CollectiveGuard:
     """One collective's critical section (a plain class: this is on every call's path)."""
 
-    __slots__ = ("engine", "kind", "name", "fields", "summary", "phase", "start")
+    __slots__ = ("engine", "kind", "name", "fields", "summary", "error", "phase", "start")
 
-    def __init__(self, engine: Any, kind: str, name, fields: tuple, summary) -> None:
+    def __init__(
+        self, engine: Any, kind: str, name, fields: tuple, summary, error: DDLError | None = None
+    ) -> None:
         self.engine, self.kind, self.name, self.fields, self.summary = (
             engine,
             kind,
@@ -71,6 +76,7 @@ class CollectiveGuard:
             fields,
             summary,
         )
+        self.error = error
         self.phase = None
         self.start = 0.0
 
@@ -92,12 +98,16 @@ class CollectiveGuard:
                 self.phase = timeline.phase(label, kind=self.kind)
                 self.phase.__enter__()
             if engine.negotiator is not None:
-                descriptor = engine._descriptor(self.kind, self.name, self.fields, self.summary)
+                descriptor = engine._descriptor(
+                    self.kind, self.name, self.fields, self.summary, self.error
+                )
                 if timeline.enabled:
                     with timeline.phase("negotiate"):
                         engine.negotiator.negotiate(descriptor)
                 else:
                     engine.negotiator.negotiate(descriptor)
+            if self.error is not None:  # one rank, or checks off: nobody else to tell
+                raise self.error
         except BaseException as err:
             if isinstance(err, StallError):
                 engine._failed = err

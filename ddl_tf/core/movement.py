@@ -25,9 +25,9 @@ import numpy as np
 from ddl_tf.core import mpi
 from ddl_tf.core.algorithms import shard_layout
 from ddl_tf.core.mpi import dtype_info
-from ddl_tf.errors import ConfigError
+from ddl_tf.errors import CollectiveArgumentError, ConfigError
 
-__all__ = ["allgatherv", "broadcast_arrays", "alltoallv", "aligned_layout"]
+__all__ = ["allgatherv", "broadcast_arrays", "alltoallv", "alltoall_problem", "aligned_layout"]
 
 _ALIGN = 64
 _CHUNK = 1 << 30  # keep MPI counts well inside int32
@@ -47,10 +47,10 @@ def allgatherv(comm: Any, array: np.ndarray) -> np.ndarray:
     """Concatenate every rank's ``array`` along the first dimension (which may differ).
 
     Raises:
-        ConfigError: ``array`` is a scalar.
+        CollectiveArgumentError: ``array`` is a scalar.
     """
     if array.ndim == 0:
-        raise ConfigError(
+        raise CollectiveArgumentError(
             "allgather needs a tensor with at least one dimension. Received a scalar; "
             "reshape it to [1] first (e.g. tf.reshape(x, [1]))."
         )
@@ -106,20 +106,16 @@ def alltoallv(
             as evenly as possible, the first ranks getting one more row.
 
     Raises:
-        ConfigError: Bad splits or a scalar.
+        CollectiveArgumentError: Bad splits or a scalar (see :func:`alltoall_problem`).
     """
-    if array.ndim == 0:
-        raise ConfigError("alltoall needs a tensor with at least one dimension. Received a scalar.")
+    problem = alltoall_problem(array, splits, comm.size)
+    if problem is not None:
+        raise CollectiveArgumentError(problem)
     rows = array.shape[0]
     if splits is None:
         send_rows = np.array(shard_layout(rows, comm.size)[0], np.int64)
     else:
         send_rows = np.asarray(splits, np.int64).reshape(-1)
-        if send_rows.size != comm.size or send_rows.sum() != rows or (send_rows < 0).any():
-            raise ConfigError(
-                f"alltoall splits must give one non-negative row count per rank ({comm.size}) "
-                f"summing to the first dimension ({rows}). Received splits={send_rows.tolist()}."
-            )
     recv_rows = np.empty(comm.size, np.int64)
     comm.Alltoall(send_rows, recv_rows)
     row = int(np.prod(array.shape[1:], dtype=np.int64))
@@ -134,3 +130,42 @@ def alltoallv(
         [out, (recv_counts, recv_displs), move],
     )
     return out, recv_rows.astype(np.int32)
+
+
+def alltoall_problem(
+    array: np.ndarray, splits: Sequence[int] | None, size: int, *, even: bool = False
+) -> str | None:
+    """What is wrong with an alltoall's local arguments (None: nothing).
+
+    Args:
+        array: The rows to send.
+        splits: Rows per rank, or None.
+        size: Number of ranks.
+        even: Without ``splits``, the first dimension must be a multiple of ``size``.
+
+    Example:
+        >>> import numpy as np
+        >>> alltoall_problem(np.zeros((5, 2)), [2, 2], 2)
+        'alltoall splits must give one non-negative row count per rank (2) summing to the first dimension (5). Received splits=[2, 2].'
+    """
+    if array.ndim == 0:
+        return (
+            "alltoall sends slices of the first dimension, so it needs a tensor with at least "
+            "one dimension. Received a scalar; reshape it to [1] first."
+        )
+    rows = array.shape[0]
+    if splits is None:
+        if even and rows % size:
+            return (
+                "alltoall without splits sends the first dimension in equal parts, so it must be "
+                f"a multiple of the number of ranks ({size}). Received a first dimension of "
+                f"{rows}; pass splits=[rows for each rank] for uneven parts."
+            )
+        return None
+    send_rows = np.asarray(splits, np.int64).reshape(-1)
+    if send_rows.size != size or send_rows.sum() != rows or (send_rows < 0).any():
+        return (
+            f"alltoall splits must give one non-negative row count per rank ({size}) summing "
+            f"to the first dimension ({rows}). Received splits={send_rows.tolist()}."
+        )
+    return None

@@ -109,6 +109,9 @@ def accumulation_dtype(dtype: np.dtype) -> np.dtype:
 def check_reducible(dtype: np.dtype, op: ReduceOp) -> None:
     """Raise :class:`ConfigError` unless ``op`` is defined for ``dtype``.
 
+    Average of integers is defined as Horovod defines it: the sum times
+    ``1 / size`` in float64, truncated toward zero (see :mod:`ddl_tf.core.scaling`).
+
     Args:
         dtype: Numpy dtype of the tensor.
         op: The reduction (``AVERAGE`` included).
@@ -123,11 +126,6 @@ def check_reducible(dtype: np.dtype, op: ReduceOp) -> None:
         raise ConfigError(
             f"Boolean tensors cannot be reduced. Received dtype=bool, op={op.name}; "
             "cast to int32 first (e.g. tf.cast(x, tf.int32))."
-        )
-    if op is ReduceOp.AVERAGE and dtype.kind in "iu":
-        raise ConfigError(
-            f"Average is only defined for floating tensors. Received dtype={dtype}, "
-            "op=Average; use op=ddl_tf.Sum and divide by ddl_tf.size() yourself."
         )
     if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.kind == "c":
         raise ConfigError(

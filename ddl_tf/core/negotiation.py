@@ -8,6 +8,11 @@ rank with a verdict. So:
 * ranks that issue different collectives (shape, dtype, name, op or order)
   all raise :class:`~ddl_tf.errors.CollectiveMismatchError` naming who issued
   what, instead of deadlocking inside MPI;
+* a rank that found its own arguments invalid (alltoall splits that do not add
+  up, an unsupported op) still takes part: its descriptor carries the error,
+  and every rank raises that error (same class, message naming the rank)
+  instead of the others waiting for a rank that left. The refusal wins over a
+  mismatch, since the refusing rank usually did not build the same descriptor;
 * while some ranks have not arrived, rank 0 knows exactly which, logs a
   warning naming them every ``stall_warning_seconds`` and forwards the list to
   the waiting ranks, which log it too; after ``stall_shutdown_seconds`` (if
@@ -23,8 +28,8 @@ Example:
     >>> d = Descriptor.make("allreduce", "grads", ("float32", (3, 4)), "op=sum")
     >>> d.summary
     "allreduce 'grads' ('float32', (3, 4)) op=sum"
-    >>> len(d.encode(seq=7)), Descriptor.decode(d.encode(seq=7))[0]
-    (256, 7)
+    >>> len(d.encode(seq=7)), Descriptor.decode(d.encode(seq=7)).seq
+    (512, 7)
 """
 
 from __future__ import annotations
@@ -35,31 +40,55 @@ import os
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ddl_tf.core import mpi
-from ddl_tf.errors import CollectiveMismatchError, StallError
+from ddl_tf.errors import (
+    CollectiveArgumentError,
+    CollectiveMismatchError,
+    ConfigError,
+    DDLError,
+    StallError,
+    UnsupportedError,
+)
 
-__all__ = ["Descriptor", "Negotiator", "DESCRIPTOR_BYTES"]
+__all__ = ["Descriptor", "Decoded", "Negotiator", "DESCRIPTOR_BYTES", "REFUSALS"]
 
 logger = logging.getLogger(__name__)
 
-DESCRIPTOR_BYTES = 256
-_HEADER = struct.Struct("<q16s")
+DESCRIPTOR_BYTES = 512
+_HEADER = struct.Struct("<q16sB")
 _SUMMARY_BYTES = DESCRIPTOR_BYTES - _HEADER.size
 _VERDICT_BYTES = 8192
 _TAG_DESCRIPTOR, _TAG_VERDICT = 101, 102
-_OK, _STALL, _MISMATCH, _ABORT = 0, 1, 2, 3
+_OK, _STALL, _MISMATCH, _ABORT, _REFUSED = 0, 1, 2, 3, 4
+
+REFUSALS: tuple[type[DDLError], ...] = (CollectiveArgumentError, UnsupportedError, ConfigError)
+"""Error classes a rank can refuse a collective with; the wire carries the index + 1."""
+
+
+class Decoded(NamedTuple):
+    """A descriptor as received: sequence number, digest, error code (0: none), text."""
+
+    seq: int
+    digest: bytes
+    error: int
+    text: str
 
 
 @dataclass(frozen=True)
 class Descriptor:
-    """What one rank is about to do: a digest for comparison and a summary for people."""
+    """What one rank is about to do: a digest for comparison and a summary for people.
+
+    ``error`` is 0, or the code (index + 1 in :data:`REFUSALS`) of the error this rank
+    found in its own arguments; ``summary`` then holds that error's message.
+    """
 
     digest: bytes
     summary: str
+    error: int = 0
 
     @classmethod
     def make(
@@ -74,17 +103,24 @@ class Descriptor:
         digest = hashlib.blake2b(repr((kind, name, fields)).encode(), digest_size=16).digest()
         return cls(digest, text)
 
+    @classmethod
+    def refusal(cls, kind: str, name: str | None, error: DDLError) -> Descriptor:
+        """Describe a collective this rank cannot run because of ``error`` (one of REFUSALS)."""
+        code = next((i + 1 for i, c in enumerate(REFUSALS) if isinstance(error, c)), 1)
+        label = f"{kind} {name!r}" if name else kind
+        return cls(b"\0" * 16, f"{label}: {type(error).__name__}: {error}", code)
+
     def encode(self, seq: int) -> bytes:
-        """Fixed-size wire form: sequence number, digest, summary (truncated)."""
+        """Fixed-size wire form: sequence number, digest, error code, summary (truncated)."""
         summary = self.summary.encode()[:_SUMMARY_BYTES]
-        return _HEADER.pack(seq, self.digest) + summary.ljust(_SUMMARY_BYTES, b"\0")
+        return _HEADER.pack(seq, self.digest, self.error) + summary.ljust(_SUMMARY_BYTES, b"\0")
 
     @staticmethod
-    def decode(raw: bytes) -> tuple[int, bytes, str]:
-        """``(seq, digest, summary)`` from :meth:`encode`'s output."""
-        seq, digest = _HEADER.unpack(raw[: _HEADER.size])
-        summary = raw[_HEADER.size :].rstrip(b"\0").decode(errors="replace")
-        return seq, digest, summary
+    def decode(raw: bytes) -> Decoded:
+        """:class:`Decoded` from :meth:`encode`'s output."""
+        seq, digest, error = _HEADER.unpack(raw[: _HEADER.size])
+        text = raw[_HEADER.size :].rstrip(b"\0").decode(errors="replace")
+        return Decoded(seq, digest, error, text)
 
 
 class _Waiter:
@@ -138,8 +174,13 @@ class Negotiator:
     def negotiate(self, descriptor: Descriptor) -> None:
         """Block until every rank presents the same descriptor.
 
+        With one rank there is nobody to agree with: the call returns at once
+        (the caller raises a refusal of its own).
+
         Raises:
             CollectiveMismatchError: Some rank presented a different one.
+            CollectiveArgumentError, UnsupportedError, ConfigError: Some rank
+                refused the collective (:meth:`Descriptor.refusal`); on every rank.
             StallError: Ranks were missing for ``stall_shutdown_seconds``.
         """
         self.seq += 1
@@ -198,26 +239,34 @@ class Negotiator:
                 MPI.Request.Waitall(sends)
                 raise StallError(message)
             waiter.pause()
-        problem = self._compare()
-        kind = _MISMATCH if problem else _OK
-        sends += self._tell(set(range(1, self.size)), kind, problem or "")
+        kind, code, problem = self._compare()
+        sends += self._tell(set(range(1, self.size)), kind, problem, code)
         MPI.Request.Waitall(sends)
-        if problem:
-            raise CollectiveMismatchError(problem)
+        _raise_verdict(kind, code, problem)
 
-    def _tell(self, ranks: set[int], kind: int, text: str) -> list[Any]:
+    def _tell(self, ranks: set[int], kind: int, text: str, code: int = 0) -> list[Any]:
         payload = np.frombuffer(
-            bytes([kind]) + text.encode()[: _VERDICT_BYTES - 1], np.uint8
+            bytes([kind, code]) + text.encode()[: _VERDICT_BYTES - 2], np.uint8
         ).copy()
         byte = mpi.load().BYTE
         return [self.comm.Isend([payload, byte], r, _TAG_VERDICT) for r in sorted(ranks)]
 
-    def _compare(self) -> str | None:
+    def _compare(self) -> tuple[int, int, str]:
+        """``(verdict kind, error code, message)`` for the descriptors every rank sent."""
         self._rows[0] = self._mine
         decoded = [Descriptor.decode(self._rows[r].tobytes()) for r in range(self.size)]
-        keys = [(seq, digest) for seq, digest, _ in decoded]
+        refusing = [r for r, d in enumerate(decoded) if d.error]
+        if refusing:
+            first = decoded[refusing[0]]
+            lines = [
+                f"collective #{self.seq} was refused by rank(s) {_ranks(refusing)} before any "
+                "data moved; every rank raises the error so that the ranks stay in step:"
+            ]
+            lines += [f"  rank {r}: {decoded[r].text}" for r in refusing[:8]]
+            return _REFUSED, first.error, "\n".join(lines)
+        keys = [(d.seq, d.digest) for d in decoded]
         if len(set(keys)) == 1:
-            return None
+            return _OK, 0, ""
         by_key: dict[tuple, list[int]] = {}
         for r, key in enumerate(keys):
             by_key.setdefault(key, []).append(r)
@@ -227,9 +276,9 @@ class Negotiator:
             "order):"
         ]
         for ranks in list(by_key.values())[:8]:
-            seq, _, summary = decoded[ranks[0]]
-            lines.append(f"  rank(s) {_ranks(ranks)}: #{seq} {summary}")
-        return "\n".join(lines)
+            d = decoded[ranks[0]]
+            lines.append(f"  rank(s) {_ranks(ranks)}: #{d.seq} {d.text}")
+        return _MISMATCH, 0, "\n".join(lines)
 
     # ------------------------------------------------------------------ other ranks
 
@@ -246,8 +295,8 @@ class Negotiator:
         while True:
             if self._recv.Test(status):
                 count = status.Get_count(MPI.BYTE)
-                kind = int(self._verdict[0])
-                text = self._verdict[1:count].tobytes().decode(errors="replace")
+                kind, code = int(self._verdict[0]), int(self._verdict[1])
+                text = self._verdict[2:count].tobytes().decode(errors="replace")
                 if kind == _OK:
                     break
                 if kind == _STALL:
@@ -256,9 +305,7 @@ class Negotiator:
                     self._recv.Start()
                     continue
                 self._send.Wait()
-                if kind == _MISMATCH:
-                    raise CollectiveMismatchError(text)
-                raise StallError(text)
+                _raise_verdict(kind, code, text)
             now = time.monotonic()
             if now >= next_warning:
                 if not heard_from_root:
@@ -278,6 +325,16 @@ class Negotiator:
                 )
             waiter.pause()
         self._send.Wait()
+
+
+def _raise_verdict(kind: int, code: int, text: str) -> None:
+    if kind == _OK:
+        return
+    if kind == _MISMATCH:
+        raise CollectiveMismatchError(text)
+    if kind == _REFUSED:
+        raise REFUSALS[code - 1](text) if 0 < code <= len(REFUSALS) else DDLError(text)
+    raise StallError(text)
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 
-from ddl_tf.errors import ConfigError
+from ddl_tf.errors import ConfigError, UnsupportedError
 
 __all__ = ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum", "parse_op"]
 
@@ -60,8 +60,9 @@ def parse_op(op: ReduceOp | str | None, average: bool | None = None) -> ReduceOp
         The operation; ``Average`` when both are None (Horovod's default).
 
     Raises:
-        ConfigError: Both were given, the name is unknown, or the op is
-            ``Adasum`` (not implemented by ddl_tf).
+        ConfigError: Both were given, or the name is unknown.
+        UnsupportedError: The op is ``Adasum`` (not implemented by ddl_tf); a
+            ``NotImplementedError``.
     """
     if op is not None and average is not None:
         raise ConfigError(
@@ -83,7 +84,7 @@ def parse_op(op: ReduceOp | str | None, average: bool | None = None) -> ReduceOp
             f"op must be one of ddl_tf.Average, Sum, Min, Max, Product. Received op={op!r}."
         )
     if op is ReduceOp.ADASUM:
-        raise ConfigError(
+        raise UnsupportedError(
             "Adasum is not implemented by ddl_tf. Received op=Adasum; use op=ddl_tf.Average "
             "(the gradient average Horovod uses by default)."
         )

@@ -30,7 +30,10 @@ from typing import Any
 
 import keras
 
+from ddl_tf import broadcasts as _broadcasts
 from ddl_tf import collectives as _collectives
+from ddl_tf import exchange as _exchange
+from ddl_tf import scatter as _scatter
 from ddl_tf.api_names import BASICS
 from ddl_tf.basics import (
     ccl_built,
@@ -57,19 +60,33 @@ from ddl_tf.basics import (
     start_timeline,
     stop_timeline,
 )
+from ddl_tf.broadcasts import broadcast_global_variables
 from ddl_tf.collectives import barrier
-from ddl_tf.core.compression import Compression
 from ddl_tf.core.reduce_ops import Adasum, Average, Max, Min, Product, Sum
+from ddl_tf.errors import ConfigError
 from ddl_tf.functions import allgather_object, broadcast_object, broadcast_variables
-from ddl_tf.keras import callbacks
-from ddl_tf.keras.optimizer import DistributedOptimizer
+from ddl_tf.keras import callbacks, elastic
+from ddl_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from ddl_tf.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from ddl_tf.tape import DistributedGradientTape
+from ddl_tf.tensor_compression import Compression
 
 __all__ = [
     *BASICS,
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "DistributedGradientTape",
     "callbacks",
+    "elastic",
+    "ProcessSet",
+    "global_process_set",
+    "add_process_set",
+    "remove_process_set",
     "broadcast_global_variables",
     "broadcast_variables",
     "broadcast_object",
@@ -88,17 +105,6 @@ __all__ = [
     "Product",
     "Adasum",
 ]
-
-
-def broadcast_global_variables(root_rank: int) -> None:
-    """Not available in Keras 3 (there are no global variables); raises with the replacement."""
-    from ddl_tf.errors import ConfigError
-
-    raise ConfigError(
-        "Keras 3 has no global variables to broadcast. Received root_rank="
-        f"{root_rank}; use hvd.callbacks.BroadcastGlobalVariablesCallback({root_rank}) in fit(), "
-        f"or hvd.broadcast_variables(model.variables, root_rank={root_rank}) in custom loops."
-    )
 
 
 def allreduce(
@@ -124,21 +130,26 @@ def allreduce(
 
 def allgather(value, name: str | None = None):
     """Concatenate every rank's value along the first dimension; returns a tensor."""
-    return _collectives.allgather(keras.ops.convert_to_tensor(value), name=name)
+    return _exchange.allgather(keras.ops.convert_to_tensor(value), name=name)
 
 
 def broadcast(value, root_rank: int, name: str | None = None):
     """The root's value on every rank; returns a tensor."""
-    return _collectives.broadcast(keras.ops.convert_to_tensor(value), root_rank, name=name)
+    return _broadcasts.broadcast(keras.ops.convert_to_tensor(value), root_rank, name=name)
 
 
 def reducescatter(value, name: str | None = None, op=Average):
     """Reduce a value and keep this rank's rows of the first dimension; returns a tensor."""
-    return _collectives.reducescatter(keras.ops.convert_to_tensor(value), op=op, name=name)
+    return _scatter.reducescatter(keras.ops.convert_to_tensor(value), op=op, name=name)
 
 
 def load_model(
-    filepath, custom_optimizers=None, custom_objects=None, compression=None, **kwargs
+    filepath,
+    custom_optimizers=None,
+    custom_objects=None,
+    compression=None,
+    legacy_opts: bool = False,
+    **kwargs,
 ) -> keras.Model:
     """Load a Keras model and make sure its optimizer is a :class:`DistributedOptimizer`.
 
@@ -151,8 +162,19 @@ def load_model(
         custom_optimizers: Optimizer classes the file may reference.
         custom_objects: Passed to ``keras.models.load_model``.
         compression: Compression for a newly wrapped optimizer.
+        legacy_opts: Horovod's switch for Keras 2 ``optimizers.legacy`` models;
+            Keras 3 has no legacy optimizers, so only False is accepted.
         **kwargs: Passed to ``keras.models.load_model``.
+
+    Raises:
+        ConfigError: ``legacy_opts=True``.
     """
+    if legacy_opts:
+        raise ConfigError(
+            "Keras 3 has no keras.optimizers.legacy, so a model cannot be loaded with "
+            "legacy_opts=True. Received legacy_opts=True; save the model with a Keras 3 "
+            "optimizer and load it with legacy_opts=False."
+        )
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects[cls.__name__] = cls

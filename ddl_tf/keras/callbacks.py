@@ -1,9 +1,9 @@
 """Horovod's Keras callbacks for Keras 3.
 
 * :class:`BroadcastGlobalVariablesCallback` makes every rank start from the
-  root's weights and optimizer state (at ``on_train_begin``, before the first
-  step: Keras 3 builds model and optimizer before calling it, so no step ever
-  runs on unsynchronized weights).
+  root's weights and optimizer state (at ``on_train_begin`` for a built model;
+  after the first batch for a model that Keras builds in its first step, as
+  Horovod does for every model).
 * :class:`MetricAverageCallback` averages the epoch's metrics over ranks, in
   place, so callbacks after it (and the History) see global values. Put it
   before callbacks that read metrics (checkpointing, early stopping).
@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from ddl_tf import basics
 from ddl_tf.errors import ConfigError
@@ -50,12 +51,28 @@ logger = logging.getLogger(__name__)
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcast model and optimizer variables from ``root_rank`` when training starts.
 
+    A model that is built before ``fit`` (an ``Input`` layer, a call on data,
+    or ``model.build``) is broadcast in ``on_train_begin``, before the first
+    step. Keras 3 builds a model without an ``Input`` (a ``Sequential`` of
+    layers, as in Horovod's MNIST example) and its optimizer only inside the
+    first step, so such a model is broadcast at the end of the first batch,
+    where Horovod 0.28 broadcasts every model: that step ran on each rank's own
+    initial weights with averaged gradients, and from then on all ranks hold
+    the root's weights and optimizer state.
+
     Args:
         root_rank: Rank whose variables every rank adopts.
         device: Accepted for Horovod compatibility (ignored).
+        local_variables: Variables (or one variable) that stay per-rank and are
+            not broadcast, e.g. those of layers kept local with
+            ``PartialDistributedOptimizer``.
+
+    Raises:
+        ConfigError: ``root_rank`` is negative or ``local_variables`` holds
+            something that is not a variable.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None) -> None:
         super().__init__()
         if not isinstance(root_rank, int) or root_rank < 0:
             raise ConfigError(
@@ -63,18 +80,53 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             )
         self.root_rank = root_rank
         self.broadcast_done = False
+        self._local: set = set()
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        for variable in local_variables:
+            self.register_local_var(variable)
+
+    def register_local_var(self, var) -> None:
+        """Exclude ``var`` from the broadcast (it stays as each rank has it).
+
+        Raises:
+            ConfigError: ``var`` is not a TensorFlow or Keras variable.
+        """
+        if not isinstance(var, (tf.Variable, keras.Variable)):
+            raise ConfigError(
+                "local_variables must be variables (tf.Variable or keras.Variable). Received "
+                f"{type(var).__name__}; pass e.g. layer.trainable_weights."
+            )
+        self._local.add(_key(var))
 
     def on_train_begin(self, logs=None) -> None:
         self.broadcast_done = False
+        if self.model.built:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        if not self.broadcast_done:
+            self._broadcast()
+
+    def _broadcast(self) -> None:
         model = self.model
         optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and not optimizer.built:
+        if optimizer is not None and not optimizer.built and model.trainable_variables:
             optimizer.build(model.trainable_variables)
         variables = list(model.variables)
         if optimizer is not None:
             variables += list(optimizer.variables)
-        broadcast_variables(variables, root_rank=self.root_rank)
+        broadcast_variables(
+            [v for v in variables if _key(v) not in self._local], root_rank=self.root_rank
+        )
         self.broadcast_done = True
+
+
+def _key(variable):
+    """A hashable identity for a TF or Keras variable (Keras 3 variables are not hashable by value)."""
+    return variable.ref() if hasattr(variable, "ref") else id(variable)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -34,13 +34,14 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from ddl_tf.collectives import check_process_set
+from ddl_tf import basics
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 from ddl_tf.functions import allreduce_gradients
+from ddl_tf.process_sets import check_process_set
 
-__all__ = ["DistributedOptimizer", "unwrap_optimizer"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "unwrap_optimizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         num_groups: Accepted for compatibility (ddl_tf always fuses into buckets).
         groups: Accepted for compatibility.
         process_set: Only the global process set is supported.
-        scale_local_gradients: Accepted for compatibility.
+        scale_local_gradients: Divide the gradients of local variables
+            (:meth:`register_local_var`) by the number of ranks, as Horovod does.
     """
 
     def __init__(
@@ -113,8 +115,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.op = op
         self.backward_passes_per_step = backward_passes_per_step
         self.average_aggregated_gradients = average_aggregated_gradients
+        self.scale_local_gradients = scale_local_gradients
+        self._local_vars: set = set()
         self._accumulators: list = []
         self._passes = None
+
+    def register_local_var(self, var) -> None:
+        """Keep ``var``'s gradient on this rank: it is not reduced across ranks."""
+        self._local_vars.add(_key(var))
 
     # ------------------------------------------------------------------ state
 
@@ -180,15 +188,24 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self._accumulate(grads, variables)
 
     def _reduce_and_apply(self, grads: list, variables: list) -> None:
+        shared = [i for i, v in enumerate(variables) if _key(v) not in self._local_vars]
         reduced = allreduce_gradients(
-            grads,
+            [grads[i] for i in shared],
             op=self.op,
             compression=self.compression,
             sparse_as_dense=self.sparse_as_dense,
             gradient_predivide_factor=self.gradient_predivide_factor,
             name=f"{self.name}_allreduce",
         )
-        self.inner_optimizer.apply(reduced, variables)
+        out = list(grads)
+        for i, g in zip(shared, reduced, strict=True):
+            out[i] = g
+        if self.scale_local_gradients and len(shared) < len(grads):
+            size = basics.size()
+            for i, v in enumerate(variables):
+                if _key(v) in self._local_vars and out[i] is not None:
+                    out[i] = _divide(out[i], size)
+        self.inner_optimizer.apply(out, variables)
 
     def _accumulate(self, grads: list, variables: list) -> None:
         pairs = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
@@ -232,6 +249,52 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             config.pop("optimizer"), custom_objects=custom_objects
         )
         return cls(inner, **config)
+
+
+def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
+    optimizer, name: str | None = None, local_layers=None, **kwargs
+) -> DistributedOptimizer:
+    """A :class:`DistributedOptimizer` that keeps the gradients of ``local_layers`` local.
+
+    The trainable variables of ``local_layers`` (a Keras layer or a list of
+    them) are updated with this rank's own gradient, divided by the number of
+    ranks when ``scale_local_gradients`` (the default); all others are averaged
+    across ranks. Pair it with ``BroadcastGlobalVariablesCallback(0,
+    local_variables=...)`` so that the local weights are not overwritten.
+
+    Args:
+        optimizer: The Keras 3 optimizer doing the updates.
+        name: Optimizer name.
+        local_layers: Layers whose gradients are not reduced.
+        **kwargs: As :class:`DistributedOptimizer`.
+
+    Raises:
+        ConfigError: An entry of ``local_layers`` is not a Keras layer.
+    """
+    layers = [] if local_layers is None else local_layers
+    if not isinstance(layers, (list, tuple)):
+        layers = [layers]
+    bad = [layer for layer in layers if not isinstance(layer, keras.layers.Layer)]
+    if bad:
+        raise ConfigError(
+            "local_layers must be Keras layers. Received "
+            f"{[type(b).__name__ for b in bad]}; pass model.layers[i] objects."
+        )
+    wrapped = DistributedOptimizer(optimizer, name=name, **kwargs)
+    for layer in layers:
+        for variable in layer.trainable_weights:
+            wrapped.register_local_var(variable)
+    return wrapped
+
+
+def _key(variable):
+    return variable.ref() if hasattr(variable, "ref") else id(variable)
+
+
+def _divide(grad, n: int):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)
 
 
 def unwrap_optimizer(optimizer: Any) -> Any:

@@ -71,8 +71,7 @@ def test_local_reductions_accumulate_halves_in_float32():
 
 
 def test_reducibility_checks_say_what_to_do():
-    with pytest.raises(ConfigError, match="op=ddl_tf.Sum"):
-        check_reducible(np.dtype(np.int32), ReduceOp.AVERAGE)
+    check_reducible(np.dtype(np.int32), ReduceOp.AVERAGE)  # Horovod defines it (truncated mean)
     with pytest.raises(ConfigError, match="cast to int32"):
         check_reducible(np.dtype(np.bool_), ReduceOp.SUM)
     with pytest.raises(ConfigError, match="complex"):
@@ -117,8 +116,8 @@ def test_descriptors_are_fixed_size_and_digest_every_field():
     long = Descriptor.make("allreduce", "x" * 1000)
     raw = long.encode(seq=3)
     assert len(raw) == DESCRIPTOR_BYTES
-    seq, digest, summary = Descriptor.decode(raw)
-    assert (seq, digest) == (3, long.digest) and summary.startswith("allreduce 'xxx")
+    seq, digest, error, summary = Descriptor.decode(raw)
+    assert (seq, digest, error) == (3, long.digest, 0) and summary.startswith("allreduce 'xxx")
 
 
 def test_timeline_streams_per_rank_and_merges(tmp_path):

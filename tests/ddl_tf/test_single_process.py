@@ -63,8 +63,7 @@ def test_collectives_preserve_dtype_and_shape_eagerly(ddl):
         assert y.dtype == dtype and y.shape == (2, 3)
     ints = hvd.allreduce(tf.constant([1, 2]), op=hvd.Sum)
     assert ints.dtype == tf.int32
-    with pytest.raises(ConfigError, match="Average is only defined for floating"):
-        hvd.allreduce(tf.constant([1, 2]))
+    assert hvd.allreduce(tf.constant([1, 2])).numpy().tolist() == [1, 2]  # Horovod: int Average
     assert hvd.allgather(tf.zeros([0, 4])).shape == (0, 4)
     assert hvd.broadcast_object([1, "a"]) == [1, "a"]
     assert hvd.allgather_object({"r": 0}) == [{"r": 0}]
@@ -109,8 +108,8 @@ def test_gradients_flow_through_collectives(ddl):
         s = tf.reduce_sum(hvd.allreduce(v * v) + hvd.allgather(v) + hvd.broadcast(v, 0))
         m = tf.reduce_sum(hvd.allreduce(v, op=hvd.Max))
     np.testing.assert_allclose(tape.gradient(s, v).numpy(), [4.0, 6.0])
-    with pytest.raises(Exception, match="has no gradient"):
-        tape.gradient(m, v)
+    # Horovod 0.28.1 defines every allreduce's gradient as the allreduce of the gradient, same op
+    np.testing.assert_allclose(tape.gradient(m, v).numpy(), [1.0, 1.0])
 
 
 def test_distributed_optimizer_config_round_trip_and_save_load(ddl, tmp_path):
@@ -251,5 +250,5 @@ def test_keras_module_mirrors_horovod_names():
         "Sum",
     ):
         assert hasattr(hvd_keras, name), name
-    with pytest.raises(ConfigError, match="BroadcastGlobalVariablesCallback"):
-        hvd_keras.broadcast_global_variables(0)
+    with pytest.raises(RuntimeError, match="BroadcastGlobalVariablesCallback"):
+        hvd_keras.broadcast_global_variables(0)  # eagerly a RuntimeError, as in Horovod

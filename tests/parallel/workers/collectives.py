@@ -128,10 +128,13 @@ def fixed_cases(engine, chk):
         buf = np.array([2048.0 if rank == 0 else 1.0], np.float16)
         engine.algorithms["asa"].allreduce(buf, ReduceOp.SUM)
         chk.close("float32 accumulation", buf, np.array([2048.0 + size - 1], np.float16))
-    # errors raised identically on every rank before any negotiation
+    # integer Average is Horovod's truncated mean (mean of 1, 3, 5, ... is size)
+    odd = engine.allreduce([np.full(3, 2 * rank + 1, np.int32)], op="average")[0]
+    chk.close("integer average", odd, np.full(3, size, np.int32))
+    # errors raised identically on every rank (after the negotiation: dtype and op agreed)
     try:
-        engine.allreduce([np.ones(3, np.int32)], op="average")
-        chk.failures.append("integer average did not raise")
+        engine.allreduce([np.ones(3, np.bool_)], op="sum")
+        chk.failures.append("boolean sum did not raise")
     except ConfigError:
         chk.count += 1
     # allgather: rank r contributes r+1 rows (rank 0 none when size > 2)

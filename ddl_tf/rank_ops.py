@@ -1,0 +1,70 @@
+"""Horovod's rank and size *ops*: values read when the graph runs, not when it is built.
+
+``rank_op()`` and friends return int32 scalars. Eagerly they are constants;
+in a graph each is a small stateless-looking Python op (``tf.numpy_function``,
+marked stateful so it is not folded) that asks the running job, so a graph
+built in one process layout and run in another reports the layout it runs in,
+as Horovod's do. They are not collectives and are not ordered with them.
+
+Example (one process):
+    >>> import ddl_tf as hvd
+    >>> _ = hvd.init()
+    >>> int(hvd.rank_op()), int(hvd.size_op()), int(hvd.process_set_included_op())
+    (0, 1, 1)
+    >>> hvd.shutdown()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from ddl_tf import basics
+from ddl_tf.errors import UnsupportedError
+
+__all__ = ["rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op"]
+
+
+def _runtime_int(read: Callable[[], int], name: str) -> tf.Tensor:
+    if tf.executing_eagerly():
+        return tf.constant(read(), tf.int32)
+    value = tf.numpy_function(lambda: np.int32(read()), [], tf.int32, stateful=True, name=name)
+    value.set_shape([])
+    return value
+
+
+def _check_set(process_set_id: int) -> None:
+    if process_set_id != 0:
+        raise UnsupportedError(
+            "ddl_tf has only the global process set (id 0). Received "
+            f"process_set_id={process_set_id}; drop the argument."
+        )
+
+
+def rank_op(name: str | None = None) -> tf.Tensor:
+    """This process's rank, read when the op runs."""
+    return _runtime_int(basics.rank, name or "DDLRank")
+
+
+def local_rank_op(name: str | None = None) -> tf.Tensor:
+    """This process's rank on its node, read when the op runs."""
+    return _runtime_int(basics.local_rank, name or "DDLLocalRank")
+
+
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """Number of ranks, read when the op runs."""
+    _check_set(process_set_id)
+    return _runtime_int(basics.size, name or "DDLSize")
+
+
+def local_size_op(name: str | None = None) -> tf.Tensor:
+    """Number of ranks on this node, read when the op runs."""
+    return _runtime_int(basics.local_size, name or "DDLLocalSize")
+
+
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """1: every process belongs to the global process set (the only one ddl_tf has)."""
+    _check_set(process_set_id)
+    return _runtime_int(lambda: 1, name or "DDLProcessSetIncluded")

@@ -1,0 +1,129 @@
+"""Horovod's reducescatter and grouped_reducescatter on ``tf.Tensor``s, eager and in graphs.
+
+Each tensor is reduced across ranks (Average by default, as in Horovod) and
+rank ``r`` keeps its share of the first dimension: ``rows // size`` rows,
+plus one for the first ``rows % size`` ranks. Shapes and dtypes must match
+across ranks; a scalar raises :class:`~ddl_tf.tf_errors.CollectiveArgumentError`
+(a ``ValueError`` and ``tf.errors.InvalidArgumentError``) on every rank.
+Integer Average and scale factors follow :mod:`ddl_tf.core.scaling`.
+
+Gradient (as Horovod 0.28.1): the allgather of the upstream gradient,
+multiplied by the number of ranks for ``op=Sum`` and by the pre- and
+post-scale factors; for ``op=Average`` the allgather alone.
+
+Example (one process):
+    >>> import tensorflow as tf
+    >>> import ddl_tf as hvd
+    >>> _ = hvd.init()
+    >>> hvd.reducescatter(tf.constant([[1.0], [2.0]]), op=hvd.Sum).numpy().tolist()
+    [[1.0], [2.0]]
+    >>> hvd.shutdown()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from ddl_tf import basics, bridge
+from ddl_tf.collectives import split_compression
+from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.exchange import grouped_allgather
+from ddl_tf.process_sets import check_process_set
+
+__all__ = ["reducescatter", "grouped_reducescatter"]
+
+
+def grouped_reducescatter(
+    tensors: Sequence,
+    device_dense: str = "",
+    compression: Any = None,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    process_set: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+) -> list[tf.Tensor]:
+    """Reducescatter several tensors under one negotiation (Horovod's ``grouped_reducescatter``).
+
+    Args:
+        tensors: Tensors with the same dtypes and shapes at each position on every rank.
+        device_dense: Accepted for compatibility (ignored).
+        compression: ``Compression.none/fp16/bf16`` or a Horovod-style compressor.
+        op: Average (default) or Sum (Min, Max, Product also work).
+        process_set: Only the global process set is supported.
+        prescale_factor: Multiply before reducing.
+        postscale_factor: Multiply after reducing.
+        name: Optional name, compared across ranks (a ddl_tf addition).
+
+    Returns:
+        This rank's rows of each reduced tensor.
+    """
+    check_process_set(process_set)
+    op = parse_op(op)
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    compressor, tf_compressor = split_compression(compression)
+    contexts = None
+    if tf_compressor is not None:
+        pairs = [tf_compressor.compress(t) for t in tensors]
+        tensors, contexts = [p[0] for p in pairs], [p[1] for p in pairs]
+    engine = basics.engine()
+
+    @tf.custom_gradient
+    def scatter(*xs):
+        ys = bridge.run(
+            lambda *arrays: engine.grouped_reducescatter(
+                arrays,
+                op=op,
+                compression=compressor,
+                name=name,
+                prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor,
+            ),
+            list(xs),
+            [x.dtype for x in xs],
+            [tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else None for x in xs],
+            name=bridge.op_name("Reducescatter", name),
+        )
+
+        def grad(*dys):
+            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
+            factor = (engine.size if op is ReduceOp.SUM else 1) * prescale_factor
+            factor *= postscale_factor
+            if factor != 1:
+                dys = [d * tf.cast(factor, d.dtype) for d in dys]
+            return grouped_allgather(dys, name=f"{name}_grad" if name else None)
+
+        return ys, grad
+
+    results = list(scatter(*tensors))
+    if tf_compressor is not None:
+        results = [tf_compressor.decompress(r, c) for r, c in zip(results, contexts, strict=True)]
+    return results
+
+
+def reducescatter(
+    tensor,
+    device_dense: str = "",
+    compression: Any = None,
+    op: ReduceOp = ReduceOp.AVERAGE,
+    name: str | None = None,
+    process_set: Any = None,
+    ignore_name_scope: bool = False,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> tf.Tensor:
+    """Reduce ``tensor`` and keep this rank's rows of the first dimension (first ranks get extras)."""
+    return grouped_reducescatter(
+        [tensor],
+        compression=compression,
+        op=op,
+        process_set=process_set,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        name=name,
+    )[0]

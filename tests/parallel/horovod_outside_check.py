@@ -1,0 +1,250 @@
+"""Outside check: Horovod's own ``test/parallel/test_tensorflow.py`` against ddl_tf, on 2 ranks.
+
+Horovod's tests are not part of this repository (they are Horovod's); get
+Horovod 0.28.1's ``test/parallel/test_tensorflow.py``,
+``test/parallel/base_test_tensorflow.py`` and ``test/utils/common.py`` into a
+folder (keeping that layout), then::
+
+    python tests/parallel/horovod_outside_check.py file  HOROVOD_TEST_DIR out.json
+    python tests/parallel/horovod_outside_check.py each  HOROVOD_TEST_DIR out.json
+
+``file`` runs the whole file in one ``mpirun -np 2``; ``each`` runs one
+``mpirun`` per test. ``--ddl PATH`` tests a copy of ddl_tf at PATH (e.g. an
+older commit from ``git archive``) instead of the installed one.
+
+The script writes a shim package into a temporary folder: ``horovod.tensorflow``
+is ``from ddl_tf import *`` (``horovod.tensorflow.keras`` likewise from
+``ddl_tf.keras``); the only names it adds are the Horovod internals the test
+files import (``horovod.tensorflow.util._executing_eagerly``, re-exported as
+``hvd._executing_eagerly`` as Horovod does, and
+``horovod.runner.util.threads.in_thread``), plus stand-ins for the ``mock``
+and ``cloudpickle`` packages that ``common.py`` imports and these tests never use.
+
+Horovod's file runs every test twice, in graph mode and in eager mode
+(``run_all_in_graph_and_eager_modes``), each a subtest. A test counts as
+*passed* when it passed on both ranks (at least one mode ran, none failed),
+*skipped* when every mode skipped on both (no GPU), else *failed*. Each rank
+runs pytest with ``--timeout`` (900 s by default), so a hang is a failure,
+not a stuck job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHIM = {
+    "horovod/__init__.py": '"""Outside-check shim: the horovod package name mapped onto ddl_tf."""\n',
+    "horovod/tensorflow/__init__.py": (
+        "from ddl_tf import *  # noqa: F401,F403\n"
+        "import ddl_tf as _ddl\n"
+        "for _name in _ddl.__all__:\n"
+        "    globals()[_name] = getattr(_ddl, _name)\n"
+        "from horovod.tensorflow import util  # noqa: E402  Horovod internal module\n"
+        "from horovod.tensorflow.util import _executing_eagerly  # noqa: E402,F401\n"
+    ),
+    "horovod/tensorflow/util.py": (
+        "import tensorflow as tf\n\n\n"
+        "def _executing_eagerly():\n"
+        "    return tf.executing_eagerly()\n"
+    ),
+    "horovod/tensorflow/keras/__init__.py": (
+        "from ddl_tf.keras import *  # noqa: F401,F403\n"
+        "import ddl_tf.keras as _k\n"
+        "for _name in _k.__all__:\n"
+        "    globals()[_name] = getattr(_k, _name)\n"
+    ),
+    "horovod/runner/__init__.py": "",
+    "horovod/runner/util/__init__.py": "",
+    "horovod/runner/util/threads.py": (
+        "import threading\n\n\n"
+        "def in_thread(target, args=(), name=None, daemon=True, silent=False):\n"
+        "    thread = threading.Thread(target=target, args=args, name=name, daemon=daemon)\n"
+        "    thread.start()\n"
+        "    return thread\n"
+    ),
+    "mock.py": "from unittest.mock import *  # noqa: F401,F403\n",
+    "cloudpickle.py": "from pickle import dumps, loads  # noqa: F401\n",
+    "outcome_log.py": (
+        "import json, os\n\n\n"
+        "def pytest_runtest_logreport(report):\n"
+        "    path = os.environ.get('OUTCOME_LOG')\n"
+        "    if not path or (report.when != 'call' and report.outcome == 'passed'):\n"
+        "        return\n"
+        "    context = getattr(report, 'context', None)\n"
+        "    message = ''\n"
+        "    if report.failed:\n"
+        "        message = str(report.longreprtext)[-600:]\n"
+        "    elif report.skipped and isinstance(report.longrepr, tuple):\n"
+        "        message = str(report.longrepr[2])[:200]\n"
+        "    entry = {'nodeid': report.nodeid, 'outcome': report.outcome, 'message': message,\n"
+        "             'subtest': None if context is None else str(getattr(context, 'msg', context))}\n"
+        "    with open(path, 'a') as f:\n"
+        "        f.write(json.dumps(entry) + '\\n')\n"
+    ),
+}
+
+RANK_MAIN = """
+import os, sys, pytest
+rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+out = sys.argv[1]
+os.environ["OUTCOME_LOG"] = f"{out}/rank{rank}.jsonl"
+sys.exit(pytest.main(["-p", "no:cacheprovider", "-p", "outcome_log", "-q", "-rN",
+                      "--timeout", sys.argv[2], *sys.argv[3:]]))
+"""
+
+
+def write_shim(folder: Path) -> None:
+    for relative, text in SHIM.items():
+        path = folder / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_names(test_file: Path) -> list[str]:
+    for node in ast.parse(test_file.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == "TensorFlowTests":
+            return [
+                n.name
+                for n in node.body
+                if isinstance(n, ast.FunctionDef) and n.name.startswith("test")
+            ]
+    raise SystemExit(f"no TensorFlowTests class in {test_file}")
+
+
+def run_job(selection, outdir: Path, shim: Path, ddl: str | None, per_test: float, limit: float):
+    """One ``mpirun -np 2`` of pytest over ``selection``; returns (seconds, killed)."""
+    from ddl_tf.launch.command import find_mpirun
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "rank_main.py").write_text(RANK_MAIN)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(shim), *([ddl] if ddl else []), env.get("PYTHONPATH", "")]
+    )
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [find_mpirun(), "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable]
+    cmd += [str(outdir / "rank_main.py"), str(outdir), str(int(per_test)), *selection]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=Path(selection[0].split("::")[0]).parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=limit)
+        killed = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        killed = True
+    (outdir / "output.txt").write_text(output)
+    return time.monotonic() - start, killed
+
+
+def verdicts(outdir: Path, names: list[str], missing: str) -> dict[str, dict]:
+    """Per test: passed/failed/skipped over both ranks, with each rank's outcome and message."""
+    per_rank = []
+    for rank in (0, 1):
+        seen: dict[str, list[dict]] = {}
+        path = outdir / f"rank{rank}.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            entry = json.loads(line)
+            seen.setdefault(entry["nodeid"].rpartition("::")[2], []).append(entry)
+        outcomes = {}
+        for name, entries in seen.items():
+            failed = [e for e in entries if e["outcome"] == "failed"]
+            subs = [e for e in entries if e["subtest"] is not None] or entries
+            if failed:
+                outcomes[name] = ("failed", failed[0]["message"])
+            elif all(e["outcome"] == "skipped" for e in subs):
+                outcomes[name] = ("skipped", subs[0]["message"])
+            else:
+                outcomes[name] = ("passed", "")
+        per_rank.append(outcomes)
+    table = {}
+    for name in names:
+        outs = [r.get(name, ("failed", missing)) for r in per_rank]
+        kinds = {kind for kind, _ in outs}
+        verdict = (
+            "passed" if kinds == {"passed"} else "skipped" if kinds == {"skipped"} else "failed"
+        )
+        table[name] = {"verdict": verdict, "ranks": [list(o) for o in outs]}
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["file", "each"])
+    parser.add_argument("horovod_test_dir", type=Path, help="folder holding parallel/ and utils/")
+    parser.add_argument("out", type=Path, help="JSON summary to write")
+    parser.add_argument("--ddl", default=None, help="test the ddl_tf package found in this folder")
+    parser.add_argument("--only", default="", help="comma-separated test names")
+    parser.add_argument("--per-test-timeout", type=float, default=900.0)
+    args = parser.parse_args(argv)
+    test_file = args.horovod_test_dir / "parallel" / "test_tensorflow.py"
+    names = test_names(test_file)
+    if args.only:
+        names = [n for n in names if n in set(args.only.split(","))]
+    work = args.out.with_suffix("")
+    shim = Path(tempfile.mkdtemp(prefix="horovod-shim-"))
+    write_shim(shim)
+    result: dict = {"mode": args.mode, "ddl": args.ddl or "installed", "tests": {}}
+    try:
+        if args.mode == "file":
+            selection = (
+                [f"{test_file}::TensorFlowTests::{n}" for n in names]
+                if args.only
+                else [str(test_file)]
+            )
+            seconds, killed = run_job(
+                selection, work, shim, args.ddl, args.per_test_timeout, 6 * 3600
+            )
+            result.update(seconds=round(seconds, 1), killed=killed)
+            result["tests"] = verdicts(work, names, "job killed" if killed else "not reported")
+        else:
+            start = time.monotonic()
+            for name in names:
+                selection = [f"{test_file}::TensorFlowTests::{name}"]
+                sub = work / name
+                seconds, killed = run_job(
+                    selection,
+                    sub,
+                    shim,
+                    args.ddl,
+                    args.per_test_timeout,
+                    args.per_test_timeout + 120,
+                )
+                entry = verdicts(sub, [name], "job killed" if killed else "not reported")[name]
+                entry["seconds"] = round(seconds, 1)
+                result["tests"][name] = entry
+                print(f"{entry['verdict']:8s} {seconds:6.1f}s {name}", flush=True)
+            result["seconds"] = round(time.monotonic() - start, 1)
+    finally:
+        shutil.rmtree(shim, ignore_errors=True)
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for entry in result["tests"].values():
+        counts[entry["verdict"]] += 1
+    result["counts"] = counts
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(counts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
