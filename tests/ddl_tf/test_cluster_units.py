@@ -375,3 +375,71 @@ def test_link_rate_changes_in_place_at_both_ends():
         require_shaped(ClusterSpec(nodes=2, link=None), "10mbit")
     with pytest.raises(ClusterError, match="not running"):
         Cluster(spec).set_link("10mbit")
+
+
+def _row(algorithm, seconds, payload, *, nbytes=16 << 20, compression="none", chosen=None):
+    wire = nbytes // 2 if compression == "fp16" else nbytes
+    return {
+        "bytes": nbytes,
+        "wire_bytes": wire,
+        "algorithm": algorithm,
+        "chosen": chosen or algorithm,
+        "compression": compression,
+        "seconds": seconds,
+        "link": {"tx_payload": [payload * wire] * 2, "rx_payload": [payload * wire] * 2},
+    }
+
+
+def test_cluster_benchmark_sets_link_bytes_against_the_model():
+    from benchmarks.cluster_allreduce_report import annotate, evaluate, ladder_summary
+
+    rate = 250 * 10**6
+    bound = (16 << 20) * 8 / rate  # 2 nodes: the whole buffer once each way
+    rows = [
+        _row("hierarchical", 1.10 * bound, 1.001),
+        _row("ring", 1.60 * bound, 1.5),
+        _row("flat", 1.30 * bound, 1.09),  # 9 % more than MPI_Allreduce should move
+        _row("asa", 2.5 * bound, 4.625),  # alltoall 2 W + Bruck allgather 21/8 W (2 nodes x 4)
+        _row("hierarchical", 0.58 * bound, 1.0, compression="fp16"),
+        _row("auto", 1.12 * bound, 1.0, chosen="hierarchical"),
+    ]
+    annotate(rows[:3] + rows[4:], nodes=2, rpn=2, link_bps=rate)
+    annotate(rows[3:4], nodes=2, rpn=4, link_bps=rate)
+    assert rows[0]["ratio_to_bound"] == 1.1 and rows[0]["expected_link_bytes"] == 16 << 20
+    assert rows[1]["link_over_expected"] == [1.0, 1.0] and rows[1]["link_over_minimum"] == 1.5
+    assert rows[3]["asa_allgather_matches"] == ["bruck"]
+    assert rows[4]["ratio_to_fp32_bound"] == 0.58 and rows[4]["ratio_to_bound"] == 1.16
+    targets = evaluate(rows, [])
+    assert targets["hierarchical_ratio_to_bound_ge_16MiB"] == {str(16 << 20): 1.1}
+    assert targets["hierarchical_within_1.15x_of_bound"]
+    assert targets["fp32_over_fp16_ge_16MiB"][str(16 << 20)]["hierarchical"] == round(1.1 / 0.58, 3)
+    assert targets["fp16_1.8x_faster_hierarchical"]
+    assert targets["link_bytes_within_5pct"] == {
+        "hierarchical": True,
+        "ring": True,
+        "flat": False,
+        "asa": False,
+    }
+    # the ladder: link-bound only where both algorithms double their time at half the rate
+    ladder = [
+        {
+            "link": name,
+            "link_bps": bps,
+            "tcp_payload_Gbps": {"0->1": 0.95 * bps / 1e9},
+            "rows": [
+                {"algorithm": "hierarchical", "seconds": h},
+                {"algorithm": "flat", "seconds": f},
+            ],
+        }
+        for name, bps, h, f in [
+            ("1gbit", 10**9, 0.20, 0.35),
+            ("500mbit", 5 * 10**8, 0.30, 0.40),
+            ("250mbit", 25 * 10**7, 0.59, 0.62),
+            ("125mbit", 125 * 10**6, 1.17, 1.25),
+        ]
+    ]
+    summary = ladder_summary(ladder)
+    assert summary["hierarchical_link_bound_bps"] == 5 * 10**8
+    assert summary["flat_link_bound_bps"] == 25 * 10**7
+    assert summary["link_bound_bps"] == 25 * 10**7
+    assert all(r["link_bound"] for r in summary["tcp"])
