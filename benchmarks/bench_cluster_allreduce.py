@@ -70,7 +70,7 @@ from ddl_tf.core.selection import DEFAULT_POLICY, layout_key  # noqa: E402
 RESULTS = HERE / "results"
 LADDER = ["1gbit", "500mbit", "250mbit", "125mbit", "62500kbit"]
 LADDER_BYTES = 16 << 20
-LADDER_ALGOS = ["hierarchical", "flat"]
+LADDER_ALGOS = ["hierarchical", "flat"]  # float32; hierarchical also fp16 (it must stay link-bound)
 CPU_LINK = "1gbit"
 SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [1 << 20, 16 << 20]
@@ -113,12 +113,15 @@ def run_ladder(cluster: Cluster, rpn: int, env: dict) -> list[dict]:
         tcp = link_throughput(cluster, 0, 1, nbytes=bps // 8, timeout=60)  # ~1 s per probe
         plan = {"min_rounds": 3, "account": True}
         plan["cases"] = cases([LADDER_BYTES], LADDER_ALGOS, ["none"])
+        plan["cases"] += cases([LADDER_BYTES], ["hierarchical"], ["fp16"])
         result = run_phase(cluster, rpn, plan, env, timeout=300)
         annotate(result["rows"], cluster.spec.nodes, rpn, bps)
         points.append(
             {"link": link, "link_bps": bps, "tcp_payload_Gbps": tcp, "rows": result["rows"]}
         )
-        seconds = {r["algorithm"]: round(r["seconds"], 3) for r in result["rows"]}
+        seconds = {
+            f"{r['algorithm']}/{r['compression']}": round(r["seconds"], 3) for r in result["rows"]
+        }
         print(f"   ladder {link}: TCP {tcp} Gbit/s, 16 MiB {seconds} s", flush=True)
     return points
 

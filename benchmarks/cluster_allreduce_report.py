@@ -79,23 +79,32 @@ def best_steps(rows: list[dict]) -> tuple[dict, dict]:
 
 
 def ladder_summary(ladder: list[dict]) -> dict:
-    """Halving ratios per algorithm and of the TCP probe; the link-bound rate (both algorithms)."""
+    """Halving ratios per algorithm/wire format and of the TCP probe; the link-bound rate.
+
+    The link-bound rate is the fastest from which on halving the rate doubles
+    the time of the hierarchical allreduce in every wire format measured.
+    """
     out: dict = {}
-    for algo in sorted({r["algorithm"] for p in ladder for r in p["rows"]}):
+    keys = sorted({(r["algorithm"], r["compression"]) for p in ladder for r in p["rows"]})
+    for algo, comp in keys:
+        name = algo if comp == "none" else f"{algo}/{comp}"
         times = {
-            p["link_bps"]: r["seconds"] for p in ladder for r in p["rows"] if r["algorithm"] == algo
+            p["link_bps"]: r["seconds"]
+            for p in ladder
+            for r in p["rows"]
+            if (r["algorithm"], r["compression"]) == (algo, comp)
         }
-        out[algo] = [
+        out[name] = [
             {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
             for row in halving_ratios(times)
         ]
-        out[algo + "_link_bound_bps"] = link_bound_rate(times)
+        out[name + "_link_bound_bps"] = link_bound_rate(times)
     tcp = {p["link_bps"]: 1 / min(p["tcp_payload_Gbps"].values()) for p in ladder}
     out["tcp"] = [
         {"rate_bps": r["rate_bps"], "ratio": round(r["ratio"], 3), "link_bound": r["link_bound"]}
         for r in halving_ratios(tcp)
     ]
-    bound = [out[a + "_link_bound_bps"] for a in ("hierarchical", "flat") if a in out]
+    bound = [v for k, v in out.items() if k.startswith("hierarchical") and k.endswith("_bps")]
     out["link_bound_bps"] = None if None in bound or not bound else min(bound)
     return out
 
@@ -187,7 +196,9 @@ def markdown(report: dict) -> str:
             for a in ("hierarchical", "flat")
         }
         for point in layout["ladder"]:
-            secs = {r["algorithm"]: r["seconds"] for r in point["rows"]}
+            secs = {
+                r["algorithm"]: r["seconds"] for r in point["rows"] if r["compression"] == "none"
+            }
             tcp = ", ".join(f"{v:.3f}" for v in point["tcp_payload_Gbps"].values())
             cells = [
                 f"{_time(secs[a])} | {ratios[a].get(point['link_bps'], float('nan')):.2f}"

@@ -39,7 +39,7 @@ def cpu_busy(seconds: float = 3.0) -> float:
     return (busy1 - busy0) / max(1, total1 - total0)
 
 
-def wait_for_quiet(max_busy: float = 0.25, max_wait: float = 900.0, step: float = 15.0) -> dict:
+def wait_for_quiet(max_busy: float = 0.25, max_wait: float = 180.0, step: float = 15.0) -> dict:
     """Wait (bounded) until other jobs leave the CPUs mostly idle; what was seen, for the report.
 
     Load averages lag by minutes (and include our own just-finished jobs), so
