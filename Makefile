@@ -35,8 +35,12 @@ DEMO_ARGS ?=
 demo: install
 	$(VENV)/bin/ddlrun -np 2 examples/unet3d_demo.py --out out/demo $(DEMO_ARGS)
 
+# The Horovod peer (benchmarks/peers/horovod/build.sh: Horovod 0.28.1 built against
+# this TensorFlow in benchmarks/peers/.venv-horovod, ~12 minutes once, then skipped)
+# is only for bench_horovod.py's side-by-side figures; it is never a dependency.
 bench: install
 	@mkdir -p benchmarks/results
+	benchmarks/peers/horovod/build.sh $(PY)
 	@set -e; for script in benchmarks/bench_*.py; do \
 	  [ -e "$$script" ] || continue; \
 	  echo "== $$script"; $(PY) "$$script"; \

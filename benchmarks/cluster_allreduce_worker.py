@@ -14,6 +14,13 @@ in Open MPI 5); float16 sums go through ddl_tf's float32-accumulating MPI
 operation, as MPI has no float16 type. ``auto`` is what the engine's policy
 (``DDL_AUTO_POLICY``) picks for the buffer.
 
+With ``"account": true`` in the plan, every timed configuration is then run
+once more, untimed, between barriers, while the first rank of each node
+reads its node's link counters (:func:`ddl_tf.cluster.counters.read_local`;
+a rank runs inside its node's network namespace) before and after: the
+row's ``link`` holds, per node, the bytes that crossed the node's link
+during that one allreduce (the barriers add a few hundred bytes).
+
 Bounded in time: a case whose predicted duration (from the previous size,
 scaled by the size ratio) would overrun the budget is skipped and recorded
 as skipped; the decision is rank 0's, broadcast, so all ranks agree.
@@ -28,6 +35,7 @@ from allreduce_worker import HALF, make_call, measure
 from mpi4py import MPI
 
 import ddl_tf as hvd
+from ddl_tf.cluster.counters import read_local
 from ddl_tf.core.algorithms import make_allreduce
 
 
@@ -45,6 +53,21 @@ def add_variants(engine, names):
             )
 
 
+def link_traffic(comm, call, lead: bool) -> dict | None:
+    """Counters of every node's link around one ``call()`` (on rank 0: lists by node; else None)."""
+    comm.Barrier()
+    before = read_local() if lead else None
+    comm.Barrier()
+    call()
+    comm.Barrier()
+    delta = (read_local() - before).to_json() if lead else None
+    gathered = comm.gather(delta, root=0)
+    if gathered is None:
+        return None
+    nodes = [d for d in gathered if d is not None]  # leads in rank order = node order
+    return {key: [d[key] for d in nodes] for key in nodes[0]}
+
+
 def main():
     plan = json.loads(open(sys.argv[1]).read())
     out = sys.argv[2]
@@ -55,6 +78,8 @@ def main():
     started = time.monotonic()
     budget = float(plan.get("budget_seconds", 600))
     min_rounds = int(plan.get("min_rounds", 3))
+    account = bool(plan.get("account", False))
+    lead = topo.local_rank == 0
     per_byte: dict[tuple[str, str], float] = {}  # (algorithm, compression) -> s/byte, last size
     rows, skipped = [], []
     for case in plan["cases"]:
@@ -67,7 +92,8 @@ def main():
             call = make_call(engine, comm, algo, data, compression)
             if call is not None:
                 calls[algo] = call
-                predicted += per_byte.get((algo, compression), 0.0) * nbytes * (min_rounds + 1)
+                calls_per_algo = min_rounds + 1 + account
+                predicted += per_byte.get((algo, compression), 0.0) * nbytes * calls_per_algo
         go = comm.bcast(time.monotonic() - started + predicted <= budget, root=0)
         if not go:
             skipped.append({"bytes": nbytes, "compression": compression, "predicted_s": predicted})
@@ -76,6 +102,7 @@ def main():
             continue
         for algo, (seconds, reps, rounds) in measure(comm, calls, min_rounds=min_rounds).items():
             per_byte[(algo, compression)] = seconds / nbytes
+            link = link_traffic(comm, calls[algo], lead) if account else None
             rows.append(
                 {
                     "ranks": comm.size,
@@ -89,6 +116,7 @@ def main():
                     "seconds": seconds,
                     "reps": reps,
                     "rounds": rounds,
+                    **({"link": link} if account else {}),
                 }
             )
             if comm.rank == 0:

@@ -12,7 +12,10 @@ Needs root, ``ip``, ``tc`` and ``unshare``.
 * :mod:`~ddl_tf.cluster.mpi`: Open MPI's launch agent and arguments;
 * :mod:`~ddl_tf.cluster.cluster`: :class:`Cluster` (context manager), :func:`cleanup`;
 * :mod:`~ddl_tf.cluster.bounds`: the bandwidth lower bound of an allreduce;
-* :mod:`~ddl_tf.cluster.probe`: TCP throughput of the links, bounded in bytes and time;
+* :mod:`~ddl_tf.cluster.counters`: the bytes that crossed each node's link (interface counters);
+* :mod:`~ddl_tf.cluster.traffic`: the bytes each allreduce algorithm should send per node link;
+* :mod:`~ddl_tf.cluster.probe`: TCP throughput of the links, bounded in bytes and time, and
+  whether halving the rate doubles a transfer's time (links, not CPUs, are the bottleneck);
 * :mod:`~ddl_tf.cluster.rehearse`: the cluster behind ``ddlrun --rehearse N``;
 * :mod:`~ddl_tf.cluster.cli`: ``python -m ddl_tf.cluster``.
 
@@ -28,6 +31,7 @@ Example:
 
 from ddl_tf.cluster.bounds import allreduce_lower_bound
 from ddl_tf.cluster.cluster import Cluster, cleanup, create, list_clusters
+from ddl_tf.cluster.counters import LinkCounters
 from ddl_tf.cluster.errors import (
     ClusterError,
     ClusterJobTimeout,
@@ -36,6 +40,7 @@ from ddl_tf.cluster.errors import (
 )
 from ddl_tf.cluster.netns import unavailable_reason
 from ddl_tf.cluster.spec import ClusterSpec, parse_duration, parse_rate
+from ddl_tf.cluster.traffic import expected_link_bytes, minimum_link_bytes
 
 __all__ = [
     "Cluster",
@@ -45,6 +50,9 @@ __all__ = [
     "list_clusters",
     "unavailable_reason",
     "allreduce_lower_bound",
+    "LinkCounters",
+    "expected_link_bytes",
+    "minimum_link_bytes",
     "parse_rate",
     "parse_duration",
     "ClusterError",

@@ -19,6 +19,7 @@ Example (needs root; see ``python -m ddl_tf.cluster --help``)::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -28,10 +29,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
+from ddl_tf.cluster import counters, netns
 from ddl_tf.cluster import mpi as cluster_mpi
-from ddl_tf.cluster import netns
+from ddl_tf.cluster.counters import LinkCounters
 from ddl_tf.cluster.errors import ClusterError, ClusterJobTimeout
 from ddl_tf.cluster.spec import STATE_DIR, ClusterSpec
 
@@ -277,13 +278,28 @@ class Cluster:
             ) from None
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
-    def link_counters(self, node: int) -> dict[str, int]:
-        """Bytes and packets node ``node`` sent and received on its link (``eth0``)."""
+    def link_counters(self, node: int) -> LinkCounters:
+        """What node ``node`` sent and received on its link so far (see :mod:`~ddl_tf.cluster.counters`)."""
+        self.node_command(node, [])  # checks that it runs and that the node exists
+        return counters.read_node(self.tools, self.spec.node_namespaces[node])
+
+    def set_link(self, link: str) -> None:
+        """Change every node's link rate (``tc`` units, e.g. ``"200mbit"``) in place.
+
+        The htb classes change while jobs run and connections stay open;
+        :attr:`spec` becomes one with the new ``link``.
+
+        Raises:
+            ConfigError: ``link`` is not a rate.
+            ClusterError: The cluster was built unshaped, or ``tc`` failed.
+        """
         self._check_running()
-        base = Path("/sys/class/net/eth0/statistics")
-        names = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
-        out = self.exec(node, ["cat", *(str(base / n) for n in names)], timeout=10).stdout
-        return dict(zip(names, (int(v) for v in out.split()), strict=True))
+        new = dataclasses.replace(self.spec, link=netns.require_shaped(self.spec, link))
+        for node in range(new.nodes):
+            for cmd in netns.rate_commands(new, self.tools, node):
+                netns.run(cmd)
+        self.spec = new
+        logger.info("cluster %s: links now %s each direction", new.prefix, link)
 
     def _check_running(self) -> None:
         if not self._started or self._closed:

@@ -37,6 +37,8 @@ __all__ = [
     "unavailable_reason",
     "setup_commands",
     "shaping_commands",
+    "rate_commands",
+    "require_shaped",
     "hosts_file",
     "run",
     "netem_available",
@@ -154,14 +156,10 @@ def shaping_commands(spec: ClusterSpec, tools: Tools, node: int) -> list[list[st
         return []
     cmds = []
     hop_delay_us = spec.latency_seconds / 2 * 1e6
-    for ns, dev in ((spec.node_namespaces[node], "eth0"), (spec.switch_namespace, f"p{node}")):
-        tc = [tools.ip, "netns", "exec", ns, tools.tc]
-        rate = f"{spec.link_bps}bit" if spec.link_bps else "100gbit"
+    for tc, dev in _shaped_devices(spec, tools, node):
         cmds += [
             tc + ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"],
-            tc
-            + ["class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb"]
-            + ["rate", rate, "ceil", rate, "quantum", str(_QUANTUM)],
+            tc + ["class", "add", "dev", dev] + _htb_class(spec),
         ]
         if hop_delay_us:
             cmds.append(
@@ -170,6 +168,53 @@ def shaping_commands(spec: ClusterSpec, tools: Tools, node: int) -> list[list[st
                 + ["delay", f"{hop_delay_us:.1f}us", "limit", "100000"]
             )
     return cmds
+
+
+def rate_commands(spec: ClusterSpec, tools: Tools, node: int) -> list[list[str]]:
+    """``tc`` commands that set node ``node``'s shaped link to ``spec.link`` in place.
+
+    For a cluster whose classes :func:`shaping_commands` created; ``tc class
+    change`` keeps the qdiscs, their queues and any netem leaf.
+
+    Example:
+        >>> from ddl_tf.cluster.netns import Tools, rate_commands
+        >>> from ddl_tf.cluster.spec import ClusterSpec
+        >>> spec = ClusterSpec(nodes=2, link="100mbit", prefix="ddlcdemo")
+        >>> tools = Tools(ip="ip", tc="tc", unshare="unshare")
+        >>> print(" ".join(rate_commands(spec, tools, node=1)[1]))
+        ip netns exec ddlcdemo-sw tc class change dev p1 parent 1: classid 1:1 htb rate 100000000bit ceil 100000000bit quantum 65536
+    """
+    return [
+        tc + ["class", "change", "dev", dev] + _htb_class(spec)
+        for tc, dev in _shaped_devices(spec, tools, node)
+    ]
+
+
+def require_shaped(spec: ClusterSpec, link: str | None) -> str:
+    """``link`` if the rate of ``spec``'s links can be changed to it, else :class:`ClusterError`."""
+    if link is None or (spec.link is None and not spec.latency_seconds):
+        raise ClusterError(
+            f"cannot change the link rate of cluster {spec.prefix} to {link!r}: a rate can only "
+            "replace a rate (build the cluster with one, e.g. ClusterSpec(link='1gbit'), then "
+            "cluster.set_link('200mbit'))."
+        )
+    return link
+
+
+def _shaped_devices(spec: ClusterSpec, tools: Tools, node: int) -> list[tuple[list[str], str]]:
+    """(``tc`` prefix in the right namespace, device) for both ends of node ``node``'s link."""
+    return [
+        ([tools.ip, "netns", "exec", ns, tools.tc], dev)
+        for ns, dev in ((spec.node_namespaces[node], "eth0"), (spec.switch_namespace, f"p{node}"))
+    ]
+
+
+def _htb_class(spec: ClusterSpec) -> list[str]:
+    rate = f"{spec.link_bps}bit" if spec.link_bps else "100gbit"
+    return ["parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate] + [
+        "quantum",
+        str(_QUANTUM),
+    ]
 
 
 def hosts_file(spec: ClusterSpec) -> str:

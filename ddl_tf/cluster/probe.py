@@ -7,10 +7,23 @@ Every loop is bounded in bytes and in time: sockets time out, the client
 retries its connection a limited number of times, and the processes are
 killed after ``timeout`` seconds.
 
+Whether a measurement is limited by the links or by the CPUs shows when the
+rate changes: :func:`halving_ratios` compares the time of the same transfer
+at each rate and at half of it (about 2 when the link is the bottleneck),
+and :func:`link_bound_rate` picks the fastest rate that still behaves so.
+
 Example (needs root)::
 
     with Cluster(ClusterSpec(nodes=2, link="1gbit")) as cluster:
         link_throughput(cluster, 0, 1)   # {'0->1': 0.93, '1->0': 0.93} (Gbit/s)
+
+Example (pure):
+    >>> from ddl_tf.cluster.probe import halving_ratios, link_bound_rate
+    >>> times = {10**9: 0.30, 5 * 10**8: 0.40, 25 * 10**7: 0.78, 125 * 10**6: 1.55}
+    >>> [(r["rate_bps"], round(r["ratio"], 2)) for r in halving_ratios(times)]
+    [(1000000000, 1.33), (500000000, 1.95), (250000000, 1.99)]
+    >>> link_bound_rate(times)
+    500000000
 """
 
 from __future__ import annotations
@@ -19,12 +32,16 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
 from ddl_tf.cluster.errors import ClusterError
 
-__all__ = ["link_throughput", "PORT"]
+__all__ = ["link_throughput", "halving_ratios", "link_bound_rate", "LINK_BOUND_RATIO", "PORT"]
 
 PORT = 47613
+
+LINK_BOUND_RATIO = 1.85
+"""Halving the rate must multiply the time by at least this to call the rate link-bound."""
 
 _SERVER = """
 import json, socket, sys, time
@@ -112,3 +129,50 @@ def link_throughput(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=5)
+
+
+def halving_ratios(times: Mapping[int, float]) -> list[dict]:
+    """For each rate whose half was also measured: ``time at half the rate / time at the rate``.
+
+    Args:
+        times: Seconds of the same transfer per link rate (bits per second).
+
+    Returns:
+        One row per such rate, fastest first: ``rate_bps``, ``seconds``,
+        ``half_seconds``, ``ratio`` and ``link_bound`` (ratio >= :data:`LINK_BOUND_RATIO`).
+
+    Raises:
+        ClusterError: A time is not positive.
+    """
+    bad = {rate: t for rate, t in times.items() if not t > 0}
+    if bad:
+        raise ClusterError(f"transfer times must be positive seconds. Received {bad}.")
+    rows = []
+    for rate in sorted(times, reverse=True):
+        half = next((r for r in times if abs(r * 2 - rate) <= rate * 1e-6), None)
+        if half is None:
+            continue
+        ratio = times[half] / times[rate]
+        rows.append(
+            {
+                "rate_bps": rate,
+                "seconds": times[rate],
+                "half_seconds": times[half],
+                "ratio": ratio,
+                "link_bound": ratio >= LINK_BOUND_RATIO,
+            }
+        )
+    return rows
+
+
+def link_bound_rate(times: Mapping[int, float]) -> int | None:
+    """The fastest rate from which on, down to the slowest pair measured, halving doubles the time.
+
+    None when even the slowest pair is not link-bound (slow the links further).
+    """
+    best = None
+    for row in reversed(halving_ratios(times)):  # slowest first
+        if not row["link_bound"]:
+            break
+        best = row["rate_bps"]
+    return best

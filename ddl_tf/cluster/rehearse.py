@@ -14,6 +14,10 @@ Example:
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
+from ddl_tf.cluster import counters
 from ddl_tf.cluster.cluster import Cluster
 from ddl_tf.cluster.netns import unavailable_reason
 from ddl_tf.cluster.spec import ClusterSpec
@@ -21,6 +25,8 @@ from ddl_tf.errors import LaunchError
 from ddl_tf.launch.hosts import Host
 
 __all__ = ["rehearsal_hosts", "rehearsal_spec", "require_cluster", "run_rehearsal", "EXAMPLE"]
+
+logger = logging.getLogger(__name__)
 
 EXAMPLE = "ddlrun --rehearse 2 -np 4 --link 1gbit --algo hierarchical train.py"
 
@@ -53,11 +59,27 @@ def require_cluster() -> None:
         raise LaunchError(f"ddlrun: --rehearse: {reason}. Run as root, e.g. sudo {EXAMPLE}")
 
 
-def run_rehearsal(spec: ClusterSpec, command: list[str], child_env: dict[str, str]) -> int:
+def run_rehearsal(
+    spec: ClusterSpec,
+    command: list[str],
+    child_env: dict[str, str],
+    report: Callable[[str], None] | None = None,
+) -> int:
     """Create the cluster, run ``command`` (mpirun) inside node 0, tear down; mpirun's return code.
 
-    Ctrl-C, SIGTERM and SIGHUP stop the job and remove the cluster.
+    Ctrl-C, SIGTERM and SIGHUP stop the job and remove the cluster. When the
+    job has ended, what crossed each node's link during it (from the
+    interface counters, :func:`ddl_tf.cluster.counters.describe_traffic`)
+    goes to ``report``, one line per node (default: this module's logger, at
+    info level).
     """
     with Cluster(spec) as cluster:
+        before = counters.snapshot(cluster)
         proc = cluster.popen(0, command, env=child_env, text=False)
-        return proc.wait()  # an exception or signal here stops it in Cluster.close()
+        code = proc.wait()  # an exception or signal here stops it in Cluster.close()
+        for line in counters.describe_traffic(before, counters.snapshot(cluster)):
+            if report is None:
+                logger.info("link traffic of the job: %s", line)
+            else:
+                report(line)
+        return code

@@ -23,6 +23,7 @@ from ddl_tf.cluster import (
     cleanup,
     unavailable_reason,
 )
+from ddl_tf.cluster.counters import snapshot
 from ddl_tf.cluster.netns import find_tools, list_namespaces, netem_available
 from ddl_tf.cluster.probe import link_throughput
 from ddl_tf.cluster.spec import STATE_DIR
@@ -246,3 +247,25 @@ def netem_available_here(tools) -> bool:
     probe = ClusterSpec(nodes=1, link=None)
     with Cluster(probe):
         return netem_available(tools, probe.switch_namespace)
+
+
+def test_link_rate_changes_in_place_and_the_counters_see_the_bytes(root_namespace):
+    spec = ClusterSpec(nodes=2, link="400mbit")
+    nbytes = 6 << 20
+    with Cluster(spec) as cluster:
+        fast = link_throughput(cluster, 0, 1, nbytes=nbytes, both_directions=False, timeout=30)
+        cluster.set_link("100mbit")
+        assert cluster.spec.link == "100mbit"
+        assert "rate 100Mbit" in cluster.exec(1, ["tc", "class", "show", "dev", "eth0"]).stdout
+        before = snapshot(cluster)
+        slow = link_throughput(cluster, 0, 1, nbytes=nbytes, both_directions=False, timeout=30)
+        after = snapshot(cluster)
+    # each rate caps its transfer (payload < rate), and 400 Mbit/s is more than 100 ever gives
+    assert 0.05 < slow["0->1"] <= 0.1 < fast["0->1"] <= 0.4, (fast, slow)
+    sent = after["node0"] - before["node0"]
+    got = after["node1"] - before["node1"]
+    # what node0 sent is what node1 received: the payload and a few connection packets
+    for delta in (sent.tx_payload, got.rx_payload):
+        assert nbytes <= delta < nbytes * 1.01, (sent, got)
+    assert got.tx_payload < 4096 and sent.rx_payload < 4096  # the ACKs carry no payload
+    assert leftovers(spec.prefix) == []
