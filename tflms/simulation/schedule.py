@@ -59,7 +59,7 @@ from tflms.cost import MIN_SECONDS, op_cost
 from tflms.errors import UnsupportedGraphError
 from tflms.hardware import HOST, DeviceModel, LinkModel, get_device, get_link
 
-__all__ = ["CompiledGraph", "Schedule", "compile_view", "first_ready", "LANES"]
+__all__ = ["CompiledGraph", "Schedule", "compile_view", "first_ready", "replayed", "LANES"]
 
 LANES = ("compute", "d2h", "h2d", "host")
 """The fixed lanes; ops on other devices get a lane named after the device."""
@@ -283,3 +283,56 @@ def first_ready(graph: CompiledGraph) -> Schedule:
         makespan=max(end, default=0.0),
         alloc=alloc,
     )
+
+
+def replayed(graph: CompiledGraph, observed) -> Schedule:
+    """Run ``graph`` one op at a time in the order an executor was seen to run it.
+
+    Separates the schedule from the rest of the memory model: given the op
+    order TensorFlow's executor really used (e.g. from the profiler, see
+    :func:`tflms.simulation.measure.measure_cpu_step`), the simulated peak
+    differs from the measured one only by liveness and allocator effects.
+    Among ready ops the one seen earliest in ``observed`` runs first; ops
+    never seen (constants folded away, ops too short for the profiler) run as
+    soon as they are ready. Dependencies always win over ``observed``, so any
+    order yields a valid schedule.
+
+    Args:
+        graph: the compiled graph.
+        observed: op names in the order they started; names not in the graph
+            are ignored, and only the first occurrence of a name counts.
+
+    Returns:
+        The :class:`Schedule` (ops back to back on their lanes, one at a time).
+
+    Raises:
+        UnsupportedGraphError: the graph has a cycle.
+    """
+    position: dict[str, int] = {}
+    index = set(graph.names)
+    for name in observed:
+        if name in index and name not in position:
+            position[name] = len(position)
+    n = len(graph)
+    names, succs = graph.names, graph.succs
+    waiting = list(graph.preds_count)
+    heap = [(position.get(names[i], -1), names[i], i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(heap)
+    order, start, end, busy, now = [], [0.0] * n, [0.0] * n, {}, 0.0
+    while heap:
+        _, _, i = heapq.heappop(heap)
+        start[i], now = now, now + graph.durations[i]
+        end[i] = now
+        busy[graph.lanes[i]] = busy.get(graph.lanes[i], 0.0) + graph.durations[i]
+        order.append(i)
+        for j in succs[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(heap, (position.get(names[j], -1), names[j], j))
+    if len(order) != n:
+        stuck = [names[i] for i in range(n) if waiting[i] > 0][:5]
+        raise UnsupportedGraphError(
+            f"The graph cannot be scheduled: ops such as {stuck} never become ready (a cycle "
+            "that is not a TF1 loop). Simulate an acyclic training step."
+        )
+    return Schedule(order=tuple(order), start=start, end=end, lanes=busy, makespan=now)

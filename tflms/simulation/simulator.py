@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -50,7 +51,7 @@ from tflms.hardware import DeviceModel, LinkModel, get_device, get_link
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.allocator import check_allocator
 from tflms.simulation.memory import ACCOUNTINGS, LiveBuffer, trace_memory
-from tflms.simulation.schedule import compile_view, first_ready
+from tflms.simulation.schedule import compile_view, first_ready, replayed
 from tflms.units import format_bytes
 
 __all__ = ["simulate", "SimulationResult", "SIMULATOR"]
@@ -220,6 +221,7 @@ def simulate(
     accounting: str = "tensorflow",
     allocator: str = "exact",
     baseline: bool | SimulationResult = True,
+    order: Sequence[str] | None = None,
 ) -> SimulationResult:
     """Simulate one training step of ``view``, rewritten by ``plan`` if given.
 
@@ -240,6 +242,12 @@ def simulate(
         baseline: with a plan, also simulate the graph without it so that
             ``overhead`` and the "before" curve exist; pass an earlier
             result to reuse it, or ``False`` to skip.
+        order: op names in the order an executor ran them (from
+            :func:`tflms.simulation.measure.measure_cpu_step`): the step is
+            then replayed one op at a time in that order
+            (:func:`~tflms.simulation.schedule.replayed`) instead of
+            FirstReady, to judge liveness and allocator apart from the
+            schedule. Step times then are a serial sum, not a prediction.
 
     Returns:
         A :class:`SimulationResult`.
@@ -258,7 +266,12 @@ def simulate(
     if plan is not None and not isinstance(plan, SwapPlan):
         raise ConfigError(f"plan must be a tflms.SwapPlan or None, got {type(plan).__name__}.")
     target = apply_to_view(view, plan) if plan is not None and not plan.empty else view
-    result = _run(target, device, link, accounting, allocator)
+    if order is not None and (isinstance(order, str) or not all(isinstance(o, str) for o in order)):
+        raise ConfigError(
+            "order must be a sequence of op names (e.g. measure_cpu_step(...).order). "
+            f"Received {type(order).__name__}."
+        )
+    result = _run(target, device, link, accounting, allocator, order)
     if view.graph.get("unsized_batch") and view.graph.get("batch_size") is None:
         logger.warning(
             "tflms.simulate %s: the batch size is unknown; %d tensors are sized per sample, so "
@@ -271,7 +284,7 @@ def simulate(
     if isinstance(baseline, SimulationResult):
         before = baseline
     elif baseline and plan is not None and not plan.empty:
-        before = _run(view, device, link, accounting, allocator)
+        before = _run(view, device, link, accounting, allocator, order)
     if before is not None:
         overhead = result.step_time_s / before.step_time_s - 1 if before.step_time_s else 0.0
         result = _replace(
@@ -296,9 +309,9 @@ def _replace(result: SimulationResult, **changes) -> SimulationResult:
     return dataclasses.replace(result, **changes)
 
 
-def _run(view: nx.DiGraph, device, link, accounting, allocator) -> SimulationResult:
+def _run(view: nx.DiGraph, device, link, accounting, allocator, order=None) -> SimulationResult:
     graph = compile_view(view, device=device, link=link)
-    schedule = first_ready(graph)
+    schedule = first_ready(graph) if order is None else replayed(graph, order)
     memory = trace_memory(graph, schedule, accounting=accounting, allocator=allocator)
     names = graph.names
     peak_index = memory.ops[memory.device_peak_point] if memory.ops else None
