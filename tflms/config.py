@@ -109,6 +109,14 @@ class LMSConfig:
     n_tensors: int | None = None
     """Swap at most this many tensors, largest first. ``None``: no cap."""
 
+    swap_weight_gradients: bool = False
+    """Also swap weight gradients (outputs of ``Conv*BackpropFilter``,
+    ``BiasAddGrad``, ...). Off by default: they are at most the size of the
+    weights, so swapping them saves little, and a swap adds a reader to a
+    gradient that Grappler's memory optimizer may accumulate in place
+    (``AddN``), which changes its choice and the float rounding (ResNet-50's
+    weights then differ by ~1e-6 after one step)."""
+
     memory_budget: int | str | None = None
     """Device memory the training step must fit in. When set, the swap options
     above are *searched* (:func:`tflms.autotune`) for the plan that fits with
@@ -204,7 +212,7 @@ class LMSConfig:
         if not isinstance(self.link, str) or self.link.lower() not in LINKS:
             raise _fail("link", self.link, f"one of {sorted(LINKS)}", 'Example: link="nvlink2".')
         object.__setattr__(self, "link", self.link.lower())
-        for name in ("recompute", "reorder"):
+        for name in ("recompute", "reorder", "swap_weight_gradients"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "True or False", "")
 

@@ -29,6 +29,7 @@ __all__ = [
     "NAME_SENSITIVE",
     "NEVER_SWAP_DTYPES",
     "NEVER_SWAP_PRODUCERS",
+    "WEIGHT_GRADIENT_OPS",
     "ORDER_SENSITIVE",
     "producer_ok",
     "tensor_ok",
@@ -50,6 +51,19 @@ rounding; such tensors are not swapped."""
 
 CPU_PAIRED_INPUTS = {"MaxPoolGrad": 1, "MaxPoolGradV2": 1, "MaxPool3DGrad": 1, "LRNGrad": 2}
 """Gradient ops whose input (forward output) oneDNN links to the forward op on CPU."""
+
+WEIGHT_GRADIENT_OPS = frozenset(
+    {
+        "Conv2DBackpropFilter",
+        "Conv2DBackpropFilterV2",
+        "Conv3DBackpropFilter",
+        "Conv3DBackpropFilterV2",
+        "DepthwiseConv2dNativeBackpropFilter",
+        "BiasAddGrad",
+    }
+)
+"""Kernels whose outputs are weight gradients: not swapped unless
+``LMSConfig.swap_weight_gradients`` (see its docstring)."""
 
 NEVER_SWAP_DTYPES = frozenset({"resource", "variant", "string", "int32"})
 NEVER_SWAP_PRODUCERS = frozenset(
@@ -109,6 +123,8 @@ def producer_ok(name: str, node: dict, config: LMSConfig) -> bool:
     if node["placement"] != "compute" or node["control_flow"] or node["tflms"]:
         return False
     if node["type"] in NEVER_SWAP_PRODUCERS:
+        return False
+    if node["type"] in WEIGHT_GRADIENT_OPS and not config.swap_weight_gradients:
         return False
     if config.incl_types and node["type"] not in config.incl_types:
         return False
