@@ -42,38 +42,117 @@ class Editor(Protocol):
     """What the applier core needs from a graph representation."""
 
     def swap_ops(self) -> list[str]:
-        """Names of tflms swap ops already in the graph."""
+        """Names of tflms swap ops already in the graph.
+
+        Returns:
+            The names of the ops (swap ops and recompute clones) that carry the
+            tflms marker attribute; empty for a graph tflms has not rewritten.
+        """
 
     def missing(self, names: set[str]) -> list[str]:
-        """Which of ``names`` are not ops of the graph."""
+        """Which of ``names`` are not ops of the graph.
+
+        Args:
+            names: Op names the plan refers to (function arguments count as ops
+                for a ``FunctionDef``).
+
+        Returns:
+            The names in ``names`` the graph has no op for, in no particular
+            order; empty when the plan matches the graph.
+        """
 
     def device_of(self, op: str) -> str:
-        """The device string of ``op``."""
+        """The device string of ``op``.
+
+        Args:
+            op: Name of an existing op.
+
+        Returns:
+            The op's requested device as written in the graph (for example
+            ``"/device:GPU:0"``), or ``""`` when it has none.
+        """
 
     def has_op(self, name: str) -> bool:
-        """Whether an op called ``name`` exists."""
+        """Whether an op called ``name`` exists.
+
+        Args:
+            name: Op name to look up.
+
+        Returns:
+            True if the graph already has an op (or function argument) of that name.
+        """
 
     def add_identity(self, name: str, source: tuple[str, int], device: str, kind: str) -> None:
-        """Insert an Identity ``name`` reading ``source`` on ``device``, marked as swap ``kind``."""
+        """Insert an Identity ``name`` reading ``source`` on ``device``, marked as swap ``kind``.
+
+        Args:
+            name: Name of the new op; the caller has checked it is free.
+            source: ``(op name, output index)`` of the tensor the Identity reads.
+            device: Device string to place the op on; ``""`` leaves it unplaced.
+            kind: ``"out"`` for a swap-out (host side) or ``"in"`` for a swap-in
+                (compute side); stored in the marker attribute.
+        """
 
     def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
-        """Make input ``input_index`` of ``consumer`` read ``source``."""
+        """Make input ``input_index`` of ``consumer`` read ``source``.
+
+        Args:
+            consumer: Name of the op whose input changes.
+            input_index: Position of the data input to change (0-based, control
+                inputs not counted).
+            source: ``(op name, output index)`` of the tensor to read instead.
+        """
 
     def add_control(self, src: str, dst: str) -> None:
-        """Add a control edge ``src -> dst``."""
+        """Add a control edge ``src -> dst``.
+
+        Args:
+            src: Op that must run first.
+            dst: Op that gets ``src`` as a control input; an existing edge is kept
+                as it is.
+        """
 
     def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
-        """Insert a copy ``name`` of op ``original`` reading ``inputs``, marked as a recomputation."""
+        """Insert a copy ``name`` of op ``original`` reading ``inputs``, marked as a recomputation.
+
+        Args:
+            name: Name of the clone; the caller has checked it is free.
+            original: Name of the op to copy (its type, attributes, device and
+                control inputs are kept).
+            inputs: ``(op name, output index)`` of each data input of the clone,
+                in input order.
+        """
 
     def data_inputs(self, op: str) -> list[tuple[str, int]]:
-        """``(source op, output index)`` of each data input of ``op``, in input order."""
+        """``(source op, output index)`` of each data input of ``op``, in input order.
+
+        Args:
+            op: Name of an existing op.
+
+        Returns:
+            One ``(source op, output index)`` pair per data input (control inputs
+            are left out).
+        """
 
     def editing(self) -> contextlib.AbstractContextManager:
-        """Context entered around all edits of one plan."""
+        """Context entered around all edits of one plan.
+
+        Returns:
+            A context manager; editors with nothing to set up return
+            ``contextlib.nullcontext()``.
+        """
 
 
 def apply_with(editor: Editor, plan: SwapPlan) -> int:
     """Apply ``plan`` through ``editor``; returns the number of ops inserted.
+
+    Args:
+        editor: The graph representation to edit (a :class:`Editor`, such as
+            ``GraphEditor``, ``ViewEditor`` or ``ProtoEditor``).
+        plan: The swap plan, made from this very graph.
+
+    Returns:
+        The number of ops inserted: swap-outs, swap-ins and recompute clones.
 
     Raises:
         AlreadyRewrittenError: the graph already holds tflms swap ops.
@@ -180,6 +259,18 @@ def apply_plan(graph, plan: SwapPlan) -> int:
 
     Call it while the graph is still being built (for a ``FuncGraph``: before
     tracing ends), as :class:`tflms.LMSCallback` and :func:`tflms.function` do.
+
+    Args:
+        graph: The ``tf.Graph`` or ``FuncGraph`` to rewrite in place.
+        plan: The swap plan made from ``graph``.
+
+    Returns:
+        The number of ops inserted (swap-outs, swap-ins and recompute clones).
+
+    Raises:
+        UnsupportedGraphError: ``graph`` is not a ``tf.Graph`` or is finalized.
+        AlreadyRewrittenError: ``graph`` already holds tflms swap ops.
+        ValidationError: the plan does not match ``graph``.
     """
     from tflms.apply.graph_editor import GraphEditor
 
@@ -187,7 +278,21 @@ def apply_plan(graph, plan: SwapPlan) -> int:
 
 
 def apply_to_view(view, plan: SwapPlan):
-    """Return a rewritten copy of an analysis view (the input is not changed)."""
+    """Return a rewritten copy of an analysis view (the input is not changed).
+
+    Args:
+        view: The analysis view (``networkx.DiGraph``) the plan was made from.
+        plan: The swap plan; its ``host_device`` setting places the swap-outs
+            (``"/device:CPU:0"`` when absent).
+
+    Returns:
+        A new view with the swap ops, clones and control edges added and the
+        levels recomputed.
+
+    Raises:
+        AlreadyRewrittenError: ``view`` already holds tflms swap ops.
+        ValidationError: the plan does not match ``view``.
+    """
     from tflms.apply.view_editor import ViewEditor
 
     editor = ViewEditor(view, host_device=plan.config.get("host_device", "/device:CPU:0"))

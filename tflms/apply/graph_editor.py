@@ -38,7 +38,12 @@ class GraphEditor:
 
     # -- queries
     def swap_ops(self) -> list[str]:
-        """Names of ops tflms inserted (swap ops and recompute clones)."""
+        """Names of ops tflms inserted (swap ops and recompute clones).
+
+        Returns:
+            The names of the ops under an ``lms/`` scope that carry the tflms
+            marker attribute.
+        """
         found = []
         for op in self.graph.get_operations():
             if "lms/" in op.name:
@@ -50,9 +55,25 @@ class GraphEditor:
         return found
 
     def missing(self, names: set[str]) -> list[str]:
+        """Which of ``names`` are not ops of the graph (see ``Editor.missing``).
+
+        Args:
+            names: Op names the plan refers to.
+
+        Returns:
+            The names the graph has no op for.
+        """
         return [n for n in names if not self.has_op(n)]
 
     def has_op(self, name: str) -> bool:
+        """Whether an op called ``name`` exists (see ``Editor.has_op``).
+
+        Args:
+            name: Op name to look up.
+
+        Returns:
+            True if the graph has an op of that name.
+        """
         try:
             self.graph.get_operation_by_name(name)
         except KeyError:
@@ -60,11 +81,25 @@ class GraphEditor:
         return True
 
     def device_of(self, op: str) -> str:
-        """The device string of ``op``."""
+        """The device string of ``op``.
+
+        Args:
+            op: Name of an existing op.
+
+        Returns:
+            The device string, ``""`` when the op has none.
+        """
         return self._op(op).device
 
     def data_inputs(self, op: str) -> list[tuple[str, int]]:
-        """``(source op, output index)`` of each data input of ``op``."""
+        """``(source op, output index)`` of each data input of ``op``.
+
+        Args:
+            op: Name of an existing op.
+
+        Returns:
+            One ``(source op, output index)`` pair per data input.
+        """
         return [(t.op.name, t.value_index) for t in self._op(op).inputs]
 
     # -- edits
@@ -80,6 +115,17 @@ class GraphEditor:
             yield
 
     def add_identity(self, name: str, source: tuple[str, int], device: str, kind: str) -> None:
+        """Insert an Identity ``name`` reading ``source`` on ``device`` (see ``Editor``).
+
+        Args:
+            name: Name of the new op.
+            source: ``(op name, output index)`` of the tensor it reads.
+            device: Device string; ``""`` leaves the op unplaced.
+            kind: ``"out"`` (swap-out) or ``"in"`` (swap-in).
+
+        Raises:
+            ValidationError: TensorFlow gave the op another name than ``name``.
+        """
         tensor = self._op(source[0]).outputs[source[1]]
         attrs = {
             "T": attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum),
@@ -98,7 +144,16 @@ class GraphEditor:
 
     def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
         """A copy of op ``original`` called ``name``: same type, attributes, device and
-        control inputs, reading ``inputs``; marked as a recomputation and kept by Grappler."""
+        control inputs, reading ``inputs``; marked as a recomputation and kept by Grappler.
+
+        Args:
+            name: Name of the clone.
+            original: Name of the op to copy.
+            inputs: ``(op name, output index)`` of each data input, in order.
+
+        Raises:
+            ValidationError: TensorFlow gave the clone another name than ``name``.
+        """
         op = self._op(original)
         attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
         attrs[SWAP_ATTR] = attr_value_pb2.AttrValue(s=b"recompute")
@@ -125,10 +180,23 @@ class GraphEditor:
             clone._add_control_input(control)  # noqa: SLF001
 
     def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
+        """Make input ``input_index`` of ``consumer`` read ``source`` (see ``Editor.reroute``).
+
+        Args:
+            consumer: Name of the op whose input changes.
+            input_index: Position of the data input (0-based).
+            source: ``(op name, output index)`` of the tensor to read instead.
+        """
         op = self._op(consumer)
         op._update_input(input_index, self._op(source[0]).outputs[source[1]])  # noqa: SLF001
 
     def add_control(self, src: str, dst: str) -> None:
+        """Add a control edge ``src -> dst`` (see ``Editor.add_control``).
+
+        Args:
+            src: Op that must run first.
+            dst: Op that gets ``src`` as a control input.
+        """
         self._op(dst)._add_control_input(self._op(src))  # noqa: SLF001
 
     # -- helpers

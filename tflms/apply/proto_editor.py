@@ -75,27 +75,73 @@ class ProtoEditor:
 
     # -- queries
     def swap_ops(self) -> list[str]:
-        """Names of the nodes tflms inserted."""
+        """Names of the nodes tflms inserted.
+
+        Returns:
+            The names of the nodes that carry the tflms marker attribute.
+        """
         return [name for name, node in self._nodes.items() if SWAP_ATTR in node.attr]
 
     def missing(self, names: set[str]) -> list[str]:
+        """Which of ``names`` are not ops of the graph (see ``Editor.missing``).
+
+        Args:
+            names: Op names the plan refers to.
+
+        Returns:
+            The names the graph has no op for.
+        """
         return [n for n in names if not self.has_op(n)]
 
     def has_op(self, name: str) -> bool:
+        """Whether an op called ``name`` exists (see ``Editor.has_op``).
+
+        Args:
+            name: Op name to look up.
+
+        Returns:
+            True if the graph has an op of that name.
+        """
         return name in self._nodes or name in self._args
 
     def device_of(self, op: str) -> str:
-        """The device string of ``op`` (``""`` for a function argument)."""
+        """The device string of ``op`` (``""`` for a function argument).
+
+        Args:
+            op: Name of an existing op.
+
+        Returns:
+            The device string, ``""`` when the op has none.
+        """
         node = self._nodes.get(op)
         return node.device if node is not None else ""
 
     def data_inputs(self, op: str) -> list[tuple[str, int]]:
-        """``(source op, flat output index)`` of each data input of ``op``."""
+        """``(source op, flat output index)`` of each data input of ``op``.
+
+        Args:
+            op: Name of an existing op.
+
+        Returns:
+            One ``(source op, output index)`` pair per data input.
+
+        Raises:
+            ValidationError: ``op`` is not a node, or an input name cannot be read.
+        """
         return [self._parse(name) for name in self._node(op).input if not name.startswith("^")]
 
     def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
         """A copy of node ``original`` called ``name`` reading ``inputs`` (same op, attributes,
-        device and control inputs), marked as a recomputation and kept by Grappler."""
+        device and control inputs), marked as a recomputation and kept by Grappler.
+
+        Args:
+            name: Name of the clone.
+            original: Name of the op to copy.
+            inputs: ``(op name, output index)`` of each data input, in order.
+
+        Raises:
+            ValidationError: ``original`` or an input's op is not a node of the graph.
+        """
         source = self._node(original)
         node = self._container.add()
         node.CopyFrom(source)
@@ -111,9 +157,26 @@ class ProtoEditor:
 
     # -- edits
     def editing(self):
+        """Context around all edits of one plan: nothing to set up for a protobuf.
+
+        Returns:
+            ``contextlib.nullcontext()``.
+        """
         return contextlib.nullcontext()
 
     def add_identity(self, name: str, source: tuple[str, int], device: str, kind: str) -> None:
+        """Insert an Identity ``name`` reading ``source`` on ``device`` (see ``Editor``).
+
+        Args:
+            name: Name of the new op.
+            source: ``(op name, output index)`` of the tensor it reads.
+            device: Device string; ``""`` leaves the op unplaced.
+            kind: ``"out"`` (swap-out) or ``"in"`` (swap-in).
+
+        Raises:
+            ValidationError: ``source`` names no node, or an output a function
+                argument does not have.
+        """
         node = self._container.add()
         node.name = name
         node.op = "Identity"
@@ -126,6 +189,17 @@ class ProtoEditor:
         self._nodes[name] = node
 
     def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
+        """Make input ``input_index`` of ``consumer`` read ``source`` (see ``Editor.reroute``).
+
+        Args:
+            consumer: Name of the op whose input changes.
+            input_index: Position of the data input (0-based).
+            source: ``(op name, output index)`` of the tensor to read instead.
+
+        Raises:
+            ValidationError: ``consumer`` is not a node, or has no data input
+                ``input_index``.
+        """
         node = self._node(consumer)
         data_inputs = sum(1 for name in node.input if not name.startswith("^"))
         if not 0 <= input_index < data_inputs:
@@ -135,6 +209,15 @@ class ProtoEditor:
         node.input[input_index] = self._tensor_name(*source)
 
     def add_control(self, src: str, dst: str) -> None:
+        """Add a control edge ``src -> dst`` (see ``Editor.add_control``).
+
+        Args:
+            src: Op that must run first.
+            dst: Op that gets ``src`` as a control input.
+
+        Raises:
+            ValidationError: ``dst`` is not a node of the graph.
+        """
         node = self._node(dst)
         control = f"^{src}"
         if control not in node.input:

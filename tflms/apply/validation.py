@@ -121,7 +121,15 @@ def _structural(view: nx.DiGraph, host: str) -> list[str]:
 
 
 def original_of(clone: str) -> str:
-    """The op a recompute clone copies (``a/b-lms/recompute_2`` -> ``a/b``)."""
+    """The op a recompute clone copies (``a/b-lms/recompute_2`` -> ``a/b``).
+
+    Args:
+        clone: Name of a recompute clone.
+
+    Returns:
+        The clone's name with its ``-lms/recompute[_k]`` suffix removed; a name
+        without the suffix is returned unchanged.
+    """
     return clone.rsplit(f"-{SCOPE}/recompute", 1)[0]
 
 

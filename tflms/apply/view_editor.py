@@ -26,30 +26,76 @@ class ViewEditor:
         self._matcher = DeviceMatcher(compute=compute_device, host=host_device)
 
     def editing(self):
+        """Context around all edits of one plan: nothing to set up for a view.
+
+        Returns:
+            ``contextlib.nullcontext()``.
+        """
         return contextlib.nullcontext()
 
     def swap_ops(self) -> list[str]:
+        """Names of the nodes tflms inserted (swap ops and recompute clones).
+
+        Returns:
+            The nodes whose ``tflms`` attribute is set.
+        """
         return [n for n, d in self.view.nodes(data=True) if d.get("tflms")]
 
     def missing(self, names: set[str]) -> list[str]:
+        """Which of ``names`` are not ops of the graph (see ``Editor.missing``).
+
+        Args:
+            names: Op names the plan refers to.
+
+        Returns:
+            The names the graph has no op for.
+        """
         return [n for n in names if n not in self.view]
 
     def has_op(self, name: str) -> bool:
+        """Whether an op called ``name`` exists (see ``Editor.has_op``).
+
+        Args:
+            name: Op name to look up.
+
+        Returns:
+            True if the graph has an op of that name.
+        """
         return name in self.view
 
     def device_of(self, op: str) -> str:
-        """The device string of ``op``."""
+        """The device string of ``op``.
+
+        Args:
+            op: Name of an existing op.
+
+        Returns:
+            The device string, ``""`` when the op has none.
+        """
         return self.view.nodes[op]["device"]
 
     def data_inputs(self, op: str) -> list[tuple[str, int]]:
-        """``(source op, output index)`` of each data input of ``op``, in input order."""
+        """``(source op, output index)`` of each data input of ``op``, in input order.
+
+        Args:
+            op: Name of an existing op.
+
+        Returns:
+            One ``(source op, output index)`` pair per data input.
+        """
         found = []
         for pred, edge in self.view.pred[op].items():
             found.extend((in_idx, pred, out_idx) for out_idx, in_idx in edge.get("tensors", ()))
         return [(pred, out_idx) for _, pred, out_idx in sorted(found)]
 
     def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
-        """A node ``name`` like ``original`` (type, device, outputs), reading ``inputs``."""
+        """A node ``name`` like ``original`` (type, device, outputs), reading ``inputs``.
+
+        Args:
+            name: Name of the clone.
+            original: Name of the op to copy.
+            inputs: ``(op name, output index)`` of each data input, in order.
+        """
         node = self.view.nodes[original]
         outputs = tuple(info._replace(name=f"{name}:{info.index}") for info in node["outputs"])
         self.view.add_node(
@@ -66,6 +112,14 @@ class ViewEditor:
                 self.add_control(pred, name)
 
     def add_identity(self, name: str, source: tuple[str, int], device: str, kind: str) -> None:
+        """Insert an Identity ``name`` reading ``source`` on ``device`` (see ``Editor``).
+
+        Args:
+            name: Name of the new op.
+            source: ``(op name, output index)`` of the tensor it reads.
+            device: Device string; ``""`` leaves the op unplaced.
+            kind: ``"out"`` (swap-out) or ``"in"`` (swap-in).
+        """
         src_info = self.view.nodes[source[0]]["outputs"][source[1]]
         info = TensorInfo(
             name=f"{name}:0",
@@ -89,6 +143,13 @@ class ViewEditor:
         self.view.add_edge(source[0], name, tensors=[(source[1], 0)], control=False)
 
     def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
+        """Make input ``input_index`` of ``consumer`` read ``source`` (see ``Editor.reroute``).
+
+        Args:
+            consumer: Name of the op whose input changes.
+            input_index: Position of the data input (0-based).
+            source: ``(op name, output index)`` of the tensor to read instead.
+        """
         for pred in list(self.view.pred[consumer]):
             edge = self.view[pred][consumer]
             kept = [(o, i) for o, i in edge["tensors"] if i != input_index]
@@ -106,12 +167,23 @@ class ViewEditor:
             )
 
     def add_control(self, src: str, dst: str) -> None:
+        """Add a control edge ``src -> dst`` (see ``Editor.add_control``).
+
+        Args:
+            src: Op that must run first.
+            dst: Op that gets ``src`` as a control input.
+        """
         if self.view.has_edge(src, dst):
             self.view[src][dst]["control"] = True
         else:
             self.view.add_edge(src, dst, tensors=[], control=True)
 
     def finish(self) -> nx.DiGraph:
-        """Recompute levels and return the rewritten view."""
+        """Recompute levels and return the rewritten view.
+
+        Returns:
+            The edited copy of the view (the view given to the constructor is
+            unchanged).
+        """
         assign_levels(self.view)
         return self.view
