@@ -218,7 +218,17 @@ class LMSConfig:
 
     # ------------------------------------------------------------------ helpers
     def replace(self, **changes: Any) -> LMSConfig:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        Args:
+            **changes: Field names and their new values.
+
+        Returns:
+            A new config; this one is unchanged.
+
+        Raises:
+            ConfigError: a new value is invalid (the same checks as the constructor).
+        """
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -240,7 +250,18 @@ class LMSConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LMSConfig:
-        """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError`."""
+        """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError`.
+
+        Args:
+            data: ``{field name: value}``; missing fields keep their defaults.
+
+        Returns:
+            The validated config.
+
+        Raises:
+            ConfigError: ``data`` is not a dict, names an unknown field, or holds
+                an invalid value.
+        """
         if not isinstance(data, dict):
             raise ConfigError(
                 f"An LMS config must be a JSON object. Received {type(data).__name__}."

@@ -136,7 +136,14 @@ class OpCost:
 
 
 def dtype_size(dtype: str) -> int:
-    """Bytes per element of a dtype name (4 when unknown)."""
+    """Bytes per element of a dtype name (4 when unknown).
+
+    Args:
+        dtype: A TensorFlow dtype name (``"float32"``, ``"bfloat16"``...).
+
+    Returns:
+        The element size in bytes; 4 for a name the table does not know.
+    """
     return _SIZES.get(dtype, 4)
 
 

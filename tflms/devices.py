@@ -173,12 +173,27 @@ def check_device_string(name: str, value: object, *, owner: str = "") -> str:
 
 
 def canonical(device: str) -> str:
-    """``"/gpu:0"`` -> ``"/device:GPU:0"``; empty stays empty."""
+    """``"/gpu:0"`` -> ``"/device:GPU:0"``; empty stays empty.
+
+    Args:
+        device: A TensorFlow device string, full or partial.
+
+    Returns:
+        The string in TensorFlow's canonical spelling; ``""`` for ``""``.
+    """
     return parse_device(device).to_string() if device else ""
 
 
 def device_type(device: str) -> str | None:
-    """``"/job:x/device:GPU:1"`` -> ``"GPU"``; ``None`` when the string names no type."""
+    """``"/job:x/device:GPU:1"`` -> ``"GPU"``; ``None`` when the string names no type.
+
+    Args:
+        device: A TensorFlow device string; ``""`` is allowed.
+
+    Returns:
+        The upper-case device type (``"GPU"`` for ``"/gpu:0"`` too), or None
+            when the string names no type.
+    """
     return parse_device(device).type if device else None
 
 
@@ -187,6 +202,13 @@ def same_device(a: str, b: str) -> bool:
 
     Device type and index must match (a missing index means 0); job,
     replica and task are compared only when both strings give them.
+
+    Args:
+        a: A TensorFlow device string.
+        b: Another one.
+
+    Returns:
+        True if they can name the same device.
     """
     sa, sb = parse_device(a), parse_device(b)
     if (sa.type or "") != (sb.type or ""):
@@ -201,7 +223,16 @@ def same_device(a: str, b: str) -> bool:
 
 
 def default_compute_type(compute: str | None) -> str:
-    """Device type unassigned ops run on: the configured device, else GPU if any."""
+    """Device type unassigned ops run on: the configured device, else GPU if any.
+
+    Args:
+        compute: The configured compute device string, or None/``""`` for
+            TensorFlow's placement.
+
+    Returns:
+        The type of ``compute`` (``"CPU"`` if it names none); without one,
+        ``"GPU"`` when TensorFlow sees a physical GPU, else ``"CPU"``.
+    """
     if compute:
         return device_type(compute) or "CPU"
     import tensorflow as tf
@@ -255,7 +286,15 @@ class DeviceMatcher:
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - a handful of distinct strings per graph
     def placement(self, device: str) -> str:
-        """``"compute"``, ``"host"`` or ``"other"`` for an op placed on ``device``."""
+        """``"compute"``, ``"host"`` or ``"other"`` for an op placed on ``device``.
+
+        Args:
+            device: The op's device string; ``""`` (unplaced) counts as compute.
+
+        Returns:
+            ``"host"`` for the host device, ``"compute"`` for the compute device
+            (without a configured one: any GPU/TPU-like type), else ``"other"``.
+        """
         if not device:
             return "compute"
         if same_device(device, self.host):

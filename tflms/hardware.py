@@ -133,7 +133,15 @@ class LinkModel:
             )
 
     def seconds(self, nbytes: int) -> float:
-        """Time to copy ``nbytes`` one way."""
+        """Time to copy ``nbytes`` one way.
+
+        Args:
+            nbytes: Bytes to copy.
+
+        Returns:
+            Seconds: latency plus ``nbytes / bandwidth``; 0.0 for an infinitely
+            fast link (the ``"ideal"`` preset).
+        """
         if self.bandwidth == float("inf"):
             return 0.0
         return self.latency_s + nbytes / self.bandwidth
@@ -217,6 +225,13 @@ LINKS: dict[str, LinkModel] = {
 def get_device(device: str | DeviceModel) -> DeviceModel:
     """A :class:`DeviceModel` from a preset name (case-insensitive) or itself.
 
+    Args:
+        device: A preset name of :data:`DEVICES` (``"V100-16GB"``...) or a
+            :class:`DeviceModel`.
+
+    Returns:
+        The preset, or ``device`` itself.
+
     Raises:
         ConfigError: the name is not a preset.
     """
@@ -233,6 +248,13 @@ def get_device(device: str | DeviceModel) -> DeviceModel:
 
 def get_link(link: str | LinkModel) -> LinkModel:
     """A :class:`LinkModel` from a preset name (case-insensitive) or itself.
+
+    Args:
+        link: A preset name of :data:`LINKS` (``"pcie3"``, ``"nvlink2"``,
+            ``"ideal"``...) or a :class:`LinkModel`.
+
+    Returns:
+        The preset, or ``link`` itself.
 
     Raises:
         ConfigError: the name is not a preset.

@@ -215,7 +215,16 @@ class LMSCallback(keras.callbacks.Callback):
 
     # ----------------------------------------------------------------- hooks
     def on_train_begin(self, logs=None):
-        """Check the model and find the batch size; nothing on the model changes yet."""
+        """Check the model and find the batch size; nothing on the model changes yet.
+
+        Args:
+            logs: Unused (Keras passes None or a dict).
+
+        Raises:
+            ConfigError: the Keras backend is not TensorFlow, the model runs
+                eagerly or uses XLA, or ``host_device``/``device`` is not a device
+                of this machine.
+        """
         model = self.model
         if keras.backend.backend() != "tensorflow":
             raise ConfigError(
@@ -244,13 +253,22 @@ class LMSCallback(keras.callbacks.Callback):
         self._session.guard_hooks(caller)
 
     def on_train_batch_begin(self, batch, logs=None):
-        """Install the rewriting train function at the first step."""
+        """Install the rewriting train function at the first step.
+
+        Args:
+            batch: Index of the batch within the epoch (unused).
+            logs: Unused.
+        """
         session = self._session
         if session is not None and not session.closed and not session.installed:
             session.install(_RewritingTrainStep(self.model.train_step, self))
 
     def on_train_end(self, logs=None):
-        """Give the model its own train function back."""
+        """Give the model its own train function back.
+
+        Args:
+            logs: Unused.
+        """
         if self._session is not None:
             self._session.restore()
             self._session = None

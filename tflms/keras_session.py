@@ -96,7 +96,16 @@ def check_xla(model) -> None:
 
 
 def fit_frame(model):
-    """The frame of the ``fit`` call of ``model`` that is running in this thread, or ``None``."""
+    """The frame of the ``fit`` call of ``model`` that is running in this thread, or ``None``.
+
+    Args:
+        model: The Keras model whose ``fit`` to look for.
+
+    Returns:
+        The Python frame of ``model.fit`` (its locals hold the data and the
+        batch size), or None when no ``fit`` of ``model`` is on this thread's
+        stack.
+    """
     frame = sys._getframe(1)  # noqa: SLF001 - the documented way to read the call stack
     while frame is not None:
         if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
@@ -193,7 +202,12 @@ class FitSession:
         self.closed = False
 
     def guard_hooks(self, callback_list) -> None:
-        """Restore the model when a hook of ``callback_list`` (another callback) raises."""
+        """Restore the model when a hook of ``callback_list`` (another callback) raises.
+
+        Args:
+            callback_list: The ``keras.callbacks.CallbackList`` of the running fit;
+                anything else is ignored.
+        """
         if not isinstance(callback_list, keras.callbacks.CallbackList):
             return
         self._callbacks = weakref.ref(callback_list)
@@ -206,6 +220,10 @@ class FitSession:
         The optimizer is built first, eagerly: Keras would otherwise create its
         slots inside the first trace, and a trace that fails (a plan that does
         not fit) would leave them uninitialized for every later fit.
+
+        Args:
+            rewriting_step: A train step (called like ``model.train_step``) that
+                rewrites the traced graph.
         """
         model = self.model
         optimizer = getattr(model, "optimizer", None)
@@ -257,7 +275,15 @@ class FitSession:
         logger.debug("tflms: model %s restored after fit", getattr(self.model, "name", "?"))
 
     def restore_and_run(self, iterator):
-        """Restore the model, then run the train function it had (built anew if it had none)."""
+        """Restore the model, then run the train function it had (built anew if it had none).
+
+        Args:
+            iterator: The data iterator Keras passes to the train function.
+
+        Returns:
+            What the model's own train function returns for ``iterator`` (the
+            step's logs).
+        """
         logger.info(
             "tflms: a fit without LMSCallback reached the train function an interrupted LMS fit "
             "left on model %s; restoring the model's own train function",

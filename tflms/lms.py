@@ -50,7 +50,20 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_config(config: LMSConfig | None, overrides: dict) -> LMSConfig:
-    """``config`` (default ``LMSConfig()``) with keyword overrides applied."""
+    """``config`` (default ``LMSConfig()``) with keyword overrides applied.
+
+    Args:
+        config: A base config, or None for the defaults.
+        overrides: ``{field name: value}`` to change (the keyword arguments
+            of the caller).
+
+    Returns:
+        The resulting validated config.
+
+    Raises:
+        ConfigError: ``config`` is not an LMSConfig, an override names an
+            unknown field, or a value is invalid.
+    """
     if config is not None and not isinstance(config, LMSConfig):
         raise ConfigError(f"config must be an LMSConfig, got {type(config).__name__}.")
     config = config or LMSConfig()

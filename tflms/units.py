@@ -62,7 +62,15 @@ def parse_bytes(value: int | float | str) -> int:
 
 
 def format_bytes(n: int | float) -> str:
-    """Human-readable binary size, e.g. ``'3.50 GiB'``."""
+    """Human-readable binary size, e.g. ``'3.50 GiB'``.
+
+    Args:
+        n: A number of bytes.
+
+    Returns:
+        Whole bytes below 1 KiB (``'512 B'``), else two decimals in the
+        largest binary unit up to TiB.
+    """
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -194,7 +194,16 @@ def _add_common(sub: argparse.ArgumentParser, *, json_help: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``tflms`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    """Run the ``tflms`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    Args:
+        argv: Command-line arguments without the program name; None reads
+            ``sys.argv[1:]``.
+
+    Returns:
+        The exit code (see the table in the module docstring): 0 on success;
+        errors are reported on stderr rather than raised.
+    """
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -80,7 +80,16 @@ class ConfigField:
         return "VALUE"
 
     def convert(self, text: str):
-        """The Python value for ``text``; LMSConfig validates it afterwards."""
+        """The Python value for ``text``; LMSConfig validates it afterwards.
+
+        Args:
+            text: The option's command-line value.
+
+        Returns:
+            None for ``"none"`` (optional fields), a list of the comma-separated
+            items (list fields), an int or float when the text parses as the
+            field's kind, else ``text`` unchanged.
+        """
         if "None" in self.kinds and text.strip().lower() == "none":
             return None
         if "list" in self.kinds:
@@ -170,6 +179,10 @@ def add_config_options(parser: argparse.ArgumentParser, *, title: str = "LMS opt
 
     Options left out of the command line are absent from the parsed
     namespace, so they never override a value from ``--config``.
+
+    Args:
+        parser: The (sub)command parser; changed in place.
+        title: Title of the argument group in ``--help``.
     """
     group = parser.add_argument_group(
         title,
@@ -206,6 +219,13 @@ def add_config_options(parser: argparse.ArgumentParser, *, title: str = "LMS opt
 
 def config_from_args(args: argparse.Namespace) -> LMSConfig:
     """The ``LMSConfig`` of parsed arguments: defaults, then ``--config``, then flags.
+
+    Args:
+        args: The namespace ``parse_args`` returned for a parser set up with
+            :func:`add_config_options`.
+
+    Returns:
+        The validated config.
 
     Raises:
         ConfigError: an option value is invalid, or the config file is

@@ -51,7 +51,12 @@ class Progress:
         self._thread: threading.Thread | None = None
 
     def stage(self, text: str) -> None:
-        """Set the text shown for the current stage."""
+        """Set the text shown for the current stage.
+
+        Args:
+            text: Short description of the work in progress (the next redraw
+                shows it; the elapsed time keeps running).
+        """
         self._stage = text
 
     def __enter__(self) -> Progress:

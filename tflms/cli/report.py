@@ -45,7 +45,16 @@ def _header(analysis) -> dict:
 
 
 def analysis_dict(analysis, peaks: dict | None = None) -> dict:
-    """JSON-ready analysis: the model, every graph, the training graphs with their plans."""
+    """JSON-ready analysis: the model, every graph, the training graphs with their plans.
+
+    Args:
+        analysis: The model's analysis.
+        peaks: ``{training graph name: SimulationResult}`` to include as each
+            graph's ``simulation`` entry (without timeline); None for none.
+
+    Returns:
+        A dict of plain JSON values.
+    """
     data = _header(analysis)
     data["targets"] = [
         {"name": t.name, "kind": t.kind, "ops": len(t.nodes), "gradient_ops": t.gradient_ops}
@@ -59,7 +68,16 @@ def analysis_dict(analysis, peaks: dict | None = None) -> dict:
 
 
 def analysis_text(analysis, peaks: dict | None = None) -> str:
-    """The readable analysis report."""
+    """The readable analysis report.
+
+    Args:
+        analysis: The model's analysis.
+        peaks: ``{training graph name: SimulationResult}`` whose predicted
+            peaks the report shows; None for none.
+
+    Returns:
+        The report, lines joined with newlines.
+    """
     head = _header(analysis)
     lines = [
         f"{head['source']}: {head['format_description']}, {head['graphs']} graph(s), "
@@ -119,7 +137,17 @@ def _peak_lines(result) -> list[str]:
 
 
 def simulation_text(name: str, result, tuning=None) -> str:
-    """The readable simulation report of one training graph."""
+    """The readable simulation report of one training graph.
+
+    Args:
+        name: Name of the training graph.
+        result: Its simulation result.
+        tuning: The auto-tuner's result, whose summary comes first; None when
+            the plan was not tuned.
+
+    Returns:
+        The report, lines joined with newlines.
+    """
     lines = [f"{name}:"]
     if tuning is not None:
         lines.extend("  " + line for line in tuning.summary().splitlines())
@@ -128,7 +156,14 @@ def simulation_text(name: str, result, tuning=None) -> str:
 
 
 def plans_dict(analysis) -> dict:
-    """The plans of every training graph, as ``tflms rewrite --dry-run`` prints them."""
+    """The plans of every training graph, as ``tflms rewrite --dry-run`` prints them.
+
+    Args:
+        analysis: The model's analysis (with its plans).
+
+    Returns:
+        ``{"format", "source", "config", "plans": {graph name: plan dict}}``.
+    """
     return {
         "format": PLANS_FORMAT,
         "source": str(analysis.model.path),
@@ -138,7 +173,17 @@ def plans_dict(analysis) -> dict:
 
 
 def plans_from_json(data) -> dict[str, SwapPlan]:
-    """``{graph name: plan}`` from :func:`plans_dict` output or one plan's JSON."""
+    """``{graph name: plan}`` from :func:`plans_dict` output or one plan's JSON.
+
+    Args:
+        data: Parsed JSON: a :func:`plans_dict` document or one plan's dict.
+
+    Returns:
+        The plans by training-graph name.
+
+    Raises:
+        ConfigError: ``data`` is neither, or a plan in it is malformed.
+    """
     if isinstance(data, dict) and data.get("format") == PLANS_FORMAT:
         entries = data.get("plans")
         if not isinstance(entries, dict):
@@ -154,7 +199,17 @@ def plans_from_json(data) -> dict[str, SwapPlan]:
 
 
 def read_plans(path) -> dict[str, SwapPlan]:
-    """Read a plan file (see :func:`plans_from_json`)."""
+    """Read a plan file (see :func:`plans_from_json`).
+
+    Args:
+        path: The plan file (JSON).
+
+    Returns:
+        The plans by training-graph name.
+
+    Raises:
+        ConfigError: the file cannot be read, is not JSON, or holds no plan.
+    """
     try:
         with open(path) as handle:
             data = json.load(handle)

@@ -79,6 +79,15 @@ def check_known_ops(nodes, library: function_pb2.FunctionDefLibrary | None, wher
 def graph_from_graph_def(graph_def: graph_pb2.GraphDef, *, where: str = "graph") -> tf.Graph:
     """A new ``tf.Graph`` holding ``graph_def`` with its original node names.
 
+    Args:
+        graph_def: The graph to import (its library functions come along).
+        where: What the graph is, for error messages (for example
+            ``"function 'f'"``); ``"graph"`` by default.
+
+    Returns:
+        A fresh ``tf.Graph`` whose op names are the node names of ``graph_def``
+        (imported with an empty name scope).
+
     Raises:
         UnsupportedGraphError: an op type is unknown, or TensorFlow rejects
             the graph (bad input names, type mismatches...).
@@ -170,7 +179,24 @@ def graph_from_function_def(
     *,
     resources: Mapping[int, tuple[int, object]] | None = None,
 ) -> tf.Graph:
-    """A new ``tf.Graph`` holding the body of ``fdef`` (see :func:`function_to_graph_def`)."""
+    """A new ``tf.Graph`` holding the body of ``fdef`` (see :func:`function_to_graph_def`).
+
+    Args:
+        fdef: The function whose body to import.
+        library: The library ``fdef`` belongs to (function-call op types and
+            nested calls are looked up there).
+        resources: ``{argument index: (dtype enum, TensorShapeProto)}`` of the
+            variables behind resource arguments; None when the function has no
+            resource arguments to type.
+
+    Returns:
+        A fresh ``tf.Graph`` holding the body, with placeholders for the
+        function's arguments.
+
+    Raises:
+        UnsupportedGraphError: an op type is unknown, a tensor name is invalid,
+            or TensorFlow rejects the resulting graph.
+    """
     graph_def = function_to_graph_def(fdef, library, resources=resources)
     return graph_from_graph_def(graph_def, where=f"function {fdef.signature.name!r}")
 

@@ -40,7 +40,16 @@ __all__ = [
 
 
 def parse_tensor_name(name: str) -> tuple[str, int]:
-    """``"op:3"`` -> ``("op", 3)``; ``"op"`` -> ``("op", 0)`` (GraphDef naming)."""
+    """``"op:3"`` -> ``("op", 3)``; ``"op"`` -> ``("op", 0)`` (GraphDef naming).
+
+    Args:
+        name: A GraphDef tensor name (``"op"`` or ``"op:k"``); a control input
+            (``"^op"``) is not expected.
+
+    Returns:
+        ``(op name, output index)``; a name whose suffix after the last ``:``
+        is not a number is taken whole, with index 0.
+    """
     op, _, index = name.rpartition(":")
     if op and index.isdigit():
         return op, int(index)
@@ -48,7 +57,15 @@ def parse_tensor_name(name: str) -> tuple[str, int]:
 
 
 def graph_tensor_name(op: str, index: int) -> str:
-    """GraphDef input string of output ``index`` of ``op`` (``op`` for index 0, as TF writes)."""
+    """GraphDef input string of output ``index`` of ``op`` (``op`` for index 0, as TF writes).
+
+    Args:
+        op: Name of the producing op.
+        index: Flat output index (0-based).
+
+    Returns:
+        ``op`` for index 0, else ``"op:index"``.
+    """
     return op if index == 0 else f"{op}:{index}"
 
 
@@ -66,12 +83,29 @@ class OpSignatures:
         )
 
     def op_def(self, op_type: str) -> op_def_pb2.OpDef | None:
-        """The ``OpDef`` of ``op_type``, or ``None`` if it is neither registered nor a function."""
+        """The ``OpDef`` of ``op_type``, or ``None`` if it is neither registered nor a function.
+
+        Args:
+            op_type: A registered op type (``"MatMul"``) or the name of a function
+                of the library this instance was made with.
+
+        Returns:
+            The function's signature when ``op_type`` names a library function
+            (these shadow registered ops), else the registered ``OpDef``, else None.
+        """
         found = self._functions.get(op_type)
         return found if found is not None else op_def_registry.get(op_type)
 
     def output_layout(self, node: node_def_pb2.NodeDef) -> tuple[tuple[str, int, int], ...]:
         """``(output_arg, i, dtype enum)`` for each flat output of ``node``.
+
+        Args:
+            node: The node; its attributes fix the number and types of
+                list-valued outputs.
+
+        Returns:
+            One ``(output_arg name, index within the arg, dtype enum)`` per flat
+            output, in output order.
 
         Raises:
             UnsupportedGraphError: the op type is unknown, or an attribute the
@@ -91,16 +125,53 @@ class OpSignatures:
         return tuple(layout)
 
     def output_dtype(self, node: node_def_pb2.NodeDef, index: int) -> int:
-        """dtype enum of flat output ``index`` of ``node``."""
+        """dtype enum of flat output ``index`` of ``node``.
+
+        Args:
+            node: The node.
+            index: Flat output index (0-based, across all output args).
+
+        Returns:
+            The ``DataType`` enum value of that output.
+
+        Raises:
+            UnsupportedGraphError: the op type is unknown, or ``node`` has no
+                output ``index``.
+        """
         return self._output(node, index)[2]
 
     def function_tensor_name(self, node: node_def_pb2.NodeDef, index: int) -> str:
-        """FunctionDef name ``node:output_arg:i`` of flat output ``index``."""
+        """FunctionDef name ``node:output_arg:i`` of flat output ``index``.
+
+        Args:
+            node: The node.
+            index: Flat output index (0-based, across all output args).
+
+        Returns:
+            The name a ``FunctionDef`` uses for that output, ``"node:arg:i"``.
+
+        Raises:
+            UnsupportedGraphError: the op type is unknown, or ``node`` has no
+                output ``index``.
+        """
         arg, i, _ = self._output(node, index)
         return f"{node.name}:{arg}:{i}"
 
     def flat_index(self, node: node_def_pb2.NodeDef, arg: str, i: int) -> int:
-        """Flat output index of ``node:arg:i`` (inverse of :meth:`function_tensor_name`)."""
+        """Flat output index of ``node:arg:i`` (inverse of :meth:`function_tensor_name`).
+
+        Args:
+            node: The node.
+            arg: Name of one of its output args.
+            i: Index within that output arg.
+
+        Returns:
+            The flat output index (0-based, across all output args).
+
+        Raises:
+            UnsupportedGraphError: the op type is unknown, or ``node`` has no
+                output ``arg:i``.
+        """
         for k, (name, j, _) in enumerate(self.output_layout(node)):
             if name == arg and j == i:
                 return k
@@ -144,7 +215,17 @@ def _arg_types(arg: op_def_pb2.OpDef.ArgDef, node, op_def) -> list[int]:
 
 
 def called_functions(node: node_def_pb2.NodeDef, library_names) -> list[str]:
-    """Functions ``node`` calls: its op type if a library function, plus ``func`` attrs."""
+    """Functions ``node`` calls: its op type if a library function, plus ``func`` attrs.
+
+    Args:
+        node: A ``NodeDef``.
+        library_names: Container of the library's function names (anything
+            supporting ``in``); an op type in it is a function call.
+
+    Returns:
+        The function names, op type first, then those of ``func`` and
+        ``list(func)`` attributes in attribute order; may repeat a name.
+    """
     names = [node.op] if node.op in library_names else []
     for value in node.attr.values():
         if value.HasField("func"):
@@ -155,7 +236,15 @@ def called_functions(node: node_def_pb2.NodeDef, library_names) -> list[str]:
 
 
 def reachable_functions(nodes, library: function_pb2.FunctionDefLibrary) -> list[str]:
-    """Names of library functions that ``nodes`` call, directly or transitively."""
+    """Names of library functions that ``nodes`` call, directly or transitively.
+
+    Args:
+        nodes: Iterable of ``NodeDef`` to start from.
+        library: The library the calls resolve in; names not in it are skipped.
+
+    Returns:
+        Each reachable function name once, in discovery order.
+    """
     by_name = {f.signature.name: f for f in library.function}
     seen: dict[str, None] = {}
     stack = [f for node in nodes for f in called_functions(node, by_name)]
@@ -169,7 +258,16 @@ def reachable_functions(nodes, library: function_pb2.FunctionDefLibrary) -> list
 
 
 def unknown_op_types(nodes, signatures: OpSignatures) -> dict[str, list[str]]:
-    """``{op type: [node names]}`` for op types TensorFlow does not know."""
+    """``{op type: [node names]}`` for op types TensorFlow does not know.
+
+    Args:
+        nodes: Iterable of ``NodeDef``.
+        signatures: Resolves op types (registry and library functions).
+
+    Returns:
+        The unknown op types with the names of the nodes using them; empty
+        when every op type is known.
+    """
     unknown: dict[str, list[str]] = {}
     for node in nodes:
         if signatures.op_def(node.op) is None:

@@ -264,6 +264,10 @@ def assign_levels(view: nx.DiGraph) -> None:
     TF1 loops close a cycle through ``NextIteration``; those back edges are
     ignored for levelling, as TFLMS did.
 
+    Args:
+        view: The analysis view; changed in place (node attribute ``level``,
+            graph attribute ``depth`` = number of levels).
+
     Raises:
         UnsupportedGraphError: the graph has any other cycle.
     """
@@ -295,7 +299,17 @@ def assign_levels(view: nx.DiGraph) -> None:
 
 
 def consumers(view: nx.DiGraph, node: str, index: int) -> list[tuple[str, int]]:
-    """``(consumer, input_index)`` pairs reading output ``index`` of ``node``."""
+    """``(consumer, input_index)`` pairs reading output ``index`` of ``node``.
+
+    Args:
+        view: The analysis view.
+        node: Name of the producing node.
+        index: Its output index.
+
+    Returns:
+        One ``(consumer node, input index)`` pair per data edge reading that
+        output; control edges are not included.
+    """
     found = []
     for succ, edge in view.succ[node].items():
         for out_idx, in_idx in edge.get("tensors", ()):

@@ -159,7 +159,17 @@ def tensor_ok(info, config: LMSConfig) -> bool:
 
 
 def compute_device_type(view: nx.DiGraph, node: dict) -> str:
-    """The device type (``"GPU"``, ``"CPU"``) ``node`` runs on; unassigned ops use the view's default."""
+    """The device type (``"GPU"``, ``"CPU"``) ``node`` runs on; unassigned ops use the view's default.
+
+    Args:
+        view: The analysis view; its ``compute_device`` and
+            ``default_device_type`` graph attributes supply the fallback.
+        node: The node's attribute dict (``view.nodes[name]``), not its name.
+
+    Returns:
+        The upper-case device type; ``""`` when the device string names no
+        type, and ``"GPU"`` when neither the node nor the view says.
+    """
     device = node["device"] or view.graph.get("compute_device") or ""
     if device:
         return (tf_device_type(device) or "").upper()
@@ -171,7 +181,16 @@ def _num_data_inputs(view: nx.DiGraph, node: str) -> int:
 
 
 def order_sensitive(view: nx.DiGraph, node: str) -> bool:
-    """Whether ``node`` is a sum of 3+ inputs whose float order depends on buffer reuse."""
+    """Whether ``node`` is a sum of 3+ inputs whose float order depends on buffer reuse.
+
+    Args:
+        view: The analysis view.
+        node: Name of the node.
+
+    Returns:
+        True for an ``AddN``-like op with at least three data inputs, whose
+        result can change in the last bits when tflms changes buffer reuse.
+    """
     return view.nodes[node]["type"] in ORDER_SENSITIVE and _num_data_inputs(view, node) >= 3
 
 

@@ -84,7 +84,15 @@ class Swap:
         return f"{SCOPE}/swapout_{_sanitize(self.tensor)}"
 
     def swapin_name(self, k: int) -> str:
-        """Name of the swap-in of consumer group ``k`` (see the module docstring)."""
+        """Name of the swap-in of consumer group ``k`` (see the module docstring).
+
+        Args:
+            k: Index of the consumer group in ``swap_ins`` (0-based); group 0
+                gets no ``_k`` suffix.
+
+        Returns:
+            ``<producer>-lms/swapin[_out<index>][_<k>]``.
+        """
         base = f"{self.producer}-{SCOPE}/swapin" + (f"_out{self.index}" if self.index else "")
         return f"{base}_{k}" if k else base
 
@@ -131,7 +139,15 @@ class Recompute:
     reason: str = ""
 
     def clone_name(self, op: str) -> str:
-        """Name of the clone of ``op`` (see the module docstring)."""
+        """Name of the clone of ``op`` (see the module docstring).
+
+        Args:
+            op: Name of an op of this group.
+
+        Returns:
+            ``<op>-lms/recompute``, with ``_<group>`` appended for groups other
+            than 0.
+        """
         base = f"{op}-{SCOPE}/recompute"
         return f"{base}_{self.group}" if self.group else base
 

@@ -190,12 +190,26 @@ class SwapPlan:
         return data
 
     def to_json(self, **kwargs) -> str:
-        """The plan as JSON (``json.dumps`` keyword arguments pass through)."""
+        """The plan as JSON (``json.dumps`` keyword arguments pass through).
+
+        Args:
+            **kwargs: Passed to ``json.dumps`` (``indent=2``, ``sort_keys=True``...).
+
+        Returns:
+            The JSON text of :meth:`to_dict`.
+        """
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
     def from_dict(cls, data: dict) -> SwapPlan:
         """Inverse of :meth:`to_dict`; reads format versions 1 and 2.
+
+        Args:
+            data: A dict as made by :meth:`to_dict` (or read from its JSON).
+
+        Returns:
+            The plan; format version 1 plans get no recomputations and no order
+            edges.
 
         Raises:
             ConfigError: another format version, or a malformed plan.
@@ -224,6 +238,12 @@ class SwapPlan:
     @classmethod
     def from_json(cls, text: str) -> SwapPlan:
         """Inverse of :meth:`to_json`.
+
+        Args:
+            text: JSON text as written by :meth:`to_json`.
+
+        Returns:
+            The plan (see :meth:`from_dict`).
 
         Raises:
             ConfigError: the text is not JSON or not a plan this tflms reads.

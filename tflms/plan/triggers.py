@@ -32,7 +32,15 @@ __all__ = ["group_consumers", "plan_swap_in", "find_trigger", "other_inputs", "t
 
 
 def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
-    """A predicate: may this op trigger a swap-in (compute device, no control flow, not tflms)?"""
+    """A predicate: may this op trigger a swap-in (compute device, no control flow, not tflms)?
+
+    Args:
+        view: The analysis view whose node attributes the predicate reads.
+
+    Returns:
+        A function of an op name that is True for ops placed on the compute
+        device, outside control flow and not inserted by tflms.
+    """
 
     def ok(name: str) -> bool:
         node = view.nodes[name]
@@ -130,6 +138,20 @@ def find_trigger(
     Walks back along the deepest input of each op, so each step lowers the
     level by exactly one. Prefers the first eligible op at or below
     ``target``; failing that, the eligible op above ``target`` closest to it.
+
+    Args:
+        view: The analysis view.
+        consumer: The op that reads the swapped tensor.
+        target: The level the swap-in should ideally start at (lower is
+            earlier).
+        floor: Level of the producer; triggers must lie strictly above it.
+        levels: Mapping of op name to level (the topological generation).
+        ok: Predicate of an op name; only ops it accepts may trigger (see
+            :func:`trigger_filter`).
+
+    Returns:
+        The trigger op, or None when no eligible op lies between ``floor`` and
+        the consumer on that path.
     """
     chain = []
     node = consumer
@@ -148,7 +170,16 @@ def find_trigger(
 
 
 def other_inputs(view: nx.DiGraph, consumer: str, producer: str) -> tuple[str, ...]:
-    """Ops other than ``producer`` (and tflms ops) that feed data into ``consumer``, sorted."""
+    """Ops other than ``producer`` (and tflms ops) that feed data into ``consumer``, sorted.
+
+    Args:
+        view: The analysis view.
+        consumer: The op whose data inputs are read.
+        producer: The op to leave out (the producer of the swapped tensor).
+
+    Returns:
+        The names, sorted; control-only predecessors are left out.
+    """
     return tuple(
         sorted(
             p

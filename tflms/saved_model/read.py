@@ -81,6 +81,14 @@ _EXAMPLE = "e.g. `tflms analyze path/to/saved_model_dir` or `tflms analyze graph
 def gradient_op_count(nodes) -> int:
     """How many of ``nodes`` compute gradients (by scope or by op type).
 
+    Args:
+        nodes: Iterable of ``NodeDef`` (a graph's or a function's nodes).
+
+    Returns:
+        The number of nodes under a ``gradients``/``gradient_tape`` scope (or
+        a numbered variant) or whose op type is a gradient kernel
+        (``...Grad``, ``...GradV3``...); ``StopGradient`` does not count.
+
     Example:
         >>> from tensorflow.core.framework import node_def_pb2
         >>> nodes = [node_def_pb2.NodeDef(name=n, op=t) for n, t in
@@ -207,7 +215,15 @@ class Model:
         return found
 
     def serialize(self, *, text: bool | None = None) -> bytes:
-        """The model's protobuf file contents, as text or binary (default: as it was read)."""
+        """The model's protobuf file contents, as text or binary (default: as it was read).
+
+        Args:
+            text: True for protobuf text format, False for binary; None keeps the
+                format the model was read in.
+
+        Returns:
+            The encoded protobuf (binary output is deterministic).
+        """
         if self.text if text is None else text:
             return text_format.MessageToString(self.message).encode()
         return self.message.SerializeToString(deterministic=True)
@@ -236,6 +252,13 @@ def _graph_targets(label: str, graph_def, resources) -> list[Target]:
 
 def read_model(path) -> Model:
     """Parse the model at ``path`` (a SavedModel directory or a GraphDef file).
+
+    Args:
+        path: A SavedModel directory, or a GraphDef file (``.pb`` binary,
+            ``.pbtxt``/``.txt`` text); a ``str`` or ``Path``.
+
+    Returns:
+        The parsed model, with the path and the format it was read in.
 
     Raises:
         ModelNotFoundError: ``path`` does not exist or cannot be read.

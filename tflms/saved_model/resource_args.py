@@ -35,6 +35,14 @@ def resource_arguments(
     """``{function name: {argument index: (dtype enum, TensorShapeProto)}}``.
 
     Only resource arguments whose variable could be determined are listed.
+
+    Args:
+        meta_graph: The SavedModel's MetaGraphDef (its object graph supplies
+            the bound variables; calls propagate them into nested functions).
+
+    Returns:
+        The known resource arguments per library function; functions with
+        none are left out.
     """
     library = {f.signature.name: f for f in meta_graph.graph_def.library.function}
     known: dict[str, dict[int, VariableInfo]] = {}

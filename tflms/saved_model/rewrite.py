@@ -85,7 +85,14 @@ class TargetAnalysis:
         return frozenset(arg.name for arg in self.target.proto.signature.input_arg)
 
     def op_types(self, top: int = 8) -> list[tuple[str, int]]:
-        """The most common op types of the body (a function's arguments left out)."""
+        """The most common op types of the body (a function's arguments left out).
+
+        Args:
+            top: How many op types to list at most.
+
+        Returns:
+            ``(op type, count)`` pairs, most common first.
+        """
         args = self.arguments
         types = Counter(d["type"] for n, d in self.view.nodes(data=True) if n not in args)
         return types.most_common(top)
@@ -143,7 +150,19 @@ class ModelAnalysis:
         return {t.name: t.plan for t in self.training}
 
     def with_plans(self, plans: dict[str, SwapPlan]) -> ModelAnalysis:
-        """This analysis with the plans of some targets replaced (``tflms rewrite --plan``)."""
+        """This analysis with the plans of some targets replaced (``tflms rewrite --plan``).
+
+        Args:
+            plans: ``{training graph name: plan}``, typically read from a plan
+                file; targets not named keep their plan.
+
+        Returns:
+            A new analysis; this one is unchanged.
+
+        Raises:
+            ConfigError: ``plans`` names a graph that is not one of the model's
+                training graphs.
+        """
         names = {t.name for t in self.training}
         unknown = sorted(set(plans) - names)
         if unknown:
@@ -160,7 +179,17 @@ class ModelAnalysis:
 
 
 def plan_view(view: nx.DiGraph, config: LMSConfig):
-    """``(plan, tuning)``: the planner's plan, or the auto-tuned one with ``memory_budget``."""
+    """``(plan, tuning)``: the planner's plan, or the auto-tuned one with ``memory_budget``.
+
+    Args:
+        view: The analysis view of one training graph.
+        config: The LMS options; with ``memory_budget`` set the auto-tuner
+            (and the simulator) picks the plan.
+
+    Returns:
+        ``(plan, tuning)`` where ``tuning`` is the auto-tuner's result, or None
+        when no budget is set.
+    """
     if getattr(config, "memory_budget", None) is None:
         return make_plan(view, config), None
     from tflms.tuning.autotuner import autotune  # the simulator: imported only when a budget is set
@@ -225,6 +254,15 @@ def analyze_model(
 
 def rewrite_model(analysis: ModelAnalysis, *, progress=None) -> Model:
     """A rewritten copy of ``analysis.model``: every plan applied and validated.
+
+    Args:
+        analysis: The model's analysis, with a plan per training graph;
+            graphs whose plan swaps nothing are left untouched.
+        progress: Optional object with a ``stage(text)`` method, told about
+            each graph being rewritten; None for silence.
+
+    Returns:
+        A new :class:`Model` (the analysed model is not modified).
 
     Raises:
         ValidationError: a rewritten graph breaks an invariant (a tflms bug).

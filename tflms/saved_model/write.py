@@ -48,7 +48,17 @@ _TMP_MARK = ".tflms-"
 
 
 def check_destination(src, dst, *, force: bool) -> None:
-    """Raise :class:`OutputError` unless ``dst`` may receive a model rewritten from ``src``."""
+    """Raise :class:`OutputError` unless ``dst`` may receive a model rewritten from ``src``.
+
+    Args:
+        src: Path of the source model.
+        dst: Path to write the rewritten model to.
+        force: Whether an existing ``dst`` may be replaced.
+
+    Raises:
+        OutputError: ``dst`` is ``src``, lies inside it or contains it, its
+            folder does not exist, or it exists and ``force`` is False.
+    """
     src_r, dst_r = Path(src).resolve(), Path(dst).resolve()
     if dst_r == src_r:
         raise OutputError(
@@ -84,6 +94,15 @@ def write_model(model: Model, dst, *, force: bool = False) -> Path:
     (if the source had one) and copies of every other file of the source
     directory. A GraphDef file is written as one file, in text format if
     ``dst`` ends in ``.pbtxt`` or ``.txt``, else binary.
+
+    Args:
+        model: The model to write.
+        dst: Destination path (``str`` or ``Path``).
+        force: Replace an existing ``dst`` (atomically: the old contents are
+            restored if the write fails).
+
+    Returns:
+        ``dst`` as a ``Path``.
 
     Raises:
         OutputError: the destination is refused (see :func:`check_destination`)

@@ -66,6 +66,11 @@ ALLOCATORS = {
 def check_allocator(allocator: str, accounting: str = "tensorflow") -> None:
     """Refuse an unknown allocator model, or ``"bfc"`` under Grappler's accounting.
 
+    Args:
+        allocator: The allocator model: ``"exact"`` or ``"bfc"``.
+        accounting: The memory accounting in use; ``"bfc"`` needs
+            ``"tensorflow"`` (the default).
+
     Raises:
         ConfigError: what is wrong, and the values that are allowed.
     """
@@ -81,7 +86,14 @@ def check_allocator(allocator: str, accounting: str = "tensorflow") -> None:
 
 
 def rounded(nbytes: int) -> int:
-    """``nbytes`` rounded up to the allocator's granularity (:data:`MIN_ALLOCATION`)."""
+    """``nbytes`` rounded up to the allocator's granularity (:data:`MIN_ALLOCATION`).
+
+    Args:
+        nbytes: Requested size in bytes.
+
+    Returns:
+        The smallest multiple of 256 bytes not below ``nbytes``.
+    """
     return -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION
 
 
@@ -135,7 +147,15 @@ class BFCModel:
             self._add_region(rounded(limit_bytes) // MIN_ALLOCATION * MIN_ALLOCATION)
 
     def allocate(self, nbytes: int) -> int | None:
-        """Hand out a chunk for ``nbytes``; returns its handle (``None`` for 0 bytes or a failure)."""
+        """Hand out a chunk for ``nbytes``; returns its handle (``None`` for 0 bytes or a failure).
+
+        Args:
+            nbytes: Requested size in bytes; rounded up to 256-byte granularity.
+
+        Returns:
+            An integer handle for :meth:`free`, or None when ``nbytes`` is 0 or
+            no chunk fits even after growing (counted in ``failed``).
+        """
         if nbytes <= 0:
             return None
         size = rounded(nbytes)
@@ -158,7 +178,11 @@ class BFCModel:
         return handle
 
     def free(self, handle: int | None) -> None:
-        """Return a chunk; it coalesces with free neighbours in its region."""
+        """Return a chunk; it coalesces with free neighbours in its region.
+
+        Args:
+            handle: A handle :meth:`allocate` returned; None is ignored.
+        """
         if handle is None:
             return
         chunk = self._handed.pop(handle)
@@ -262,7 +286,13 @@ class BufferReplay:
         return replay
 
     def event(self, buffer, nbytes: int, sign: int) -> None:
-        """Allocate (``sign > 0``) or free (``sign < 0``) ``buffer``."""
+        """Allocate (``sign > 0``) or free (``sign < 0``) ``buffer``.
+
+        Args:
+            buffer: Any hashable key naming the buffer (the same key frees it).
+            nbytes: Size in bytes; only read when allocating.
+            sign: ``+1`` to allocate, ``-1`` to free.
+        """
         if sign > 0:
             self._handles[buffer] = self.model.allocate(nbytes)
         else:

@@ -119,12 +119,26 @@ def variable_bytes(graph: CompiledGraph) -> int:
 
     A variable handle weighs nothing in a graph; its size is that of the
     largest ``ReadVariableOp`` output or assigned value among its users.
+
+    Args:
+        graph: The compiled step graph.
+
+    Returns:
+        The total, in bytes, of :func:`variable_sizes`.
     """
     return sum(variable_sizes(graph))
 
 
 def variable_sizes(graph: CompiledGraph) -> list[int]:
-    """The size of each variable on the device, in graph order (see :func:`variable_bytes`)."""
+    """The size of each variable on the device, in graph order (see :func:`variable_bytes`).
+
+    Args:
+        graph: The compiled step graph.
+
+    Returns:
+        Bytes per device variable handle, in graph order; 0 for a variable
+        neither read nor assigned in the graph.
+    """
     sizes = []
     for i, out in enumerate(graph.outputs):
         if graph.spaces[i] != "device" or graph.types[i] not in _HANDLE_TYPES:

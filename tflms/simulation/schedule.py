@@ -130,7 +130,14 @@ class Schedule:
     alloc: list | None = None
 
     def alloc_time(self, i: int) -> float:
-        """When op ``i`` allocates its outputs."""
+        """When op ``i`` allocates its outputs.
+
+        Args:
+            i: Op number in the compiled graph.
+
+        Returns:
+            Seconds since the step began: ``alloc[i]`` if set, else the op's start.
+        """
         return self.start[i] if self.alloc is None else self.alloc[i]
 
 
@@ -233,6 +240,9 @@ def _copy_kind(node: dict, data_inputs, spaces) -> str | None:
 
 def first_ready(graph: CompiledGraph) -> Schedule:
     """Run ``graph`` with Grappler's FirstReady policy (see the module docstring).
+
+    Args:
+        graph: The compiled step graph (op durations, lanes, dependencies).
 
     Returns:
         The :class:`Schedule`.

@@ -124,7 +124,14 @@ class SimulationResult:
     per_sample: bool = False
 
     def fits(self, budget_bytes: int) -> bool:
-        """Whether the device peak is at most ``budget_bytes``."""
+        """Whether the device peak is at most ``budget_bytes``.
+
+        Args:
+            budget_bytes: Device memory budget in bytes.
+
+        Returns:
+            True if ``device_peak_bytes <= budget_bytes``.
+        """
         return self.device_peak_bytes <= budget_bytes
 
     def summary(self) -> str:
@@ -158,7 +165,14 @@ class SimulationResult:
         return "\n".join(lines)
 
     def to_dict(self, *, timeline: bool = True) -> dict:
-        """JSON-ready values; ``timeline=False`` leaves the per-op points out."""
+        """JSON-ready values; ``timeline=False`` leaves the per-op points out.
+
+        Args:
+            timeline: Include the per-op memory timeline (the bulk of the data).
+
+        Returns:
+            A dict of plain JSON values with ``"simulated": True``.
+        """
         data = {
             "simulated": True,
             "simulator": self.simulator,
@@ -197,16 +211,38 @@ class SimulationResult:
         return data
 
     def to_json(self, **kwargs) -> str:
-        """:meth:`to_dict` as JSON (``timeline`` and ``json.dumps`` keywords pass through)."""
+        """:meth:`to_dict` as JSON (``timeline`` and ``json.dumps`` keywords pass through).
+
+        Args:
+            **kwargs: ``timeline`` (bool, default True) for :meth:`to_dict`; the
+                rest go to ``json.dumps``.
+
+        Returns:
+            The JSON text.
+        """
         timeline = kwargs.pop("timeline", True)
         return json.dumps(self.to_dict(timeline=timeline), **kwargs)
 
     def save_json(self, path, *, timeline: bool = True) -> None:
-        """Write :meth:`to_json` to ``path`` atomically (a temporary file, then a rename)."""
+        """Write :meth:`to_json` to ``path`` atomically (a temporary file, then a rename).
+
+        Args:
+            path: Destination file; missing folders are created.
+            timeline: Include the per-op memory timeline.
+
+        Raises:
+            OSError: the file cannot be written (the destination is unchanged).
+        """
         write_atomic(path, self.to_json(timeline=timeline, indent=1))
 
     def plot(self, path, *, budget_bytes: int | None = None, title: str | None = None) -> None:
-        """Write a PNG memory timeline; see :func:`tflms.simulation.plot.plot_result`."""
+        """Write a PNG memory timeline; see :func:`tflms.simulation.plot.plot_result`.
+
+        Args:
+            path: Destination PNG file; missing folders are created.
+            budget_bytes: Draw this memory budget as a dashed line; None for none.
+            title: Figure title; None for graph, device and link.
+        """
         from tflms.simulation.plot import plot_result
 
         plot_result(self, path, budget_bytes=budget_bytes, title=title)

@@ -165,6 +165,16 @@ def resolve_budget(
 ) -> tuple[int, DeviceModel | None]:
     """``(bytes, device preset or None)`` from a budget or ``config.memory_budget``.
 
+    Args:
+        budget: Bytes (int), a size string (``"16GiB"``, ``"900MB"``), a device
+            preset name or :class:`DeviceModel`; None to use
+            ``config.memory_budget``.
+        config: Options whose ``memory_budget`` is the fallback; None for none.
+
+    Returns:
+        ``(budget in bytes, the device preset)``; the preset is None when the
+        budget was given as a size.
+
     Raises:
         ConfigError: no budget was given, or it is not a size or a preset.
 

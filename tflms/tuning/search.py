@@ -104,6 +104,19 @@ class Search:
 
     # ------------------------------------------------------------ evaluation
     def evaluate(self, retime: float | None = None, **options) -> _Evaluated:
+        """Plan and simulate one option setting, or return the memoized result.
+
+        Every new setting is appended to ``candidates``.
+
+        Args:
+            retime: Slack factor for simulated-time triggers
+                (:func:`~tflms.tuning.retime.retime_triggers`); None keeps the
+                planner's level-based triggers.
+            **options: :class:`~tflms.LMSConfig` fields overriding the base config.
+
+        Returns:
+            The evaluation: config, plan, simulation result and retime slack.
+        """
         cfg = self.base.replace(**options)
         key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
         if key in self._seen:
@@ -155,6 +168,17 @@ class Search:
         return done
 
     def fits(self, done: _Evaluated) -> bool:
+        """Whether an evaluation's plan fits the usable budget.
+
+        With ``robust`` (and a finite link bandwidth) the peak with instantaneous
+        copies must fit too; it is simulated once and cached on ``done``.
+
+        Args:
+            done: An evaluation from :meth:`evaluate`.
+
+        Returns:
+            False for an empty plan or a peak above the usable bytes, else True.
+        """
         if done.plan.empty or done.result.device_peak_bytes > self.usable:
             return False
         if self.robust and done.instant_peak is None:
@@ -170,6 +194,15 @@ class Search:
         return done.peak <= self.usable
 
     def best(self, pool) -> _Evaluated | None:
+        """The fastest evaluation that fits.
+
+        Args:
+            pool: Iterable of evaluations from :meth:`evaluate`.
+
+        Returns:
+            The fitting one with the lowest step time (ties: fewer bytes swapped,
+            then lower peak), or None when none fits.
+        """
         fitting = [e for e in pool if self.fits(e)]
         if not fitting:
             return None
@@ -183,12 +216,28 @@ class Search:
         )
 
     def rank(self, done: _Evaluated) -> tuple:
-        """Sort key: fitting plans by time, then the others by peak."""
+        """Sort key: fitting plans by time, then the others by peak.
+
+        Args:
+            done: An evaluation from :meth:`evaluate`.
+
+        Returns:
+            ``(0, step time, peak)`` for a fitting plan, ``(1, peak, step time)``
+            otherwise; smaller is better.
+        """
         if self.fits(done):
             return (0, done.result.step_time_s, done.peak)
         return (1, done.peak, done.result.step_time_s)
 
     def lowest(self, pool=None) -> _Evaluated:
+        """The evaluation with the lowest peak.
+
+        Args:
+            pool: Iterable of evaluations; None for every evaluation made so far.
+
+        Returns:
+            The lowest peak (ties: non-empty plans, then lower step time).
+        """
         pool = list(self._seen.values()) if pool is None else list(pool)
         return min(
             pool,
@@ -196,7 +245,14 @@ class Search:
         )
 
     def pick(self, pool) -> _Evaluated:
-        """The best fitting evaluation, else the one with the lowest peak."""
+        """The best fitting evaluation, else the one with the lowest peak.
+
+        Args:
+            pool: Iterable of evaluations from :meth:`evaluate`.
+
+        Returns:
+            :meth:`best` of ``pool``, or :meth:`lowest` when nothing fits.
+        """
         pool = list(pool)
         return self.best(pool) or self.lowest(pool)
 

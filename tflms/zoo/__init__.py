@@ -53,6 +53,14 @@ __all__ = ["MODELS", "build", *_exported]
 def build(name: str, **options):
     """Build the zoo model ``name`` with keyword ``options`` (see each builder).
 
+    Args:
+        name: A key of :data:`MODELS` (``"resnet50"``, ``"unet3d"``...).
+        **options: Keyword arguments of that model's builder (batch size,
+            image size, optimizer...).
+
+    Returns:
+        The compiled ``keras.Model``.
+
     Raises:
         ConfigError: ``name`` is not in :data:`MODELS`.
     """

@@ -19,6 +19,12 @@ OPTIMIZERS = ("sgd", "adam")
 def optimizer(name: str) -> keras.optimizers.Optimizer:
     """``"sgd"``: SGD(0.01, momentum 0.9); ``"adam"``: Adam(1e-3).
 
+    Args:
+        name: ``"sgd"`` or ``"adam"``.
+
+    Returns:
+        A new Keras optimizer instance.
+
     Raises:
         ConfigError: another name.
     """
@@ -30,6 +36,18 @@ def optimizer(name: str) -> keras.optimizers.Optimizer:
 
 
 def compiled(model: keras.Model, loss, optimizer_name: str) -> keras.Model:
-    """``model`` compiled with ``loss`` and the named optimizer, XLA off (LMS needs placement)."""
+    """``model`` compiled with ``loss`` and the named optimizer, XLA off (LMS needs placement).
+
+    Args:
+        model: The Keras model; compiled in place.
+        loss: Any loss ``model.compile`` accepts.
+        optimizer_name: ``"sgd"`` or ``"adam"`` (see :func:`optimizer`).
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        ConfigError: ``optimizer_name`` is not a known optimizer.
+    """
     model.compile(optimizer=optimizer(optimizer_name), loss=loss, jit_compile=False)
     return model

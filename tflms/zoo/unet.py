@@ -50,7 +50,16 @@ class SegmentationLoss(keras.losses.Loss):
         self.dice_weight = dice_weight
 
     def call(self, y_true, y_pred):
-        """Per-sample loss of logits ``y_pred`` against class indices ``y_true``."""
+        """Per-sample loss of logits ``y_pred`` against class indices ``y_true``.
+
+        Args:
+            y_true: Integer class index per voxel, shape ``(batch, d, h, w)``.
+            y_pred: Logits, shape ``(batch, d, h, w, classes)``.
+
+        Returns:
+            Shape ``(batch,)``: the weighted cross-entropy plus ``dice_weight``
+            times one minus the mean soft Dice of the foreground classes.
+        """
         classes = len(self.class_weights)
         y_true = tf.cast(y_true, tf.int32)
         weights = tf.gather(tf.constant(self.class_weights), y_true)

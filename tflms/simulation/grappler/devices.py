@@ -120,6 +120,12 @@ def make_cluster(
 def make_item(metagraph):
     """A Grappler item of ``metagraph`` (fetches in its ``train_op`` collection).
 
+    Args:
+        metagraph: A ``MetaGraphDef`` with a ``train_op`` collection.
+
+    Returns:
+        A ``tensorflow.python.grappler.item.Item``.
+
     Raises:
         UnsupportedGraphError: Grappler rejects the graph.
     """

@@ -194,7 +194,18 @@ def _fetch_names(fetches, names) -> tuple[str, ...]:
 
 
 def node_name(fetch) -> str:
-    """The node name of a fetch (``"^a"``, ``"a:1"``, a tensor or an op -> ``"a"``)."""
+    """The node name of a fetch (``"^a"``, ``"a:1"``, a tensor or an op -> ``"a"``).
+
+    Args:
+        fetch: A node or tensor name (control inputs ``"^a"`` allowed), a
+            ``tf.Tensor`` or a ``tf.Operation``.
+
+    Returns:
+        The node name, without ``^`` and output index.
+
+    Raises:
+        ConfigError: ``fetch`` is empty or of another type.
+    """
     if isinstance(fetch, (tf.Tensor, tf.Operation)):
         fetch = fetch.name
     if not isinstance(fetch, str) or not fetch:

@@ -102,7 +102,14 @@ class GrapplerPeak:
         return data
 
     def live_bytes(self, prefix: str = "") -> int:
-        """Bytes live on ``device`` at its peak from nodes named ``prefix...``."""
+        """Bytes live on ``device`` at its peak from nodes named ``prefix...``.
+
+        Args:
+            prefix: Node-name prefix to select; ``""`` counts every live tensor.
+
+        Returns:
+            The summed size, in bytes, of the selected tensors live at the peak.
+        """
         return sum(t.bytes for t in self.live_tensors if t.node.startswith(prefix))
 
 
