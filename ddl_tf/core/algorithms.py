@@ -59,7 +59,16 @@ _RING_TAG = 4711
 
 @functools.lru_cache(maxsize=4096)
 def shard_layout(n: int, parts: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Counts and offsets of ``parts`` near-equal shards of ``n`` elements."""
+    """Counts and offsets of ``parts`` near-equal shards of ``n`` elements.
+
+    Args:
+        n: Number of elements to split.
+        parts: Number of shards (the communicator size), at least 1.
+
+    Returns:
+        ``(counts, offsets)``: the first ``n % parts`` shards hold one element
+        more; offsets are the running sums of the counts, starting at 0.
+    """
     base, extra = divmod(n, parts)
     counts = tuple(base + (1 if i < extra else 0) for i in range(parts))
     displs = tuple(int(x) for x in np.concatenate(([0], np.cumsum(counts[:-1]))).tolist())
@@ -77,11 +86,29 @@ class StepAlgorithm(abc.ABC):
 
     @abc.abstractmethod
     def reduce_scatter(self, buf: np.ndarray, op: ReduceOp) -> slice:
-        """Reduce ``buf`` across the communicator; return the shard this rank now owns."""
+        """Reduce ``buf`` across the communicator; return the shard this rank now owns.
+
+        Args:
+            buf: Contiguous 1-D buffer, the same size and dtype on every rank; its
+                contents are overwritten (only the owned shard is meaningful
+                afterwards).
+            op: The reduction; one MPI knows (SUM, MIN, MAX, PRODUCT; callers
+                pass ``ReduceOp.wire_op``, averaging happens after).
+
+        Returns:
+            The slice of ``buf`` holding this rank's fully reduced shard (its
+            position depends on the algorithm).
+        """
 
     @abc.abstractmethod
     def allgather(self, buf: np.ndarray, owned: slice) -> None:
-        """Fill every shard of ``buf`` from its owner (``owned`` is this rank's shard)."""
+        """Fill every shard of ``buf`` from its owner (``owned`` is this rank's shard).
+
+        Args:
+            buf: The buffer :meth:`reduce_scatter` returned ``owned`` for; every
+                shard is overwritten with its owner's values.
+            owned: The slice this rank owns (what :meth:`reduce_scatter` returned).
+        """
 
     def _own(self, n: int) -> slice:
         counts, displs = shard_layout(n, self.comm.size)
@@ -102,6 +129,16 @@ class FlatSteps(StepAlgorithm):
     name = "flat"
 
     def reduce_scatter(self, buf: np.ndarray, op: ReduceOp) -> slice:
+        """Reduce ``buf`` across the communicator (see ``StepAlgorithm``).
+
+        Args:
+            buf: Contiguous 1-D buffer, same size and dtype on every rank.
+            op: The reduction; one MPI knows (SUM, MIN, MAX, PRODUCT; callers
+                pass ``ReduceOp.wire_op``, averaging happens after).
+
+        Returns:
+            The slice of ``buf`` this rank now owns, fully reduced.
+        """
         counts, _ = shard_layout(buf.size, self.comm.size)
         own = self._own(buf.size)
         info = dtype_info(buf.dtype)
@@ -114,6 +151,12 @@ class FlatSteps(StepAlgorithm):
         return own
 
     def allgather(self, buf: np.ndarray, owned: slice) -> None:
+        """Fill every shard of ``buf`` from its owner (see ``StepAlgorithm``).
+
+        Args:
+            buf: The buffer after :meth:`reduce_scatter`.
+            owned: The slice this rank owns.
+        """
         self._allgatherv(buf)
 
 
@@ -128,6 +171,17 @@ class RingSteps(StepAlgorithm):
     name = "ring"
 
     def reduce_scatter(self, buf: np.ndarray, op: ReduceOp) -> slice:
+        """Reduce ``buf`` across the communicator (see ``StepAlgorithm``).
+
+        Args:
+            buf: Contiguous 1-D buffer, same size and dtype on every rank.
+            op: The reduction; one MPI knows (SUM, MIN, MAX, PRODUCT; callers
+                pass ``ReduceOp.wire_op``, averaging happens after).
+
+        Returns:
+            The slice of ``buf`` this rank now owns, fully reduced
+            (shard ``(rank + 1) % size``).
+        """
         p, r = self.comm.size, self.comm.rank
         counts, displs = shard_layout(buf.size, p)
         move = dtype_info(buf.dtype).move_type
@@ -150,6 +204,12 @@ class RingSteps(StepAlgorithm):
         return slice(displs[own], displs[own] + counts[own])
 
     def allgather(self, buf: np.ndarray, owned: slice) -> None:
+        """Fill every shard of ``buf`` from its owner (see ``StepAlgorithm``).
+
+        Args:
+            buf: The buffer after :meth:`reduce_scatter`.
+            owned: The slice this rank owns.
+        """
         p, r = self.comm.size, self.comm.rank
         counts, displs = shard_layout(buf.size, p)
         move = dtype_info(buf.dtype).move_type
@@ -179,6 +239,16 @@ class AlltoallSteps(StepAlgorithm):
     name = "asa"
 
     def reduce_scatter(self, buf: np.ndarray, op: ReduceOp) -> slice:
+        """Reduce ``buf`` across the communicator (see ``StepAlgorithm``).
+
+        Args:
+            buf: Contiguous 1-D buffer, same size and dtype on every rank.
+            op: The reduction; one MPI knows (SUM, MIN, MAX, PRODUCT; callers
+                pass ``ReduceOp.wire_op``, averaging happens after).
+
+        Returns:
+            The slice of ``buf`` this rank now owns, fully reduced.
+        """
         p, r = self.comm.size, self.comm.rank
         counts, displs = shard_layout(buf.size, p)
         move = dtype_info(buf.dtype).move_type
@@ -195,6 +265,12 @@ class AlltoallSteps(StepAlgorithm):
         return own
 
     def allgather(self, buf: np.ndarray, owned: slice) -> None:
+        """Fill every shard of ``buf`` from its owner (see ``StepAlgorithm``).
+
+        Args:
+            buf: The buffer after :meth:`reduce_scatter`.
+            owned: The slice this rank owns.
+        """
         self._allgatherv(buf)
 
 
@@ -212,7 +288,14 @@ class Allreduce(abc.ABC):
 
     @abc.abstractmethod
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
-        """Reduce ``buf`` in place across the communicator."""
+        """Reduce ``buf`` in place across the communicator.
+
+        Args:
+            buf: Contiguous 1-D buffer, the same size and dtype on every rank;
+                holds the reduced values on return (empty buffers are allowed).
+            op: The reduction; one MPI knows (SUM, MIN, MAX, PRODUCT; callers
+                pass ``ReduceOp.wire_op``, averaging happens after).
+        """
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
@@ -232,6 +315,13 @@ class FlatAllreduce(Allreduce):
 
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
         # the small-message latency path: keep it to one dict lookup and the MPI call
+        """Reduce ``buf`` in place across the communicator (see ``Allreduce``).
+
+        Args:
+            buf: Contiguous 1-D buffer, same size and dtype on every rank.
+            op: The reduction; one MPI knows (SUM, MIN, MAX, PRODUCT; callers
+                pass ``ReduceOp.wire_op``, averaging happens after).
+        """
         if self._size == 1 or not buf.size:
             return
         key = (buf.dtype, op)
@@ -254,6 +344,13 @@ class ComposedAllreduce(Allreduce):
         self.name = steps.name
 
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+        """Reduce ``buf`` in place across the communicator (see ``Allreduce``).
+
+        Args:
+            buf: Contiguous 1-D buffer, same size and dtype on every rank.
+            op: The reduction; one MPI knows (SUM, MIN, MAX, PRODUCT; callers
+                pass ``ReduceOp.wire_op``, averaging happens after).
+        """
         if self.steps.comm.size == 1 or buf.size == 0:
             return
         owned = self.steps.reduce_scatter(buf, op)
@@ -277,6 +374,13 @@ class HierarchicalAllreduce(Allreduce):
         self.top = top
 
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+        """Reduce ``buf`` in place across the communicator (see ``Allreduce``).
+
+        Args:
+            buf: Contiguous 1-D buffer, same size and dtype on every rank.
+            op: The reduction; one MPI knows (SUM, MIN, MAX, PRODUCT; callers
+                pass ``ReduceOp.wire_op``, averaging happens after).
+        """
         if buf.size == 0:
             return
         stack: list[tuple[StepAlgorithm, np.ndarray, slice]] = []

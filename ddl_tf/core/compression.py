@@ -41,15 +41,39 @@ class Compressor(abc.ABC):
 
     @abc.abstractmethod
     def wire_dtype(self, dtype: np.dtype) -> np.dtype:
-        """The dtype ``compress`` turns ``dtype`` into."""
+        """The dtype ``compress`` turns ``dtype`` into.
+
+        Args:
+            dtype: The dtype of a tensor to be reduced.
+
+        Returns:
+            The dtype sent over the wire; ``dtype`` itself when the compressor
+            leaves such tensors alone.
+        """
 
     @abc.abstractmethod
     def compress(self, array: np.ndarray) -> tuple[np.ndarray, np.dtype | None]:
-        """Return the array to send and the context ``decompress`` needs."""
+        """Return the array to send and the context ``decompress`` needs.
+
+        Args:
+            array: The tensor's values (not modified).
+
+        Returns:
+            ``(wire array, ctx)``: ``ctx`` is the original dtype to restore, or
+            None when nothing was converted.
+        """
 
     @abc.abstractmethod
     def decompress(self, array: np.ndarray, ctx: np.dtype | None) -> np.ndarray:
-        """Undo ``compress`` on the reduced array."""
+        """Undo ``compress`` on the reduced array.
+
+        Args:
+            array: The reduced wire array.
+            ctx: The context :meth:`compress` returned.
+
+        Returns:
+            The array in the original dtype (``array`` itself when ``ctx`` is None).
+        """
 
     def __repr__(self) -> str:
         return f"Compression.{self.name}"
@@ -61,12 +85,37 @@ class NoneCompressor(Compressor):
     name = "none"
 
     def wire_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The dtype unchanged (see ``Compressor``).
+
+        Args:
+            dtype: The tensor's dtype.
+
+        Returns:
+            ``np.dtype(dtype)``.
+        """
         return np.dtype(dtype)
 
     def compress(self, array: np.ndarray) -> tuple[np.ndarray, None]:
+        """Send ``array`` as it is (see ``Compressor``).
+
+        Args:
+            array: The tensor's values.
+
+        Returns:
+            ``(array, None)``.
+        """
         return array, None
 
     def decompress(self, array: np.ndarray, ctx: None) -> np.ndarray:
+        """Nothing to undo (see ``Compressor``).
+
+        Args:
+            array: The reduced array.
+            ctx: Always None.
+
+        Returns:
+            ``array``.
+        """
         return array
 
 
@@ -78,18 +127,45 @@ class HalfCompressor(Compressor):
         self.dtype = np.dtype(dtype)
 
     def wire_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The 16-bit type for wider floats (see ``Compressor``).
+
+        Args:
+            dtype: The tensor's dtype.
+
+        Returns:
+            This compressor's dtype for float dtypes wider than 2 bytes, else
+            ``dtype`` (integers and 16-bit floats travel unchanged).
+        """
         dtype = np.dtype(dtype)
         if dtype.kind == "f" and dtype.itemsize > 2:
             return self.dtype
         return dtype
 
     def compress(self, array: np.ndarray) -> tuple[np.ndarray, np.dtype | None]:
+        """Cast wider floats to the 16-bit type (see ``Compressor``).
+
+        Args:
+            array: The tensor's values (not modified).
+
+        Returns:
+            ``(cast copy, original dtype)``, or ``(array, None)`` when the dtype
+            is left alone.
+        """
         wire = self.wire_dtype(array.dtype)
         if wire == array.dtype:
             return array, None
         return array.astype(wire), array.dtype
 
     def decompress(self, array: np.ndarray, ctx: np.dtype | None) -> np.ndarray:
+        """Cast back to the original dtype (see ``Compressor``).
+
+        Args:
+            array: The reduced wire array.
+            ctx: The original dtype, or None.
+
+        Returns:
+            ``array`` cast to ``ctx``, or ``array`` when ``ctx`` is None.
+        """
         return array if ctx is None else array.astype(ctx)
 
 
@@ -103,6 +179,13 @@ class Compression:
     @classmethod
     def get(cls, value: Compressor | str | None) -> Compressor:
         """Resolve a compressor or its name (``None`` means ``none``).
+
+        Args:
+            value: A :class:`Compressor`, one of the names ``"none"``, ``"fp16"``,
+                ``"bf16"`` (any case), or None.
+
+        Returns:
+            The compressor (the shared instance for a name).
 
         Raises:
             ConfigError: Unknown name or object.

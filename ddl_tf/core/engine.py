@@ -119,7 +119,17 @@ class Engine(ScatterGather):
     # ------------------------------------------------------------------ plumbing
 
     def choose(self, nbytes: int, dtype: np.dtype) -> Allreduce:
-        """The allreduce for a fused buffer of ``nbytes`` bytes of ``dtype``."""
+        """The allreduce for a fused buffer of ``nbytes`` bytes of ``dtype``.
+
+        Args:
+            nbytes: Size of the fused buffer in bytes.
+            dtype: Its element dtype (custom MPI reductions rule out some
+                algorithms).
+
+        Returns:
+            The configured algorithm, or with ``algorithm="auto"`` the one the
+            selection policy picks for the size and topology (memoized).
+        """
         key = (nbytes, dtype)
         chosen = self._choices.get(key)
         if chosen is not None:
@@ -261,7 +271,12 @@ class Engine(ScatterGather):
                 self.timeline.close()
 
     def set_timeline(self, path: str | None) -> None:
-        """Start recording a timeline to ``path`` (None stops and merges; collective)."""
+        """Start recording a timeline to ``path`` (None stops and merges; collective).
+
+        Args:
+            path: File to write the Chrome-trace timeline to, or None to stop
+                recording (any running timeline is merged and closed first).
+        """
         with self._lock:
             if self.timeline.enabled:
                 self._merge_timeline()

@@ -48,6 +48,12 @@ class CollectiveStats:
         self._seconds: dict[str, float] = {}
 
     def record(self, kind: str, seconds: float) -> None:
+        """Count one call of ``kind`` taking ``seconds``.
+
+        Args:
+            kind: The collective kind (``"allreduce"``, ``"broadcast"``...).
+            seconds: Wall seconds it took, negotiation and waiting included.
+        """
         self._calls[kind] = self._calls.get(kind, 0) + 1
         self._seconds[kind] = self._seconds.get(kind, 0.0) + seconds
 
@@ -131,7 +137,16 @@ class CollectiveGuard:
 
 
 def layout_text(arrays: Sequence[np.ndarray], limit: int = 4) -> str:
-    """``float32[3, 4], int64[] (+5 more)``: readable tensor list for error messages."""
+    """``float32[3, 4], int64[] (+5 more)``: readable tensor list for error messages.
+
+    Args:
+        arrays: The arrays to describe.
+        limit: How many to list before ``(+k more)``.
+
+    Returns:
+        Each array's dtype and shape, comma-separated; ``"nothing"`` for an
+        empty sequence.
+    """
     shown = [f"{a.dtype}[{', '.join(map(str, a.shape))}]" for a in arrays[:limit]]
     more = f" (+{len(arrays) - limit} more)" if len(arrays) > limit else ""
     return ", ".join(shown) + more if arrays else "nothing"

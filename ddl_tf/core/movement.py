@@ -34,7 +34,15 @@ _CHUNK = 1 << 30  # keep MPI counts well inside int32
 
 
 def aligned_layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
-    """Byte offsets of ``arrays`` packed back to back at 64-byte alignment, and the total."""
+    """Byte offsets of ``arrays`` packed back to back at 64-byte alignment, and the total.
+
+    Args:
+        arrays: The arrays to pack, in order.
+
+    Returns:
+        ``(offsets, total)``: each array's start in bytes (a multiple of 64)
+        and the bytes the packed buffer needs.
+    """
     offsets, total = [], 0
     for array in arrays:
         total = -(-total // _ALIGN) * _ALIGN
@@ -45,6 +53,14 @@ def aligned_layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
 
 def allgatherv(comm: Any, array: np.ndarray) -> np.ndarray:
     """Concatenate every rank's ``array`` along the first dimension (which may differ).
+
+    Args:
+        comm: The mpi4py communicator.
+        array: This rank's contribution; its trailing dimensions and dtype must
+            match on every rank.
+
+    Returns:
+        A new array: the ranks' arrays stacked in rank order.
 
     Raises:
         CollectiveArgumentError: ``array`` is a scalar.
@@ -68,6 +84,15 @@ def allgatherv(comm: Any, array: np.ndarray) -> np.ndarray:
 
 def broadcast_arrays(comm: Any, arrays: Sequence[np.ndarray], root: int) -> list[np.ndarray]:
     """Every rank gets the root's ``arrays`` (same shapes and dtypes on all ranks), in one message.
+
+    Args:
+        comm: The mpi4py communicator.
+        arrays: The arrays; only the root's values matter, but every rank
+            passes arrays of the same shapes and dtypes.
+        root: Rank whose values everyone receives.
+
+    Returns:
+        New arrays holding the root's values (copies with a single rank).
 
     Raises:
         ConfigError: ``root`` is not a rank of ``comm``.

@@ -101,7 +101,14 @@ def is_loaded() -> bool:
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype local reductions run in: float32 for 16-bit floats, else ``dtype``."""
+    """The dtype local reductions run in: float32 for 16-bit floats, else ``dtype``.
+
+    Args:
+        dtype: The dtype of the reduced tensors.
+
+    Returns:
+        ``float32`` for float16 and bfloat16, else ``dtype``.
+    """
     dtype = np.dtype(dtype)
     return np.dtype(np.float32) if dtype in HALF_DTYPES else dtype
 
@@ -135,7 +142,13 @@ def check_reducible(dtype: np.dtype, op: ReduceOp) -> None:
 
 
 def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp) -> None:
-    """``dst = dst (op) src`` elementwise, accumulating 16-bit floats in float32."""
+    """``dst = dst (op) src`` elementwise, accumulating 16-bit floats in float32.
+
+    Args:
+        dst: Destination array, updated in place.
+        src: Array of the same shape combined into it.
+        op: SUM, MIN, MAX or PRODUCT (averaging happens elsewhere).
+    """
     ufunc = _UFUNCS[op]
     acc = accumulation_dtype(dst.dtype)
     if acc == dst.dtype:
@@ -151,6 +164,12 @@ def reduce_rows(rows: np.ndarray, op: ReduceOp, out: np.ndarray) -> None:
     All ``P`` rows are combined in the accumulation dtype before the single
     rounding to ``out.dtype``: this is where "transfer in half precision, sum in
     float32" holds exactly (alltoall-sum-allgather).
+
+    Args:
+        rows: ``(P, n)`` array, one row per rank.
+        op: SUM, MIN, MAX or PRODUCT (averaging happens elsewhere).
+        out: Length-``n`` array receiving the result (rounded once to its
+            dtype).
     """
     acc = accumulation_dtype(out.dtype)
     ufunc = _UFUNCS[op]
@@ -181,7 +200,19 @@ class DtypeInfo:
 
 @functools.cache
 def dtype_info(dtype: np.dtype) -> DtypeInfo:
-    """MPI datatypes and operations for ``dtype`` (needs :func:`load` to have run)."""
+    """MPI datatypes and operations for ``dtype`` (needs :func:`load` to have run).
+
+    Args:
+        dtype: The numpy dtype of the tensors to move.
+
+    Returns:
+        The MPI datatypes to move and reduce ``dtype`` with, and one MPI
+        operation per reduction (a user-defined one for 16-bit floats, which
+        sum in float32).
+
+    Raises:
+        ConfigError: MPI cannot move ``dtype`` (see ``SUPPORTED_DTYPES``).
+    """
     MPI = load()
     dtype = np.dtype(dtype)
     builtin_ops = {

@@ -97,6 +97,17 @@ class Descriptor:
         """Describe a collective; ``fields`` (shapes, dtypes, op, ...) enter the digest.
 
         ``summary`` replaces the default readable text (the fields joined by spaces).
+
+        Args:
+            kind: The collective (``"allreduce"``, ``"broadcast"``...).
+            name: The user's name for the call, or None.
+            *fields: Whatever must match on every rank (shapes, dtypes, reduce
+                op...); hashed into the digest.
+            summary: Readable description shown in mismatch errors; None joins the
+                fields with spaces.
+
+        Returns:
+            The descriptor (digest and summary).
         """
         label = f"{kind} {name!r}" if name else kind
         text = " ".join([label, summary if summary is not None else " ".join(map(str, fields))])
@@ -105,19 +116,44 @@ class Descriptor:
 
     @classmethod
     def refusal(cls, kind: str, name: str | None, error: DDLError) -> Descriptor:
-        """Describe a collective this rank cannot run because of ``error`` (one of REFUSALS)."""
+        """Describe a collective this rank cannot run because of ``error`` (one of REFUSALS).
+
+        Args:
+            kind: The collective.
+            name: The user's name for the call, or None.
+            error: Why this rank refuses; its class (index in ``REFUSALS``) is
+                re-raised on every rank.
+
+        Returns:
+            A descriptor carrying the error code and message, never matching a
+            real digest.
+        """
         code = next((i + 1 for i, c in enumerate(REFUSALS) if isinstance(error, c)), 1)
         label = f"{kind} {name!r}" if name else kind
         return cls(b"\0" * 16, f"{label}: {type(error).__name__}: {error}", code)
 
     def encode(self, seq: int) -> bytes:
-        """Fixed-size wire form: sequence number, digest, error code, summary (truncated)."""
+        """Fixed-size wire form: sequence number, digest, error code, summary (truncated).
+
+        Args:
+            seq: The negotiation sequence number of this call.
+
+        Returns:
+            ``DESCRIPTOR_BYTES`` bytes; the summary is cut to fit.
+        """
         summary = self.summary.encode()[:_SUMMARY_BYTES]
         return _HEADER.pack(seq, self.digest, self.error) + summary.ljust(_SUMMARY_BYTES, b"\0")
 
     @staticmethod
     def decode(raw: bytes) -> Decoded:
-        """:class:`Decoded` from :meth:`encode`'s output."""
+        """:class:`Decoded` from :meth:`encode`'s output.
+
+        Args:
+            raw: Bytes written by :meth:`encode`.
+
+        Returns:
+            Sequence number, digest, error code and summary text.
+        """
         seq, digest, error = _HEADER.unpack(raw[: _HEADER.size])
         text = raw[_HEADER.size :].rstrip(b"\0").decode(errors="replace")
         return Decoded(seq, digest, error, text)
@@ -176,6 +212,10 @@ class Negotiator:
 
         With one rank there is nobody to agree with: the call returns at once
         (the caller raises a refusal of its own).
+
+        Args:
+            descriptor: This rank's description of the collective it is about to
+                run (or its refusal).
 
         Raises:
             CollectiveMismatchError: Some rank presented a different one.

@@ -34,7 +34,16 @@ __all__ = ["scale", "postscale_factor"]
 
 
 def postscale_factor(postscale: float, average: bool, size: int) -> float:
-    """The one factor applied after the reduction: ``postscale / size`` for Average."""
+    """The one factor applied after the reduction: ``postscale / size`` for Average.
+
+    Args:
+        postscale: The user's postscale factor.
+        average: Whether the reduction is Average (a sum divided by the size).
+        size: Number of ranks in the process set.
+
+    Returns:
+        The factor as a float.
+    """
     return float(postscale) / size if average else float(postscale)
 
 

@@ -52,7 +52,16 @@ class ScatterGather:
     # ------------------------------------------------------------------ reducescatter
 
     def reducescatter(self, array: np.ndarray, **kwargs: Any) -> np.ndarray:
-        """One array's :meth:`grouped_reducescatter`."""
+        """One array's :meth:`grouped_reducescatter`.
+
+        Args:
+            array: The array to reduce; at least one dimension.
+            **kwargs: ``op``, ``compression``, ``name``, ``prescale_factor`` and
+                ``postscale_factor``, as for :meth:`grouped_reducescatter`.
+
+        Returns:
+            This rank's rows of the reduced array.
+        """
         return self.grouped_reducescatter([array], **kwargs)[0]
 
     def grouped_reducescatter(
@@ -69,6 +78,21 @@ class ScatterGather:
 
         Rank ``r`` receives rows ``shard_layout(rows, size)`` (the first
         ``rows % size`` ranks get one extra row), as Horovod splits them.
+
+        Args:
+            arrays: The arrays to reduce; same shapes and dtypes on every rank,
+                each with at least one dimension.
+            op: A :class:`ReduceOp` or its name; None means Average.
+            compression: Wire compression (a compressor or ``"none"``/``"fp16"``/
+                ``"bf16"``); None uses the engine config's.
+            name: Optional name of the call; it must match across ranks and appears
+                in the timeline and in mismatch errors.
+            prescale_factor: Multiplies each input before the reduction.
+            postscale_factor: Multiplies each result after it (Average also
+                divides by the number of ranks).
+
+        Returns:
+            One array per input: this rank's rows of the reduced result.
 
         Raises:
             CollectiveArgumentError: A scalar (on every rank: shapes are negotiated).
@@ -117,13 +141,46 @@ class ScatterGather:
     # ------------------------------------------------------------------ movement
 
     def allgather(self, array: np.ndarray, *, name: str | None = None) -> np.ndarray:
-        """Concatenate every rank's array along the first dimension (which may differ)."""
+        """Concatenate every rank's array along the first dimension (which may differ).
+
+        Args:
+            array: This rank's array; at least one dimension, the trailing
+                dimensions and the dtype equal on every rank.
+            name: Optional name of the call; it must match across ranks and appears
+                in the timeline and in mismatch errors.
+
+        Returns:
+            The ranks' arrays concatenated in rank order.
+
+        Raises:
+            CollectiveArgumentError: ``array`` is a scalar.
+            CollectiveMismatchError: the ranks called different collectives, or with
+                different fields (with the consistency checks on).
+            StallError: a rank did not join within ``stall_shutdown_seconds``.
+            DDLError: the engine was shut down, or an earlier collective failed.
+        """
         return self.grouped_allgather([array], name=name)[0]
 
     def grouped_allgather(
         self, arrays: Sequence[np.ndarray], *, name: str | None = None
     ) -> list[np.ndarray]:
-        """:meth:`allgather` of several arrays under one negotiation."""
+        """:meth:`allgather` of several arrays under one negotiation.
+
+        Args:
+            arrays: This rank's arrays (see :meth:`allgather`).
+            name: Optional name of the call; it must match across ranks and appears
+                in the timeline and in mismatch errors.
+
+        Returns:
+            One concatenated array per input.
+
+        Raises:
+            CollectiveArgumentError: an array is a scalar.
+            CollectiveMismatchError: the ranks called different collectives, or with
+                different fields (with the consistency checks on).
+            StallError: a rank did not join within ``stall_shutdown_seconds``.
+            DDLError: the engine was shut down, or an earlier collective failed.
+        """
         arrays = [np.asarray(a) for a in arrays]
         layout = tuple((str(a.dtype), a.shape[1:], a.ndim) for a in arrays)
         with self._collective(
@@ -140,7 +197,25 @@ class ScatterGather:
     def broadcast(
         self, arrays: Sequence[np.ndarray], root_rank: int, *, name: str | None = None
     ) -> list[np.ndarray]:
-        """The root's arrays on every rank (one fused message)."""
+        """The root's arrays on every rank (one fused message).
+
+        Args:
+            arrays: The arrays; only the root's values are sent, but every rank
+                passes the same shapes and dtypes.
+            root_rank: Rank whose values everyone receives.
+            name: Optional name of the call; it must match across ranks and appears
+                in the timeline and in mismatch errors.
+
+        Returns:
+            New arrays holding the root's values.
+
+        Raises:
+            ConfigError: ``root_rank`` is not a rank of the job.
+            CollectiveMismatchError: the ranks called different collectives, or with
+                different fields (with the consistency checks on).
+            StallError: a rank did not join within ``stall_shutdown_seconds``.
+            DDLError: the engine was shut down, or an earlier collective failed.
+        """
         arrays = [np.asarray(a) for a in arrays]
         layout = tuple((str(a.dtype), a.shape) for a in arrays)
         with self._collective(
@@ -189,17 +264,59 @@ class ScatterGather:
     # ------------------------------------------------------------------ objects, sync
 
     def broadcast_object(self, obj: Any, root_rank: int = 0, *, name: str | None = None) -> Any:
-        """A picklable object from the root, on every rank."""
+        """A picklable object from the root, on every rank.
+
+        Args:
+            obj: Any picklable object; only the root's is used.
+            root_rank: Rank whose object everyone receives.
+            name: Optional name of the call; it must match across ranks and appears
+                in the timeline and in mismatch errors.
+
+        Returns:
+            The root's object (unpickled anew on the other ranks).
+
+        Raises:
+            CollectiveMismatchError: the ranks called different collectives, or with
+                different fields (with the consistency checks on).
+            StallError: a rank did not join within ``stall_shutdown_seconds``.
+            DDLError: the engine was shut down, or an earlier collective failed.
+        """
         with self._collective("broadcast_object", name, root_rank):
             return self.comms.data.bcast(obj, root=root_rank)
 
     def allgather_object(self, obj: Any, *, name: str | None = None) -> list[Any]:
-        """Every rank's picklable object, in rank order."""
+        """Every rank's picklable object, in rank order.
+
+        Args:
+            obj: This rank's picklable object.
+            name: Optional name of the call; it must match across ranks and appears
+                in the timeline and in mismatch errors.
+
+        Returns:
+            A list with one object per rank, in rank order.
+
+        Raises:
+            CollectiveMismatchError: the ranks called different collectives, or with
+                different fields (with the consistency checks on).
+            StallError: a rank did not join within ``stall_shutdown_seconds``.
+            DDLError: the engine was shut down, or an earlier collective failed.
+        """
         with self._collective("allgather_object", name):
             return self.comms.data.allgather(obj)
 
     def barrier(self, *, name: str | None = None) -> None:
-        """Wait until every rank arrives (with stall reporting when checks are on)."""
+        """Wait until every rank arrives (with stall reporting when checks are on).
+
+        Args:
+            name: Optional name of the call; it must match across ranks and appears
+                in the timeline and in mismatch errors.
+
+        Raises:
+            CollectiveMismatchError: the ranks called different collectives, or with
+                different fields (with the consistency checks on).
+            StallError: a rank did not join within ``stall_shutdown_seconds``.
+            DDLError: the engine was shut down, or an earlier collective failed.
+        """
         with self._collective("barrier", name):
             if self.negotiator is None:
                 self.comms.data.Barrier()
@@ -210,6 +327,12 @@ class ScatterGather:
         The other ranks are inside (or about to enter) a collective; instead of
         leaving them waiting, this rank negotiates a refusal, and every rank
         raises ``error``'s class with a message naming this rank.
+
+        Args:
+            kind: The collective the other ranks are running.
+            error: Why this rank cannot take part; an instance of one of
+                ``REFUSALS``.
+            name: The call's name, as the other ranks give it.
 
         Raises:
             DDLError: Always: ``error``'s class (one of

@@ -68,7 +68,14 @@ Rules = tuple[tuple[int | None, str], ...]
 
 
 def layout_key(layout: tuple[int, int]) -> str:
-    """``multi_node@NxL`` for ``N`` nodes of ``L`` ranks each."""
+    """``multi_node@NxL`` for ``N`` nodes of ``L`` ranks each.
+
+    Args:
+        layout: ``(number of nodes, ranks per node)``.
+
+    Returns:
+        The situation key the auto policy stores per layout.
+    """
     return f"multi_node@{layout[0]}x{layout[1]}"
 
 
@@ -150,7 +157,17 @@ class AutoPolicy:
         return "flat"
 
     def step_algorithm(self, level: str, *, layout: tuple[int, int] | None) -> str | None:
-        """The measured step algorithm for ``level`` of the hierarchical allreduce, or None."""
+        """The measured step algorithm for ``level`` of the hierarchical allreduce, or None.
+
+        Args:
+            level: The topology level (``"node"``, ``"rack"``...).
+            layout: ``(nodes, ranks per node)`` of the job; its own entry wins
+                over the generic ``"multi_node"`` one; None for the generic only.
+
+        Returns:
+            The step algorithm name measured best for that level, or None when
+            the policy has no entry (the engine's default applies).
+        """
         for key in ([layout_key(layout)] if layout else []) + ["multi_node"]:
             if key in self.steps:
                 return self.steps[key].get(level)
@@ -195,6 +212,13 @@ DEFAULT_POLICY = AutoPolicy(
 
 def load_policy(path: str | Path | None) -> AutoPolicy:
     """The policy in ``path`` (JSON ``{situation: [[max_bytes|null, algo], ...]}``), or the default.
+
+    Args:
+        path: The policy JSON file (written by ``benchmarks/bench_allreduce.py``);
+            None for the built-in default policy.
+
+    Returns:
+        The policy.
 
     Raises:
         ConfigError: The file is missing or malformed.

@@ -146,7 +146,18 @@ class Topology:
         return len(self.node_names)
 
     def ranks_in_group(self, level: str, rank: int | None = None) -> tuple[int, ...]:
-        """Ranks that share ``rank``'s group at ``level`` (``"world"`` is everyone)."""
+        """Ranks that share ``rank``'s group at ``level`` (``"world"`` is everyone).
+
+        Args:
+            level: A level of this topology, or ``"world"``.
+            rank: The rank whose group to list; None for this process's rank.
+
+        Returns:
+            The ranks in ascending order, ``rank`` included.
+
+        Raises:
+            TopologyError: ``level`` is not a level of this topology.
+        """
         rank = self.rank if rank is None else rank
         if level == "world":
             return tuple(range(self.size))
@@ -154,7 +165,17 @@ class Topology:
         return tuple(r for r in range(self.size) if table[r] == table[rank])
 
     def num_groups(self, level: str) -> int:
-        """How many groups ``level`` has."""
+        """How many groups ``level`` has.
+
+        Args:
+            level: A level of this topology (``"node"``...).
+
+        Returns:
+            The number of distinct groups at that level.
+
+        Raises:
+            TopologyError: ``level`` is not a level of this topology.
+        """
         return len(set(self.groups[self._level_index(level)]))
 
     @property
@@ -259,6 +280,14 @@ class Topology:
 
 def pseudo_node_names(value: str, size: int) -> list[str]:
     """Node names for ``DDL_PSEUDO_NODES``: a count of contiguous blocks or a name per rank.
+
+    Args:
+        value: The variable's value: a node count that divides the ranks into
+            contiguous blocks, or comma-separated names, one per rank.
+        size: Number of ranks of the job.
+
+    Returns:
+        One node name per rank.
 
     Example:
         >>> pseudo_node_names("2", 4)

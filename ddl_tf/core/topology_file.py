@@ -108,7 +108,20 @@ class TopologySpec:
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "<dict>") -> TopologySpec:
-        """Build a spec from parsed JSON, with errors naming ``source``."""
+        """Build a spec from parsed JSON, with errors naming ``source``.
+
+        Args:
+            data: The parsed topology JSON (``levels``, ``split``, ``groups``,
+                ``algorithms``; all optional).
+            source: What ``data`` came from (a file path), for error messages.
+
+        Returns:
+            The validated spec.
+
+        Raises:
+            TopologyError: ``data`` is not an object, has unknown keys, or is
+                inconsistent.
+        """
         if not isinstance(data, Mapping):
             raise TopologyError(
                 f"topology file {source}: expected a JSON object. Received "
@@ -135,6 +148,13 @@ class TopologySpec:
     def group_of_node(self, level: str, node: str) -> str:
         """Name of the ``level`` group that holds ``node``.
 
+        Args:
+            level: A level with explicit ``groups`` in the file.
+            node: A node (host or pseudo-node) name.
+
+        Returns:
+            The group's name.
+
         Raises:
             TopologyError: The node is not listed, or listed twice.
         """
@@ -151,6 +171,12 @@ class TopologySpec:
 
 def load_topology_file(path: str | Path) -> TopologySpec:
     """Read and validate a topology file.
+
+    Args:
+        path: The JSON topology file.
+
+    Returns:
+        The validated spec, with ``source`` set to ``path``.
 
     Raises:
         TopologyError: Missing file, invalid JSON, or an inconsistent spec.
