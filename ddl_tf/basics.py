@@ -276,7 +276,15 @@ def rocm_built() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start a Chrome-trace timeline at ``file_path`` (call on every rank)."""
+    """Start a Chrome-trace timeline at ``file_path`` (call on every rank).
+
+    Args:
+        file_path: The JSON file the ranks' merged timeline is written to.
+        mark_cycles: Accepted for Horovod compatibility (ignored).
+
+    Raises:
+        NotInitializedError: ``init()`` has not been called.
+    """
     engine().set_timeline(str(file_path))
 
 

@@ -50,7 +50,23 @@ def broadcast(
     ignore_name_scope: bool = False,
     process_set: Any = None,
 ) -> tf.Tensor:
-    """``tensor`` from ``root_rank`` on every rank."""
+    """``tensor`` from ``root_rank`` on every rank.
+
+    Args:
+        tensor: The tensor; same dtype and shape on every rank (only the
+            root's values are used).
+        root_rank: Rank whose values everyone receives.
+        name: Optional name, compared across ranks.
+        ignore_name_scope: Accepted for compatibility.
+        process_set: Only the global process set (or None) is accepted.
+
+    Returns:
+        The root's values. Its gradient is the ranks' gradients averaged, on the
+        root, and zero on the other ranks.
+
+    Raises:
+        ConfigError: ``process_set`` is not the global process set.
+    """
     check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     engine = basics.engine()
@@ -126,6 +142,9 @@ def broadcast_(
 def broadcast_global_variables(root_rank: int):
     """Broadcast all ``tf.compat.v1`` global variables from ``root_rank`` (graph mode only).
 
+    Args:
+        root_rank: Rank whose variable values everyone receives.
+
     Returns:
         The grouped assign op (None when there are no global variables).
 
@@ -167,5 +186,11 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
                 self.bcast_op = broadcast_global_variables(self.root_rank)
 
     def after_create_session(self, session, coord) -> None:
+        """Run the broadcast once the session exists (``SessionRunHook`` API).
+
+        Args:
+            session: The new ``tf.compat.v1.Session``.
+            coord: The session's coordinator (unused).
+        """
         if self.bcast_op is not None:
             session.run(self.bcast_op)

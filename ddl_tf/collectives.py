@@ -47,7 +47,20 @@ __all__ = ["allreduce", "grouped_allreduce", "barrier", "split_compression"]
 
 
 def split_compression(compression: Any) -> tuple[Compressor | None, Any]:
-    """Engine-side compressor, or a Horovod-style TF compressor to apply around the op."""
+    """Engine-side compressor, or a Horovod-style TF compressor to apply around the op.
+
+    Args:
+        compression: None, a core :class:`Compressor` or its name, or an
+            object with ``compress``/``decompress`` methods (Horovod style).
+
+    Returns:
+        ``(engine compressor or None, TF-side compressor or None)``; a
+        Horovod-style compressor runs on the TF side with no engine
+        compression.
+
+    Raises:
+        ConfigError: ``compression`` is none of these.
+    """
     if compression is None or isinstance(compression, (Compressor, str)):
         return (None if compression is None else Compression.get(compression)), None
     if hasattr(compression, "compress") and hasattr(compression, "decompress"):
@@ -218,6 +231,27 @@ def allreduce(
     """Reduce ``tensor`` across ranks (Average by default); see :func:`grouped_allreduce`.
 
     A ``tf.IndexedSlices`` is allgathered (values and indices) instead, as in Horovod.
+
+    Args:
+        tensor: A tensor (or ``tf.IndexedSlices``) of the same dtype and shape
+            on every rank.
+        average: Deprecated Horovod flag; use ``op``.
+        device_dense: Accepted for compatibility (ignored).
+        device_sparse: Accepted for compatibility (ignored).
+        compression: ``Compression.none/fp16/bf16`` or a Horovod-style compressor.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor: Multiply before reducing.
+        postscale_factor: Multiply after reducing.
+        name: Optional name, compared across ranks.
+        process_set: Only the global process set (or None) is accepted.
+        ignore_name_scope: Accepted for compatibility.
+
+    Returns:
+        The reduced tensor, same dtype and shape.
+
+    Raises:
+        UnsupportedError: Adasum, or ``tf.IndexedSlices`` with an op other
+            than Sum/Average or with scale factors.
     """
     return grouped_allreduce(
         [tensor],
@@ -232,7 +266,14 @@ def allreduce(
 
 
 def barrier(process_set: Any = None) -> None:
-    """Block until every rank arrives (eagerly; inside tf.function it is an op in the chain)."""
+    """Block until every rank arrives (eagerly; inside tf.function it is an op in the chain).
+
+    Args:
+        process_set: Only the global process set (or None) is accepted.
+
+    Raises:
+        ConfigError: ``process_set`` is not the global process set.
+    """
     check_process_set(process_set)
     engine = basics.engine()
 

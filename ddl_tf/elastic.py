@@ -59,7 +59,12 @@ class State:
         self._reset_callbacks: list[Callable[[], None]] = []
 
     def register_reset_callbacks(self, callbacks: Sequence[Callable[[], None]]) -> None:
-        """Functions to call after a membership change (never, in a fixed-size job)."""
+        """Functions to call after a membership change (never, in a fixed-size job).
+
+        Args:
+            callbacks: Functions taking no arguments; appended to those already
+                registered.
+        """
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:

@@ -116,7 +116,18 @@ def grouped_allgather(
 def allgather(
     tensor, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = None
 ) -> tf.Tensor:
-    """Concatenate every rank's ``tensor`` along the first dimension (which may differ)."""
+    """Concatenate every rank's ``tensor`` along the first dimension (which may differ).
+
+    Args:
+        tensor: A tensor with at least one dimension; same dtype and trailing
+            dimensions on every rank.
+        name: Optional name, compared across ranks.
+        ignore_name_scope: Accepted for compatibility.
+        process_set: Only the global process set (or None) is accepted.
+
+    Returns:
+        Every rank's rows, concatenated in rank order.
+    """
     return grouped_allgather([tensor], name=name, process_set=process_set)[0]
 
 

@@ -52,7 +52,15 @@ global_process_set = ProcessSet()
 
 
 def check_process_set(process_set: Any) -> None:
-    """Raise :class:`ConfigError` for any process set but the global one (shared by the API)."""
+    """Raise :class:`ConfigError` for any process set but the global one (shared by the API).
+
+    Args:
+        process_set: The ``process_set`` argument of a collective; None and
+            ``global_process_set`` pass.
+
+    Raises:
+        ConfigError: any other value.
+    """
     if process_set is not None and process_set is not global_process_set:
         raise ConfigError(
             f"ddl_tf supports only the global process set. Received process_set={process_set!r};"
@@ -62,6 +70,9 @@ def check_process_set(process_set: Any) -> None:
 
 def add_process_set(process_set: Any) -> None:
     """Not available: ddl_tf collectives always span the whole job.
+
+    Args:
+        process_set: The process set (or ranks) Horovod would add.
 
     Raises:
         UnsupportedError: Always.
@@ -75,6 +86,9 @@ def add_process_set(process_set: Any) -> None:
 
 def remove_process_set(process_set: Any) -> None:
     """Not available (see :func:`add_process_set`).
+
+    Args:
+        process_set: The process set Horovod would remove.
 
     Raises:
         UnsupportedError: Always.

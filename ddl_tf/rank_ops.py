@@ -44,27 +44,70 @@ def _check_set(process_set_id: int) -> None:
 
 
 def rank_op(name: str | None = None) -> tf.Tensor:
-    """This process's rank, read when the op runs."""
+    """This process's rank, read when the op runs.
+
+    Args:
+        name: Op name; None for ``"DDLRank"``.
+
+    Returns:
+        A scalar int32 tensor.
+    """
     return _runtime_int(basics.rank, name or "DDLRank")
 
 
 def local_rank_op(name: str | None = None) -> tf.Tensor:
-    """This process's rank on its node, read when the op runs."""
+    """This process's rank on its node, read when the op runs.
+
+    Args:
+        name: Op name; None for ``"DDLLocalRank"``.
+
+    Returns:
+        A scalar int32 tensor.
+    """
     return _runtime_int(basics.local_rank, name or "DDLLocalRank")
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    """Number of ranks, read when the op runs."""
+    """Number of ranks, read when the op runs.
+
+    Args:
+        process_set_id: Must be 0, the global process set.
+        name: Op name; None for ``"DDLSize"``.
+
+    Returns:
+        A scalar int32 tensor.
+
+    Raises:
+        UnsupportedError: ``process_set_id`` is not 0.
+    """
     _check_set(process_set_id)
     return _runtime_int(basics.size, name or "DDLSize")
 
 
 def local_size_op(name: str | None = None) -> tf.Tensor:
-    """Number of ranks on this node, read when the op runs."""
+    """Number of ranks on this node, read when the op runs.
+
+    Args:
+        name: Op name; None for ``"DDLLocalSize"``.
+
+    Returns:
+        A scalar int32 tensor.
+    """
     return _runtime_int(basics.local_size, name or "DDLLocalSize")
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    """1: every process belongs to the global process set (the only one ddl_tf has)."""
+    """1: every process belongs to the global process set (the only one ddl_tf has).
+
+    Args:
+        process_set_id: Must be 0, the global process set.
+        name: Op name; None for ``"DDLProcessSetIncluded"``.
+
+    Returns:
+        A scalar int32 tensor holding 1.
+
+    Raises:
+        UnsupportedError: ``process_set_id`` is not 0.
+    """
     _check_set(process_set_id)
     return _runtime_int(lambda: 1, name or "DDLProcessSetIncluded")

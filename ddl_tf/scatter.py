@@ -117,7 +117,23 @@ def reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> tf.Tensor:
-    """Reduce ``tensor`` and keep this rank's rows of the first dimension (first ranks get extras)."""
+    """Reduce ``tensor`` and keep this rank's rows of the first dimension (first ranks get extras).
+
+    Args:
+        tensor: A tensor with at least one dimension, same dtype and shape on
+            every rank.
+        device_dense: Accepted for compatibility (ignored).
+        compression: ``Compression.none/fp16/bf16`` or a Horovod-style compressor.
+        op: Average (default) or Sum (Min, Max, Product also work).
+        name: Optional name, compared across ranks.
+        process_set: Only the global process set (or None) is accepted.
+        ignore_name_scope: Accepted for compatibility.
+        prescale_factor: Multiply before reducing.
+        postscale_factor: Multiply after reducing.
+
+    Returns:
+        This rank's rows of the reduced tensor.
+    """
     return grouped_reducescatter(
         [tensor],
         compression=compression,

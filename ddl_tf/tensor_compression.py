@@ -39,6 +39,14 @@ class TensorNoneCompressor(core.NoneCompressor):
     """Send tensors as they are (``tf.Tensor`` or numpy)."""
 
     def compress(self, array):
+        """Send ``array`` as it is (see ``Compressor``).
+
+        Args:
+            array: A ``tf.Tensor``/``tf.Variable`` or a numpy array.
+
+        Returns:
+            ``(tensor or array, None)``.
+        """
         if _is_tensor(array):
             return tf.convert_to_tensor(array), None
         return super().compress(array)
@@ -48,6 +56,15 @@ class TensorHalfCompressor(core.HalfCompressor):
     """Cast floating tensors wider than 16 bits to a 16-bit float; restore the dtype after."""
 
     def compress(self, array):
+        """Cast wider floats to the 16-bit type (see ``Compressor``).
+
+        Args:
+            array: A ``tf.Tensor``/``tf.Variable`` or a numpy array.
+
+        Returns:
+            ``(cast tensor, original tf.DType)`` for float dtypes wider than 16
+            bits, else ``(array, None)``; numpy arrays as in the core compressor.
+        """
         if not _is_tensor(array):
             return super().compress(array)
         tensor = tf.convert_to_tensor(array)
@@ -57,6 +74,15 @@ class TensorHalfCompressor(core.HalfCompressor):
         return tf.cast(tensor, tf.as_dtype(wire)), tensor.dtype
 
     def decompress(self, array, ctx):
+        """Cast back to the original dtype (see ``Compressor``).
+
+        Args:
+            array: The reduced tensor or numpy array.
+            ctx: The original dtype from :meth:`compress`, or None.
+
+        Returns:
+            ``array`` cast to ``ctx``, or ``array`` when ``ctx`` is None.
+        """
         if not _is_tensor(array):
             return super().decompress(array, ctx)
         return array if ctx is None else tf.cast(array, tf.as_dtype(ctx))

@@ -91,6 +91,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def register_local_var(self, var) -> None:
         """Exclude ``var`` from the broadcast (it stays as each rank has it).
 
+        Args:
+            var: A ``tf.Variable`` or ``keras.Variable`` of the model.
+
         Raises:
             ConfigError: ``var`` is not a TensorFlow or Keras variable.
         """
@@ -102,11 +105,22 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._local.add(_key(var))
 
     def on_train_begin(self, logs=None) -> None:
+        """Broadcast the root's variables now if the model is built (else after the first batch).
+
+        Args:
+            logs: The metrics dict Keras passes (may be None).
+        """
         self.broadcast_done = False
         if self.model.built:
             self._broadcast()
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
+        """Broadcast after the first batch if it has not happened yet (the model is built now).
+
+        Args:
+            batch: Index of the batch within the epoch.
+            logs: The metrics dict Keras passes (may be None).
+        """
         if not self.broadcast_done:
             self._broadcast()
 
@@ -140,6 +154,12 @@ class MetricAverageCallback(keras.callbacks.Callback):
         super().__init__()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
+        """Replace each numeric entry of ``logs`` by its average over the ranks.
+
+        Args:
+            epoch: Index of the finished epoch.
+            logs: The metrics dict Keras passes (may be None). Changed in place; non-numeric entries are left alone.
+        """
         if not logs:
             return
         keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float, np.number)))
@@ -204,6 +224,15 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.current_epoch = 0
 
     def on_train_begin(self, logs=None) -> None:
+        """Reset the epoch counter and find the steps per epoch.
+
+        Args:
+            logs: The metrics dict Keras passes (may be None).
+
+        Raises:
+            ConfigError: a smooth (non-staircase) schedule and the steps per
+                epoch are known neither from the callback nor from ``fit``.
+        """
         self.current_epoch = 0
         self._steps = self.steps_per_epoch or (self.params or {}).get("steps")
         if not self.staircase and not self._steps:
@@ -213,9 +242,22 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             )
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        """Remember the epoch that starts.
+
+        Args:
+            epoch: Index of the epoch (0-based).
+            logs: The metrics dict Keras passes (may be None).
+        """
         self.current_epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
+        """Set the learning rate for this batch, inside ``[start_epoch, end_epoch)``.
+
+        Args:
+            batch: Index of the batch within the epoch; staircase schedules change
+                the rate at batch 0 only.
+            logs: The metrics dict Keras passes (may be None).
+        """
         epoch = self.current_epoch
         if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
             return
@@ -226,6 +268,12 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._set_lr(self.initial_lr * self.multiplier(epoch + batch / self._steps))
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
+        """Record the current learning rate as ``logs["learning_rate"]``.
+
+        Args:
+            epoch: Index of the finished epoch.
+            logs: The metrics dict Keras passes (may be None).
+        """
         if logs is not None:
             logs["learning_rate"] = _get_lr(self.model.optimizer)
 
@@ -295,6 +343,12 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         )
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
+        """Record the learning rate; log the end of the warmup (``verbose > 0``, rank 0).
+
+        Args:
+            epoch: Index of the finished epoch.
+            logs: The metrics dict Keras passes (may be None).
+        """
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
             logger.info(

@@ -68,15 +68,32 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.batches_remaining = batches_per_commit
 
     def on_train_begin(self, logs=None) -> None:
+        """Start counting batches towards the next commit.
+
+        Args:
+            logs: The metrics dict Keras passes (may be None).
+        """
         self.batches_remaining = self.batches_per_commit
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
+        """Commit the state every ``batches_per_commit`` batches.
+
+        Args:
+            batch: Index of the batch within the epoch.
+            logs: The metrics dict Keras passes (may be None).
+        """
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
             self.state.commit()
             self.batches_remaining = self.batches_per_commit
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
+        """Commit the state.
+
+        Args:
+            epoch: Index of the finished epoch.
+            logs: The metrics dict Keras passes (may be None).
+        """
         self.state.commit()
 
 
@@ -92,9 +109,21 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state = state
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
+        """Set ``state.batch`` to ``batch``.
+
+        Args:
+            batch: Index of the finished batch within the epoch.
+            logs: The metrics dict Keras passes (may be None).
+        """
         self.state.batch = batch
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
+        """Reset ``state.batch`` to 0.
+
+        Args:
+            epoch: Index of the finished epoch.
+            logs: The metrics dict Keras passes (may be None).
+        """
         self.state.batch = 0
 
 
@@ -111,7 +140,18 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
         self.initial_epoch = state.epoch
 
     def on_train_begin(self, logs=None) -> None:
+        """Remember the state's epoch as the starting point.
+
+        Args:
+            logs: The metrics dict Keras passes (may be None).
+        """
         self.initial_epoch = self.state.epoch
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
+        """Set ``state.epoch`` to the starting epoch plus the epochs finished.
+
+        Args:
+            epoch: Index of the finished epoch in this ``fit`` (0-based).
+            logs: The metrics dict Keras passes (may be None).
+        """
         self.state.epoch = self.initial_epoch + epoch + 1

@@ -36,7 +36,15 @@ IMPORT_CHECK = (
 
 
 def check_hosts_resolve(hosts: list[Host]) -> None:
-    """Raise :class:`LaunchError` naming every host that does not resolve."""
+    """Raise :class:`LaunchError` naming every host that does not resolve.
+
+    Args:
+        hosts: The hosts of the launch; local names (localhost, this machine's
+            hostname) are not looked up.
+
+    Raises:
+        LaunchError: a host name does not resolve on this machine.
+    """
     bad = []
     for host in hosts:
         if is_local(host.name):
@@ -53,7 +61,15 @@ def check_hosts_resolve(hosts: list[Host]) -> None:
 
 
 def python_of(program: list[str]) -> str | None:
-    """The Python interpreter ``program`` runs, or None if it is not a Python command."""
+    """The Python interpreter ``program`` runs, or None if it is not a Python command.
+
+    Args:
+        program: The command line to launch (program and arguments).
+
+    Returns:
+        The interpreter's path (as found on ``PATH``, else as given) when the
+        program's name starts with ``python``, else None.
+    """
     first = Path(program[0]).name
     if first.startswith("python"):
         return shutil.which(program[0]) or program[0]
@@ -61,7 +77,15 @@ def python_of(program: list[str]) -> str | None:
 
 
 def check_program(program: list[str]) -> None:
-    """Raise if the program (or the script given to Python) does not exist here."""
+    """Raise if the program (or the script given to Python) does not exist here.
+
+    Args:
+        program: The command line to launch (program and arguments).
+
+    Raises:
+        LaunchError: ``program`` is empty, its executable is not found, or the
+            ``.py`` script given to Python does not exist.
+    """
     if not program:
         raise LaunchError(f"ddlrun: no program to run; e.g. {EXAMPLE}")
     if python_of(program) is None and shutil.which(program[0]) is None:

@@ -90,7 +90,15 @@ def find_mpirun(explicit: str | None = None) -> str:
 
 @functools.lru_cache(maxsize=8)
 def mpi_flavor(mpirun: str) -> str:
-    """``openmpi`` or ``hydra`` (MPICH, Intel MPI), from ``mpirun --version``."""
+    """``openmpi`` or ``hydra`` (MPICH, Intel MPI), from ``mpirun --version``.
+
+    Args:
+        mpirun: The launcher executable (name or path).
+
+    Returns:
+        ``"hydra"`` when its version text names Hydra or Intel MPI, else
+        ``"openmpi"`` (also when it cannot be run within 30 s).
+    """
     try:
         out = subprocess.run(
             [mpirun, "--version"], capture_output=True, text=True, timeout=30, check=False
@@ -104,7 +112,19 @@ def mpi_flavor(mpirun: str) -> str:
 
 
 def build_command(plan: LaunchPlan, mpirun: str, *, flavor: str, as_root: bool) -> list[str]:
-    """The mpirun argument list for ``plan``."""
+    """The mpirun argument list for ``plan``.
+
+    Args:
+        plan: The launch plan (rank count, hosts or hostfile, environment,
+            extra MPI arguments, program).
+        mpirun: The launcher executable.
+        flavor: ``"openmpi"`` or ``"hydra"`` (see :func:`mpi_flavor`); decides
+            the option spelling.
+        as_root: Add ``--allow-run-as-root`` (Open MPI only).
+
+    Returns:
+        The full argument list, launcher first, program last.
+    """
     exported = sorted(set(plan.env) | set(plan.forward))
     if flavor == "hydra":
         cmd = [mpirun, "-n", str(plan.np)]
@@ -133,7 +153,15 @@ def build_command(plan: LaunchPlan, mpirun: str, *, flavor: str, as_root: bool) 
 
 
 def child_environment(plan: LaunchPlan, *, as_root: bool) -> dict[str, str]:
-    """ddlrun's environment plus the plan's variables (and Open MPI's root permission if root)."""
+    """ddlrun's environment plus the plan's variables (and Open MPI's root permission if root).
+
+    Args:
+        plan: The launch plan whose ``env`` is added.
+        as_root: Also set Open MPI's two run-as-root permission variables.
+
+    Returns:
+        A new environment dict for the mpirun process.
+    """
     child = env.snapshot()
     child.update(plan.env)
     if as_root:

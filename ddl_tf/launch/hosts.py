@@ -40,6 +40,13 @@ class Host:
 def parse_host_list(text: str) -> list[Host]:
     """Parse ``-H host[:slots],...`` (a host listed twice adds up its slots).
 
+    Args:
+        text: The ``-H`` value, e.g. ``"node1:2,node2:2"``; a host without
+            ``:slots`` gets one slot.
+
+    Returns:
+        The hosts in first-seen order.
+
     Raises:
         LaunchError: Empty names or slot counts that are not positive integers.
     """
@@ -65,6 +72,12 @@ _SLOTS = re.compile(r"(?:^|\s)(?:slots|max_slots|max-slots)=(?P<n>\d+)")
 
 def parse_hostfile(path: str | Path) -> list[Host]:
     """Parse a hostfile: one ``host [slots=N]`` or ``host:N`` per line, ``#`` comments.
+
+    Args:
+        path: The hostfile; a host without a slot count gets one slot.
+
+    Returns:
+        The hosts in first-seen order.
 
     Raises:
         LaunchError: The file is missing, empty, or has an unreadable line.
@@ -103,6 +116,15 @@ def parse_hostfile(path: str | Path) -> list[Host]:
 def place_ranks(hosts: list[Host], np: int, oversubscribe: bool = False) -> list[str]:
     """Host of each rank when filling slots in order (cycling if oversubscribed).
 
+    Args:
+        hosts: The hosts with their slot counts, in order.
+        np: Number of ranks to place.
+        oversubscribe: Allow more ranks than slots (placement cycles through
+            the hosts again).
+
+    Returns:
+        ``np`` host names, the host of rank ``i`` at index ``i``.
+
     Raises:
         LaunchError: More ranks than slots and ``oversubscribe`` is False.
     """
@@ -122,7 +144,15 @@ def place_ranks(hosts: list[Host], np: int, oversubscribe: bool = False) -> list
 
 
 def is_local(name: str) -> bool:
-    """Whether ``name`` means this machine without asking DNS (localhost or our hostname)."""
+    """Whether ``name`` means this machine without asking DNS (localhost or our hostname).
+
+    Args:
+        name: A host name from ``-H`` or a hostfile.
+
+    Returns:
+        True for ``localhost``, ``127.0.0.1``, ``::1`` and this machine's
+        short or fully qualified hostname.
+    """
     import socket
 
     return name in _LOCAL or name in {socket.gethostname(), socket.getfqdn()}
