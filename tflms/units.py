@@ -41,6 +41,9 @@ def parse_bytes(value: int | float | str) -> int:
             is not accepted; decimal (kB, MB, GB) and binary (KiB, MiB, GiB)
             units are.
 
+    Returns:
+        The number of bytes (a whole number; fractional results are truncated).
+
     Raises:
         ValueError: the value is negative or not a byte count.
     """

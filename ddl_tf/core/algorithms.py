@@ -414,8 +414,14 @@ def make_allreduce(
         uniform: Whether the topology's groups have equal sizes.
         trace: ``trace(phase, **args)`` context-manager factory (timeline).
 
+    Returns:
+        The allreduce object; ``flat`` uses one ``MPI_Allreduce``, ``ring`` and
+        ``asa`` compose reduce-scatter and allgather steps, ``hierarchical``
+        runs steps per topology level around a top-level allreduce.
+
     Raises:
         TopologyError: ``hierarchical`` on a topology with unequal groups.
+        ValueError: ``name`` is not one of the four.
     """
     if name == "flat":
         return FlatAllreduce(comm, trace)

@@ -144,6 +144,9 @@ def build_communicators(comm: Any, topology: Topology) -> Communicators:
     Args:
         comm: The job's communicator.
         topology: The topology from :func:`detect_topology`.
+
+    Returns:
+        The communicators (every rank must call this, in the same order).
     """
     if comm.rank != topology.rank or comm.size != topology.size:
         raise TopologyError(

@@ -130,6 +130,10 @@ def alltoallv(
         splits: Rows for each rank (summing to ``array.shape[0]``); None splits
             as evenly as possible, the first ranks getting one more row.
 
+    Returns:
+        ``(received rows, received splits)``: the rows from every rank
+        concatenated in rank order, and how many came from each rank.
+
     Raises:
         CollectiveArgumentError: Bad splits or a scalar (see :func:`alltoall_problem`).
     """
@@ -167,6 +171,10 @@ def alltoall_problem(
         splits: Rows per rank, or None.
         size: Number of ranks.
         even: Without ``splits``, the first dimension must be a multiple of ``size``.
+
+    Returns:
+        The error message for a scalar, bad splits, or (with ``even``) a
+        first dimension not divisible by ``size``; None when all is well.
 
     Example:
         >>> import numpy as np

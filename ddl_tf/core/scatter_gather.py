@@ -245,6 +245,10 @@ class ScatterGather:
             even: Without ``splits``, require the first dimension to be a
                 multiple of the number of ranks (Horovod's rule).
 
+        Returns:
+            ``(received rows, received splits)``: the rows from every rank
+            concatenated in rank order, and how many came from each rank.
+
         Raises:
             CollectiveArgumentError: Bad splits, a scalar, or an uneven first
                 dimension with ``even``, on any rank: raised on every rank.

@@ -97,6 +97,9 @@ class Topology:
             spec: Optional topology file adding levels around ``node``.
             source: How the names were obtained (shown by :meth:`describe`).
 
+        Returns:
+            The topology, as seen from ``rank``.
+
         Raises:
             TopologyError: The spec does not fit the layout (unknown node,
                 node size not divisible by a split count, groups that do not nest).

@@ -124,6 +124,12 @@ def function_to_graph_def(
         resources: ``{argument index: (dtype enum, TensorShapeProto)}`` of
             the variables behind resource arguments.
 
+    Returns:
+        A new ``GraphDef``: one ``Placeholder`` per function argument (a
+        ``VarHandleOp`` for a resource argument listed in ``resources``), the
+        body's nodes with their inputs renamed to GraphDef form, and the
+        library functions the body reaches.
+
     Raises:
         UnsupportedGraphError: an op type is unknown or a tensor name is invalid.
     """

@@ -166,6 +166,9 @@ class Recompute:
 
         Args:
             inputs_of: the names of the ops an op reads data from.
+
+        Returns:
+            Their names, in the group's order.
         """
         members = set(self.ops)
         return tuple(op for op in self.ops if not members.intersection(inputs_of(op)))

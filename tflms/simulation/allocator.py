@@ -276,6 +276,10 @@ class BufferReplay:
         Args:
             resident: sizes allocated first and never freed.
             events: ``(buffer, nbytes, sign)`` of one step, in order.
+
+        Returns:
+            The replay, with its peak counters reset and the resident buffers
+            still allocated.
         """
         replay = cls()
         for size in resident:
