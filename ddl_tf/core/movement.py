@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from ddl_tf.core import mpi
-from ddl_tf.core.algorithms import shard_layout
 from ddl_tf.core.mpi import dtype_info
+from ddl_tf.core.steps import shard_layout
 from ddl_tf.errors import CollectiveArgumentError, ConfigError
 
 __all__ = ["allgatherv", "broadcast_arrays", "alltoallv", "alltoall_problem", "aligned_layout"]

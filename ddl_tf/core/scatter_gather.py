@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 
 from ddl_tf.core import movement
-from ddl_tf.core.algorithms import shard_layout
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.guard import layout_text
 from ddl_tf.core.mpi import check_reducible, dtype_info
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.core.scaling import postscale_factor as combined_postscale
 from ddl_tf.core.scaling import scale
+from ddl_tf.core.steps import shard_layout
 from ddl_tf.errors import CollectiveArgumentError, DDLError
 
 __all__ = ["ScatterGather"]

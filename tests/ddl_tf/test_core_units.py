@@ -6,13 +6,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ddl_tf.core.algorithms import shard_layout
 from ddl_tf.core.compression import Compression
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
 from ddl_tf.core.mpi import check_reducible, reduce_into, reduce_rows
 from ddl_tf.core.negotiation import DESCRIPTOR_BYTES, Descriptor
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.core.selection import DEFAULT_POLICY, AutoPolicy, load_policy
+from ddl_tf.core.steps import shard_layout
 from ddl_tf.core.timeline import NullTimeline, Timeline, merge_traces, rank_path
 from ddl_tf.errors import ConfigError
 

@@ -80,9 +80,11 @@ def test_model_reports_what_tensorflows_cpu_allocator_reports():
             predicted.append(model.in_use)
         predicted.append(None)
     assert len(measured) == len(predicted)
-    wrong = [(i, m, p) for i, (m, p) in enumerate(zip(measured, predicted)) if m != p]
+    wrong = [(i, m, p) for i, (m, p) in enumerate(zip(measured, predicted, strict=True)) if m != p]
     assert not wrong, f"{len(wrong)} of {len(measured)} steps differ (step, tf, model): {wrong[:5]}"
-    assert sum(m != n for m, n in zip(measured, [None] + measured)) > 100  # it moved
+    assert (
+        sum(m != n for m, n in zip(measured, [None] + measured[:-1], strict=True)) > 100
+    )  # it moved
 
 
 def test_rounding_and_the_two_split_rules():

@@ -1,8 +1,8 @@
 """Analysis: a networkx view of a TensorFlow graph.
 
 :func:`build_view` reads a ``tf.Graph`` or ``FuncGraph`` (never mutating it)
-and returns a ``networkx.DiGraph`` with one node per op. This view is what the
-planner and the simulator work on; it holds plain Python values only.
+and returns a ``networkx.DiGraph`` with one node per op, of plain Python
+values: what the planner and the simulator work on.
 
 Node attributes:
     ``type`` (op type), ``device`` (as assigned, ``""`` if unassigned),
@@ -11,21 +11,17 @@ Node attributes:
     ``level`` (Kahn generation over data and control edges, as TFLMS v2),
     ``control_flow`` (the op is a control-flow op or sits inside a TF1
     while/cond context), ``functions`` (names of functions the op calls),
-    ``stateful``, ``tflms`` (``"out"``/``"in"`` for swap ops inserted by tflms,
-    else ``None``).
+    ``stateful``, ``tflms`` (``"out"``/``"in"`` for tflms' swap ops, else ``None``).
 
-Edge attributes:
-    ``tensors``: list of ``(output_index, input_index)`` pairs carried from
-    the source op to the destination op; ``control``: whether there is a
-    control edge.
+Edge attributes: ``tensors``, the ``(output_index, input_index)`` pairs
+carried from source to destination; ``control``, a control edge is there.
 
 Graph attributes:
-    ``compute_device`` and ``default_device_type`` (where unassigned ops
-    run: ``"GPU"`` or ``"CPU"``), ``batch_size`` (used for unknown first
-    dims, or ``None``),
-    ``batch_source``, ``unknown_dims`` (tensors with unknown non-batch dims,
-    counted as 1), ``unsized_batch`` (tensors with an unknown first dim that
-    no batch size resolved), ``control_flow_ops``, ``depth``.
+    ``compute_device`` and ``default_device_type`` (where unassigned ops run:
+    ``"GPU"`` or ``"CPU"``), ``batch_size`` (for unknown first dims, or
+    ``None``), ``batch_source``, ``unknown_dims`` (tensors with unknown
+    non-batch dims, counted as 1), ``unsized_batch`` (unknown first dims no
+    batch size resolved), ``control_flow_ops``, ``depth``.
 
 Example:
     >>> import tensorflow as tf
