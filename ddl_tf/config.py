@@ -28,11 +28,18 @@ from typing import Literal
 from ddl_tf import env
 from ddl_tf.errors import ConfigError
 
-__all__ = ["DDLConfig", "ALGORITHMS", "COMPRESSIONS", "DEFAULT_FUSION_THRESHOLD"]
+__all__ = [
+    "DDLConfig",
+    "ALGORITHMS",
+    "COMPRESSIONS",
+    "DEFAULT_FUSION_THRESHOLD",
+    "DEFAULT_BUCKET_BYTES",
+]
 
 ALGORITHMS = ("auto", "flat", "ring", "hierarchical", "asa")
 COMPRESSIONS = ("none", "fp16", "bf16")
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024
+DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
 
 Algorithm = Literal["auto", "flat", "ring", "hierarchical", "asa"]
 CompressionName = Literal["none", "fp16", "bf16"]
@@ -71,6 +78,8 @@ class DDLConfig:
 
     algorithm: Algorithm = "auto"
     fusion_threshold_bytes: int = DEFAULT_FUSION_THRESHOLD
+    overlap: bool = True
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
     compression: CompressionName = "none"
     timeline: str | None = None
     stall_warning_seconds: float = 60.0
@@ -100,6 +109,17 @@ class DDLConfig:
                 "The fusion threshold must be a whole number of bytes >= 0. Received "
                 f"fusion_threshold_bytes={self.fusion_threshold_bytes!r} "
                 "(e.g. DDL_FUSION_THRESHOLD=67108864 for 64 MiB, 0 to disable fusion)."
+            )
+        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
+            raise ConfigError(
+                "The overlap bucket size must be a whole number of bytes >= 0. Received "
+                f"bucket_bytes={self.bucket_bytes!r} (e.g. DDL_BUCKET_BYTES=4194304 for 4 MiB, "
+                "0 for one bucket per gradient; DDL_OVERLAP=0 turns overlap off)."
+            )
+        if not isinstance(self.overlap, bool):
+            raise ConfigError(
+                f"overlap must be True or False. Received overlap={self.overlap!r} "
+                "(e.g. DDL_OVERLAP=0 to reduce all gradients after the backward pass)."
             )
         if not self.stall_warning_seconds > 0:
             raise ConfigError(
@@ -144,6 +164,12 @@ class DDLConfig:
         )
         if value is not None:
             values["fusion_threshold_bytes"] = _parse_int(name, value)
+        name, value = env.get_first([env.DDL_OVERLAP], environ)
+        if value is not None:
+            values["overlap"] = _parse_bool(name, value)
+        name, value = env.get_first([env.DDL_BUCKET_BYTES], environ)
+        if value is not None:
+            values["bucket_bytes"] = _parse_int(name, value)
         name, value = env.get_first([env.DDL_TIMELINE, env.HOROVOD_TIMELINE], environ)
         if value is not None:
             values["timeline"] = value
@@ -189,6 +215,8 @@ class DDLConfig:
         shared = (
             self.algorithm,
             self.fusion_threshold_bytes,
+            self.overlap,
+            self.bucket_bytes,
             self.compression,
             self.check_collectives,
             self.pseudo_nodes,

@@ -30,6 +30,8 @@ __all__ = [
     # ddl_tf settings
     "DDL_ALLREDUCE_ALGO",
     "DDL_FUSION_THRESHOLD",
+    "DDL_OVERLAP",
+    "DDL_BUCKET_BYTES",
     "DDL_COMPRESSION",
     "DDL_TIMELINE",
     "DDL_STALL_WARNING_SECONDS",
@@ -83,6 +85,13 @@ DDL_ALLREDUCE_ALGO = "DDL_ALLREDUCE_ALGO"
 
 DDL_FUSION_THRESHOLD = "DDL_FUSION_THRESHOLD"
 """Largest fused bucket in bytes (default 64 MiB); ``0`` disables fusion."""
+
+DDL_OVERLAP = "DDL_OVERLAP"
+"""``1`` (default): inside graphs, reduce gradients in buckets that start while backprop runs;
+``0``: one fused collective after the whole backward pass."""
+
+DDL_BUCKET_BYTES = "DDL_BUCKET_BYTES"
+"""Gradient bytes per overlapped bucket (default 4 MiB); ``0`` gives every gradient its own."""
 
 DDL_COMPRESSION = "DDL_COMPRESSION"
 """Default wire compression when a call passes none: ``none``, ``fp16`` or ``bf16``."""

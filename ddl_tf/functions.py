@@ -23,6 +23,7 @@ from ddl_tf import basics, bridge
 from ddl_tf.collectives import grouped_allreduce
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
+from ddl_tf.overlap import reduce_in_buckets, resolve
 from ddl_tf.process_sets import check_process_set
 
 __all__ = [
@@ -113,8 +114,16 @@ def allreduce_gradients(
     sparse_as_dense: bool = False,
     gradient_predivide_factor: float = 1.0,
     name: str | None = None,
+    overlap: bool | None = None,
+    bucket_bytes: int | None = None,
 ) -> list:
-    """Reduce a gradient list in one grouped collective; ``None`` entries stay ``None``.
+    """Reduce a gradient list across ranks; ``None`` entries stay ``None``.
+
+    Eagerly (and with ``overlap=False``) the gradients travel in one grouped,
+    fused collective. Inside a graph with overlap on, they travel in buckets
+    in the order backprop produces them, each bucket's collective depending
+    only on its own gradients, so reducing overlaps with the rest of the
+    backward pass (see :mod:`ddl_tf.overlap`).
 
     Args:
         grads: Gradients (tensors, ``tf.IndexedSlices`` or None).
@@ -123,7 +132,15 @@ def allreduce_gradients(
         sparse_as_dense: Densify ``tf.IndexedSlices`` before reducing.
         gradient_predivide_factor: With Average, divide by this before the sum
             and multiply after (Horovod's option against fp16 overflow).
-        name: Collective name.
+        name: Collective name (bucket ``k`` is named ``<name>_b<k>``).
+        overlap: Bucket and overlap inside graphs; None: the job's ``DDL_OVERLAP``.
+        bucket_bytes: Bytes per bucket; None: the job's ``DDL_BUCKET_BYTES``.
+
+    Returns:
+        The reduced gradients, in the order of ``grads``.
+
+    Raises:
+        ConfigError: Invalid ``gradient_predivide_factor``, ``overlap`` or ``bucket_bytes``.
     """
     op = parse_op(op)
     if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
@@ -132,6 +149,7 @@ def allreduce_gradients(
             f"gradient_predivide_factor={gradient_predivide_factor}, op={op.name}."
         )
     present = [i for i, g in enumerate(grads) if g is not None]
+    use_overlap, nbytes = resolve(overlap, bucket_bytes)
     if basics.size() == 1 and op in (ReduceOp.AVERAGE, ReduceOp.SUM):
         return list(grads)  # nothing to reduce; keep tensors (and IndexedSlices) untouched
     chosen = []
@@ -140,14 +158,21 @@ def allreduce_gradients(
         if sparse_as_dense and isinstance(g, tf.IndexedSlices):
             g = tf.convert_to_tensor(g)
         chosen.append(g)
-    reduced = grouped_allreduce(
-        chosen,
-        op=op,
-        compression=compression,
-        prescale_factor=1.0 / gradient_predivide_factor,
-        postscale_factor=gradient_predivide_factor,
-        name=name,
-    )
+
+    def reduce(tensors: list, collective_name: str | None) -> list:
+        return grouped_allreduce(
+            tensors,
+            op=op,
+            compression=compression,
+            prescale_factor=1.0 / gradient_predivide_factor,
+            postscale_factor=gradient_predivide_factor,
+            name=collective_name,
+        )
+
+    if use_overlap and chosen and not tf.executing_eagerly():
+        reduced = reduce_in_buckets(chosen, reduce, bucket_bytes=nbytes, name=name or "gradients")
+    else:
+        reduced = reduce(chosen, name)
     out = list(grads)
     for i, g in zip(present, reduced, strict=True):
         out[i] = g

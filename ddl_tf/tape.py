@@ -3,7 +3,9 @@
 It wraps the user's tape by composition (Horovod clones the tape's class with
 ``type()``; plain delegation is enough): recording, ``watch`` and friends go
 to the wrapped tape; :meth:`DistributedGradientTape.gradient` computes local
-gradients and allreduces them in one fused, negotiated collective.
+gradients and allreduces them: eagerly in one fused, negotiated collective;
+inside ``tf.function`` in buckets, in the order backprop produces them, so
+that reducing overlaps the rest of the backward pass (:mod:`ddl_tf.overlap`).
 
 Example (one process):
     >>> import tensorflow as tf
@@ -49,6 +51,9 @@ class DistributedGradientTape:
         process_set: Only the global process set is supported.
         scale_local_gradients: Divide gradients of registered local sources by
             the number of ranks, as Horovod does.
+        overlap: Reduce in buckets that overlap the backward pass (graphs
+            only); None: the job's setting (``DDL_OVERLAP``, on by default).
+        bucket_bytes: Gradient bytes per bucket; None: the job's ``DDL_BUCKET_BYTES``.
     """
 
     def __init__(
@@ -64,9 +69,13 @@ class DistributedGradientTape:
         groups: Any = None,
         process_set: Any = None,
         scale_local_gradients: bool = True,
+        overlap: bool | None = None,
+        bucket_bytes: int | None = None,
     ) -> None:
         check_process_set(process_set)
         self._tape = gradtape
+        self._overlap = overlap
+        self._bucket_bytes = bucket_bytes
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
         self._op = parse_op(op)
@@ -100,6 +109,8 @@ class DistributedGradientTape:
             sparse_as_dense=self._sparse_as_dense,
             gradient_predivide_factor=self._predivide,
             name="DistributedGradientTape",
+            overlap=self._overlap,
+            bucket_bytes=self._bucket_bytes,
         )
         out = list(flat_grads)
         for i, g in zip(shared, reduced, strict=True):

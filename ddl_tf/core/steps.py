@@ -30,6 +30,7 @@ from ddl_tf.core import mpi
 from ddl_tf.core.mpi import dtype_info, reduce_into, reduce_rows
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.core.timeline import NULL_TRACER, Tracer
+from ddl_tf.core.waiting import wait_all
 
 __all__ = [
     "shard_layout",
@@ -177,13 +178,12 @@ class RingSteps(StepAlgorithm):
             for step in range(p - 1):
                 send, recv = (r - step) % p, (r - step - 1) % p
                 incoming = scratch[: counts[recv]]
-                self.comm.Sendrecv(
+                _exchange(
+                    self.comm,
                     [buf[displs[send] : displs[send] + counts[send]], move],
                     right,
-                    _RING_TAG,
                     [incoming, move],
                     left,
-                    _RING_TAG,
                 )
                 reduce_into(buf[displs[recv] : displs[recv] + counts[recv]], incoming, op)
         own = (r + 1) % p
@@ -203,14 +203,18 @@ class RingSteps(StepAlgorithm):
         with self.trace("allgather", algorithm=self.name, ranks=p):
             for step in range(p - 1):
                 send, recv = (r + 1 - step) % p, (r - step) % p
-                self.comm.Sendrecv(
+                _exchange(
+                    self.comm,
                     [buf[displs[send] : displs[send] + counts[send]], move],
                     right,
-                    _RING_TAG,
                     [buf[displs[recv] : displs[recv] + counts[recv]], move],
                     left,
-                    _RING_TAG,
                 )
+
+
+def _exchange(comm: Any, send: list, dest: int, recv: list, source: int) -> None:
+    """``Sendrecv`` that waits without spinning (:mod:`~ddl_tf.core.waiting`)."""
+    wait_all([comm.Irecv(recv, source, _RING_TAG), comm.Isend(send, dest, _RING_TAG)])
 
 
 class AlltoallSteps(StepAlgorithm):

@@ -11,7 +11,11 @@ https://ui.perfetto.dev.
 Phases: the collective itself (``allreduce 'name'``), and inside it
 ``negotiate``, ``pack``, ``compress``, the algorithm's ``reduce_scatter`` /
 ``alltoall`` / ``local_reduce`` / ``allreduce`` / ``allgather`` steps (with
-the level and algorithm in ``args``), ``decompress`` and ``unpack``.
+the level and algorithm in ``args``), ``decompress`` and ``unpack``, on
+thread 0. Instant events (``"ph": "i"``) mark moments, e.g. ``gradients
+ready`` for each overlapped bucket (:mod:`ddl_tf.overlap`) on thread 1
+("gradients"). Events may come from several TensorFlow threads at once;
+writes are serialized.
 
 Example:
     >>> import json, tempfile, pathlib
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +56,9 @@ class NullTimeline:
 
     def phase(self, name: str, **args: Any):
         return self._null
+
+    def instant(self, name: str, tid: int = 0, **args: Any) -> None:
+        return None
 
     def close(self) -> list[dict]:
         return []
@@ -76,6 +84,7 @@ class Timeline:
         self._epoch_us = time.time_ns() / 1000.0
         self._origin_ns = time.perf_counter_ns()
         self._first = True
+        self._write_lock = threading.Lock()
         self._write(
             {
                 "name": "process_name",
@@ -89,10 +98,26 @@ class Timeline:
         return self._epoch_us + (time.perf_counter_ns() - self._origin_ns) / 1000.0
 
     def _write(self, event: dict) -> None:
-        if self._file.closed:
-            return
-        self._file.write(("[" if self._first else ",") + json.dumps(event) + "\n")
-        self._first = False
+        line = json.dumps(event) + "\n"
+        with self._write_lock:
+            if self._file.closed:
+                return
+            self._file.write(("[" if self._first else ",") + line)
+            self._first = False
+
+    def instant(self, name: str, tid: int = 0, **args: Any) -> None:
+        """Record the present moment as an instant event ``name`` on thread ``tid``."""
+        self._write(
+            {
+                "name": name,
+                "ph": "i",
+                "s": "t",
+                "ts": round(self._now_us(), 3),
+                "pid": self.rank,
+                "tid": tid,
+                "args": args,
+            }
+        )
 
     @contextlib.contextmanager
     def phase(self, name: str, **args: Any):
@@ -119,10 +144,11 @@ class Timeline:
         Events are read back from the stream, so a long run does not keep them in
         memory. Later calls return an empty list.
         """
-        if self._file.closed:
-            return []
-        self._file.write("]\n")
-        self._file.close()
+        with self._write_lock:
+            if self._file.closed:
+                return []
+            self._file.write("]\n")
+            self._file.close()
         return json.loads(self.stream_path.read_text())
 
 

@@ -5,13 +5,18 @@ Keras 3 ``fit`` (and ``optimizer.apply_gradients`` in custom loops) ends in
 ``get_gradients``/``_aggregate_gradients``, which Keras 3 never calls, so its
 optimizer silently stops averaging. This wrapper composes plainly, the way
 ``keras.optimizers.LossScaleOptimizer`` wraps an inner optimizer: ``apply``
-allreduces the gradients in one fused, negotiated collective and hands them to
-the inner optimizer, which keeps its own variables, learning rate and update
-rule. Inside the Keras train function the allreduce is one ordinary graph op.
+allreduces the gradients and hands them to the inner optimizer, which keeps
+its own variables, learning rate and update rule. Inside the Keras train
+function (a graph) the gradients are reduced in buckets, in the order
+backprop produces them, each bucket one ordinary graph op that starts as soon
+as its gradients exist, so communication overlaps the rest of the backward
+pass (:mod:`ddl_tf.overlap`; ``overlap=False`` or ``DDL_OVERLAP=0``: one fused
+collective after the backward pass, as eagerly).
 
 With ``backward_passes_per_step=N`` gradients are summed locally for ``N``
 calls and reduced/applied on every ``N``-th (weights and the inner
-optimizer's ``iterations`` change only then).
+optimizer's ``iterations`` change only then); the accumulated sums exist
+before that reduction starts, so it is one fused collective (no overlap).
 
 Example (one process):
     >>> import keras
@@ -69,6 +74,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         process_set: Only the global process set is supported.
         scale_local_gradients: Divide the gradients of local variables
             (:meth:`register_local_var`) by the number of ranks, as Horovod does.
+        overlap: Reduce in buckets that overlap the backward pass (graphs
+            only); None: the job's setting (``DDL_OVERLAP``, on by default).
+        bucket_bytes: Gradient bytes per bucket; None: the job's setting
+            (``DDL_BUCKET_BYTES``).
     """
 
     def __init__(
@@ -87,6 +96,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         groups: Any = None,
         process_set: Any = None,
         scale_local_gradients: bool = True,
+        overlap: bool | None = None,
+        bucket_bytes: int | None = None,
     ) -> None:
         check_process_set(process_set)
         inner = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
@@ -116,6 +127,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self.average_aggregated_gradients = average_aggregated_gradients
         self.scale_local_gradients = scale_local_gradients
+        self.overlap = overlap
+        self.bucket_bytes = bucket_bytes
         self._local_vars: set = set()
         self._accumulators: list = []
         self._passes = None
@@ -183,11 +196,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 with keras.name_scope(self.name, caller=self):
                     self.build(variables)
         if self.backward_passes_per_step == 1:
-            self._reduce_and_apply(grads, variables)
+            self._reduce_and_apply(grads, variables, self.overlap)
         else:
             self._accumulate(grads, variables)
 
-    def _reduce_and_apply(self, grads: list, variables: list) -> None:
+    def _reduce_and_apply(self, grads: list, variables: list, overlap: bool | None) -> None:
         shared = [i for i, v in enumerate(variables) if _key(v) not in self._local_vars]
         reduced = allreduce_gradients(
             [grads[i] for i in shared],
@@ -196,6 +209,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             sparse_as_dense=self.sparse_as_dense,
             gradient_predivide_factor=self.gradient_predivide_factor,
             name=f"{self.name}_allreduce",
+            overlap=overlap,
+            bucket_bytes=self.bucket_bytes,
         )
         out = list(grads)
         for i, g in zip(shared, reduced, strict=True):
@@ -218,7 +233,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         def update():
             scale = 1.0 / steps if self.average_aggregated_gradients else 1.0
             summed = [ops.convert_to_tensor(slot) * scale for slot in slots]
-            self._reduce_and_apply(summed, [v for _, v in pairs])
+            self._reduce_and_apply(summed, [v for _, v in pairs], overlap=False)
             for slot in slots:
                 slot.assign(ops.zeros_like(slot))
 
@@ -240,6 +255,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "op": self.op.value,
             "backward_passes_per_step": self.backward_passes_per_step,
             "average_aggregated_gradients": self.average_aggregated_gradients,
+            "overlap": self.overlap,
+            "bucket_bytes": self.bucket_bytes,
         }
 
     @classmethod
