@@ -39,7 +39,7 @@ __all__ = [
 ALGORITHMS = ("auto", "flat", "ring", "hierarchical", "asa")
 COMPRESSIONS = ("none", "fp16", "bf16")
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024
-DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
+DEFAULT_BUCKET_BYTES = 2 * 1024 * 1024
 
 Algorithm = Literal["auto", "flat", "ring", "hierarchical", "asa"]
 CompressionName = Literal["none", "fp16", "bf16"]
@@ -113,7 +113,7 @@ class DDLConfig:
         if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
             raise ConfigError(
                 "The overlap bucket size must be a whole number of bytes >= 0. Received "
-                f"bucket_bytes={self.bucket_bytes!r} (e.g. DDL_BUCKET_BYTES=4194304 for 4 MiB, "
+                f"bucket_bytes={self.bucket_bytes!r} (e.g. DDL_BUCKET_BYTES=2097152 for 2 MiB, "
                 "0 for one bucket per gradient; DDL_OVERLAP=0 turns overlap off)."
             )
         if not isinstance(self.overlap, bool):

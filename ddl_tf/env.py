@@ -91,7 +91,7 @@ DDL_OVERLAP = "DDL_OVERLAP"
 ``0``: one fused collective after the whole backward pass."""
 
 DDL_BUCKET_BYTES = "DDL_BUCKET_BYTES"
-"""Gradient bytes per overlapped bucket (default 4 MiB); ``0`` gives every gradient its own."""
+"""Gradient bytes per overlapped bucket (default 2 MiB); ``0`` gives every gradient its own."""
 
 DDL_COMPRESSION = "DDL_COMPRESSION"
 """Default wire compression when a call passes none: ``none``, ``fp16`` or ``bf16``."""

@@ -75,7 +75,7 @@ def plan_gradient_buckets(
     if bucket_bytes < 0:
         raise ConfigError(
             f"bucket_bytes must be >= 0. Received bucket_bytes={bucket_bytes!r} "
-            "(e.g. DDL_BUCKET_BYTES=4194304)."
+            "(e.g. DDL_BUCKET_BYTES=2097152)."
         )
     buckets: list[GradientBucket] = []
     current: list[int] = []
