@@ -16,8 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tensorflow as tf  # noqa: E402
 
-tf.config.threading.set_inter_op_parallelism_threads(1)
-
 import tflms  # noqa: E402
 from tflms import zoo  # noqa: E402
 from tflms.simulation.measure import measure_cpu_step  # noqa: E402
@@ -40,6 +38,7 @@ MODELS = {
 
 
 def main(name: str) -> None:
+    tf.config.threading.set_inter_op_parallelism_threads(1)  # before TensorFlow starts
     description, build, batch = MODELS[name]
     model = build()
     x, y = zoo.synthetic_data(model, batch)
