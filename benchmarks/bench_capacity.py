@@ -28,6 +28,8 @@ Every figure is simulated on a virtual V100-16GB; none was measured on a GPU.
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -266,8 +268,36 @@ def ratio(work_result, key, cube):
     return (lms / plain) ** 3 if cube else lms / plain
 
 
-def main() -> int:
-    setup_logging()
+def op_floor(view):
+    """The op whose inputs and outputs together are largest: no plan goes below them."""
+    best = (0, "")
+    for name, node in view.nodes(data=True):
+        outs = sum(t.bytes for t in node["outputs"])
+        ins = sum(
+            view.nodes[src]["outputs"][k].bytes
+            for src in view.predecessors(name)
+            for k, _ in view.edges[src, name].get("tensors", ())
+        )
+        best = max(best, (ins + outs, name))
+    return {"bytes": best[0], "op": best[1], "type": view.nodes[best[1]]["type"]}
+
+
+def at_targets(work, size):
+    """Why the target size does not fit (or does): the aggressive plan there, both conventions."""
+    view = work.view(size)
+    plan, peak = work.aggressive(size)
+    grappler = tflms.simulate(view, plan, link="ideal", accounting="grappler", baseline=False)
+    return {
+        "size": size,
+        "aggressive_peak_bytes": peak,
+        "aggressive_peak_grappler_conventions_bytes": grappler.device_peak_bytes
+        + tflms.simulate(view, link="ideal").variable_bytes,
+        "grappler_conventions_peak_op": grappler.peak_op,
+        "largest_single_op": op_floor(view),
+    }
+
+
+def workloads():
     resnet = Workload(
         "resnet50", models.resnet50(), lambda n: (n, None), "batch size at 224x224", 8, 64, 1152
     )
@@ -280,6 +310,44 @@ def main() -> int:
         96,
         288,
     )
+    return resnet, unet
+
+
+def target_size(plain, name, key, cube, step):
+    """The smallest size (a multiple of ``step``) that meets the ratio target ``key``."""
+    factor = TARGETS[key][name] ** (1 / 3) if cube else TARGETS[key][name]
+    return -(-int(plain * factor) // step) * step
+
+
+def explain(resnet, unet, results):
+    """At each target size: the aggressive plan under both conventions and the largest op."""
+    out = {}
+    for work, cube in ((resnet, False), (unet, True)):
+        plain = results[work.name]["without_lms"]["ours"]
+        for key in ("ratio", "ratio_grappler"):
+            size = target_size(plain, work.name, key, cube, work.step_size)
+            out.setdefault(work.name, {})[key] = at_targets(work, size)
+            print(f"  {work.name} at the {key} target ({size}): {out[work.name][key]}", flush=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--part",
+        choices=("all", "explain"),
+        default="all",
+        help="'explain': only the diagnostics at the target sizes, kept with the existing results",
+    )
+    args = parser.parse_args()
+    setup_logging()
+    resnet, unet = workloads()
+    if args.part == "explain":
+        data = json.loads((RESULTS / "capacity.json").read_text())
+        data["at_targets"] = explain(resnet, unet, data["models"])
+        data["at_targets_generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        write_result("capacity.json", data)
+        return 0
     results = {"resnet50": study(resnet), "unet3d": study(unet)}
     summary = {}
     for name, cube in (("resnet50", False), ("unet3d", True)):
@@ -319,6 +387,7 @@ def main() -> int:
         },
         "summary": summary,
         "models": results,
+        "at_targets": explain(resnet, unet, results),
     }
     path = write_result("capacity.json", data)
     print(f"summary: {summary}\n-> {path}")
