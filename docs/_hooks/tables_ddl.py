@@ -7,6 +7,7 @@ for the directive that calls it and what happens to missing keys.
 from __future__ import annotations
 
 import tables_cluster  # noqa: F401 - registers the rehearsal-cluster tables
+import tables_horovod  # noqa: F401 - registers the Horovod side-by-side tables
 from results_tables import (
     MISSING,
     Results,
