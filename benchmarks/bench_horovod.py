@@ -137,22 +137,22 @@ def targets(allreduce: dict, training: dict) -> dict:
     }
 
 
-def run_scenario(name: str, launch, quick: bool) -> dict:
+def run_scenario(name: str, launch, quick: bool, budget: float, max_wait: float) -> dict:
     started = time.monotonic()
     load_before = os.getloadavg()
     plan = {
         "sizes": QUICK_SIZES if quick else SIZES,
         "dtypes": DTYPES,
-        "budget_seconds": 120 if quick else 600,
+        "budget_seconds": 120 if quick else budget,
     }
     print(f"== {name}: allreduce", flush=True)
-    quiet = {"allreduce": wait_for_quiet()}
+    quiet = {"allreduce": wait_for_quiet(max_wait=max_wait)}
     allreduce = run_job(launch, "horovod_allreduce_worker.py", plan, timeout=1800)
     allreduce["ratios"] = ratios(allreduce["rows"])
     training = {}
     for model, batch in MODELS.items():
         print(f"== {name}: training step, {model}", flush=True)
-        quiet[model] = wait_for_quiet()
+        quiet[model] = wait_for_quiet(max_wait=max_wait)
         plan = {
             "model": model,
             "batch": batch,
@@ -180,35 +180,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 sizes, 3 rounds (smoke run)")
     parser.add_argument("--scenarios", default="one_host,cluster")
     parser.add_argument("--out", default=str(RESULTS / "horovod_side_by_side.json"))
+    parser.add_argument(
+        "--budget", type=float, default=600.0, help="seconds for the allreduce sizes per scenario"
+    )
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        default=180.0,
+        help="seconds to wait (at most) for other jobs to leave the CPUs before each phase",
+    )
     args = parser.parse_args(argv)
     missing = peer_missing()
     if missing is not None:
         print(f"bench_horovod: skipped: {missing}.", flush=True)
         return 0
     started = time.time()
-    scenarios, skipped = [], {}
-    for name in args.scenarios.split(","):
+    scenarios: list[dict] = []
+    skipped: dict[str, str] = {}
+    names = args.scenarios.split(",")
+    for name in names:
         if name == "one_host":
-            scenarios.append(run_scenario(name, one_host_launcher, args.quick))
+            scenarios.append(
+                run_scenario(name, one_host_launcher, args.quick, args.budget, args.max_wait)
+            )
         elif name == "cluster":
             reason = unavailable_reason()
             if reason is not None:
                 skipped[name] = reason
                 continue
             with Cluster(ClusterSpec(nodes=2, link=CLUSTER_LINK)) as cluster:
-                result = run_scenario(name, cluster_launcher(cluster), args.quick)
+                result = run_scenario(
+                    name, cluster_launcher(cluster), args.quick, args.budget, args.max_wait
+                )
             result["cluster"] = {"nodes": 2, "ranks_per_node": 1, "link": CLUSTER_LINK}
             scenarios.append(result)
         else:
             parser.error(f"unknown scenario {name!r}; use one_host and/or cluster")
-    peer = (PEER / ".horovod-peer-stamp").read_text().strip()
+        # after every scenario, so that a later failure keeps what was measured
+        write_report(Path(args.out), argv, started, scenarios, skipped, names)
+    print(f"wrote {args.out} in {time.time() - started:.0f} s")
+    return 0
+
+
+def write_report(out: Path, argv, started: float, scenarios, skipped, names) -> None:
+    """Write the JSON report of the scenarios measured so far (``incomplete`` lists the rest)."""
+    done = {s["scenario"] for s in scenarios} | set(skipped)
     report = {
         "benchmark": "horovod_side_by_side",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.time() - started, 1),
         "command": "python benchmarks/bench_horovod.py " + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),
-        "peer": peer,
+        "peer": (PEER / ".horovod-peer-stamp").read_text().strip(),
         "method": (
             "every rank is one process with Horovod 0.28.1 (MPI CPU operations, defaults) and "
             "ddl_tf (defaults) on the same MPI; per configuration the variants are timed in "
@@ -216,12 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "scenarios": scenarios,
         "skipped": skipped,
+        "incomplete": [n for n in names if n not in done],
     }
     from tflms.files import write_json  # here: importing tflms still imports TensorFlow
 
-    write_json(Path(args.out), report)
-    print(f"wrote {args.out} in {time.time() - started:.0f} s")
-    return 0
+    write_json(out, report)
 
 
 if __name__ == "__main__":
