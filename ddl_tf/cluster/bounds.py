@@ -29,12 +29,29 @@ __all__ = ["allreduce_lower_bound", "framing_overhead"]
 
 
 def allreduce_lower_bound(nbytes: int, *, nodes: int, link_bps: float) -> float:
-    """Seconds an allreduce of ``nbytes`` wire bytes needs at least (see the module docstring)."""
+    """Seconds an allreduce of ``nbytes`` wire bytes needs at least (see the module docstring).
+
+    Args:
+        nbytes: Bytes on the wire per rank's buffer (include framing, see
+            :func:`framing_overhead`).
+        nodes: Number of nodes; 1 or fewer gives 0.
+        link_bps: Each node's link rate in bits per second, each direction.
+
+    Returns:
+        The bound in seconds.
+    """
     if nodes <= 1:
         return 0.0
     return 2 * (nodes - 1) / nodes * nbytes * 8 / link_bps
 
 
 def framing_overhead(mtu: int = 1500) -> float:
-    """Shaped bytes per TCP payload byte at ``mtu`` (Ethernet 14 B, IPv4 20 B, TCP 32 B with timestamps)."""
+    """Shaped bytes per TCP payload byte at ``mtu`` (Ethernet 14 B, IPv4 20 B, TCP 32 B with timestamps).
+
+    Args:
+        mtu: The link MTU in bytes.
+
+    Returns:
+        A factor > 1 to multiply payload bytes by.
+    """
     return (mtu + 14) / (mtu - 20 - 32)

@@ -85,7 +85,15 @@ def _spec(args: argparse.Namespace) -> ClusterSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit code (see the module docstring)."""
+    """Run the command line; returns the exit code (see the module docstring).
+
+    Args:
+        argv: Arguments without the program name; None reads ``sys.argv``.
+
+    Returns:
+        ``EXIT_OK`` (0), the job's exit code for ``run``, ``EXIT_USAGE`` (2),
+        ``EXIT_UNAVAILABLE`` (3) or ``EXIT_CLUSTER`` (4).
+    """
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -113,6 +113,13 @@ def read_local(interface: str = INTERFACE, *, sysfs: Path = _SYSFS) -> LinkCount
     Inside ``ip netns exec`` (every process of a rehearsal node) ``/sys`` shows
     the node's own interfaces.
 
+    Args:
+        interface: Interface name; the node's link is ``eth0``.
+        sysfs: Where the ``/sys/class/net`` tree is (tests point it at a copy).
+
+    Returns:
+        Its byte and packet counters since the interface came up.
+
     Raises:
         ClusterError: The interface does not exist here (not inside a node?).
     """
@@ -130,6 +137,13 @@ def read_local(interface: str = INTERFACE, *, sysfs: Path = _SYSFS) -> LinkCount
 
 def parse_ip_link(text: str, interface: str = INTERFACE) -> LinkCounters:
     """The counters of ``interface`` in the output of ``ip -s -j link show``.
+
+    Args:
+        text: The JSON text ``ip -s -j link show`` printed.
+        interface: Interface whose counters to take.
+
+    Returns:
+        Its counters (from ``stats64`` when present, else ``stats``).
 
     Raises:
         ClusterError: Not JSON of that shape, or no such interface in it.
@@ -172,7 +186,14 @@ def read_node(tools, namespace: str, interface: str = INTERFACE) -> LinkCounters
 
 
 def snapshot(cluster) -> dict[str, LinkCounters]:
-    """The link counters of every node of a running :class:`~ddl_tf.cluster.Cluster`, by hostname."""
+    """The link counters of every node of a running :class:`~ddl_tf.cluster.Cluster`, by hostname.
+
+    Args:
+        cluster: A started :class:`~ddl_tf.cluster.Cluster`.
+
+    Returns:
+        ``{hostname: counters}``, for :func:`describe_traffic`.
+    """
     return {host: cluster.link_counters(k) for k, host in enumerate(cluster.spec.hostnames)}
 
 
@@ -180,6 +201,13 @@ def describe_traffic(
     before: Mapping[str, LinkCounters], after: Mapping[str, LinkCounters]
 ) -> list[str]:
     """One line per node: what crossed its link between two snapshots (MiB, payload estimate).
+
+    Args:
+        before: A :func:`snapshot` taken first.
+        after: A :func:`snapshot` taken later, with every host of ``before``.
+
+    Returns:
+        One human-readable line per host of ``before``.
 
     Example:
         >>> from ddl_tf.cluster.counters import LinkCounters, describe_traffic

@@ -31,7 +31,15 @@ __all__ = ["agent_script", "mca_arguments", "mpirun_command", "job_environment",
 
 
 def agent_script(spec: ClusterSpec, tools) -> str:
-    """Text of the remote-launch agent: ``agent HOST COMMAND...`` runs COMMAND on node HOST."""
+    """Text of the remote-launch agent: ``agent HOST COMMAND...`` runs COMMAND on node HOST.
+
+    Args:
+        spec: The cluster (hostnames, addresses and namespaces of the nodes).
+        tools: The :class:`~ddl_tf.cluster.netns.Tools` (paths of ``ip`` and ``unshare``).
+
+    Returns:
+        A ``/bin/sh`` script; an unknown HOST makes it exit 255.
+    """
     cases = []
     for host, addr, ns in zip(spec.hostnames, spec.addresses, spec.node_namespaces, strict=True):
         cases.append(f"  {host}|{addr}) ns={ns}; name={host} ;;")
@@ -56,7 +64,15 @@ def agent_script(spec: ClusterSpec, tools) -> str:
 
 
 def host_list(spec: ClusterSpec, ranks_per_node: int) -> str:
-    """``node0:L,node1:L,...`` for ``--host``/``-H``."""
+    """``node0:L,node1:L,...`` for ``--host``/``-H``.
+
+    Args:
+        spec: The cluster (its hostnames).
+        ranks_per_node: Slots given to each node.
+
+    Returns:
+        The comma-separated host list.
+    """
     return ",".join(f"{h}:{ranks_per_node}" for h in spec.hostnames)
 
 
@@ -69,6 +85,12 @@ def mca_arguments(spec: ClusterSpec) -> list[str]:
     Python socket carried 0.93 each way; with 2 or 4 links it reached 0.9.
     ``mpi_yield_when_idle`` makes waiting ranks yield the CPU: with more ranks
     than cores, busy-polling ranks otherwise starve the ones doing the work.
+
+    Args:
+        spec: The cluster (its agent script path and subnet).
+
+    Returns:
+        ``--mca NAME VALUE`` triples, flattened, for the mpirun command line.
     """
     return [
         "--mca",
@@ -138,6 +160,12 @@ def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
     The remote daemons are started from mpirun's own environment by the
     agent, so every rank inherits it (no ``-x`` needed inside the cluster).
+
+    Args:
+        environ: The base environment; None takes this process's.
+
+    Returns:
+        A new dict; the ``OMPI_ALLOW_RUN_AS_ROOT*`` pair is added when running as root.
     """
     child = dict(ddl_env.snapshot() if environ is None else environ)
     if hasattr(os, "geteuid") and os.geteuid() == 0:

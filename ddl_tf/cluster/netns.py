@@ -95,6 +95,11 @@ def find_tools() -> Tools:
 def run(argv: list[str], *, timeout: float = COMMAND_TIMEOUT, check: bool = True) -> str:
     """Run one command; return its stdout.
 
+    Args:
+        argv: The command and its arguments (no shell).
+        timeout: Seconds before it counts as failed.
+        check: Raise on a non-zero exit (else return its stdout anyway).
+
     Raises:
         ClusterError: It failed (with the command and its stderr) or timed out.
     """
@@ -120,6 +125,10 @@ def setup_commands(spec: ClusterSpec, tools: Tools) -> list[list[str]]:
     Each veth pair is created inside the switch namespace with its peer put
     straight into the node's namespace, so no interface ever exists in the
     root namespace.
+
+    Args:
+        spec: The cluster to build (namespaces, addresses, MTU).
+        tools: Paths of ``ip``/``tc``/``unshare``.
     """
     ip, sw = tools.ip, spec.switch_namespace
     mtu = str(spec.mtu)
@@ -151,6 +160,11 @@ def shaping_commands(spec: ClusterSpec, tools: Tools, node: int) -> list[list[st
     rate (``tbf`` lost about 40 % of the rate with traffic in both directions
     on this kernel; ``htb`` kept 93 %); with a latency, a ``netem`` leaf under
     the class delays each hop by half of it.
+
+    Args:
+        spec: The cluster (its ``link`` rate and ``latency``); neither set gives ``[]``.
+        tools: Paths of ``ip``/``tc``/``unshare``.
+        node: Node index, 0-based.
     """
     if spec.link_bps is None and not spec.latency_seconds:
         return []
@@ -176,6 +190,11 @@ def rate_commands(spec: ClusterSpec, tools: Tools, node: int) -> list[list[str]]
     For a cluster whose classes :func:`shaping_commands` created; ``tc class
     change`` keeps the qdiscs, their queues and any netem leaf.
 
+    Args:
+        spec: The cluster with the new ``link`` rate.
+        tools: Paths of ``ip``/``tc``/``unshare``.
+        node: Node index, 0-based.
+
     Example:
         >>> from ddl_tf.cluster.netns import Tools, rate_commands
         >>> from ddl_tf.cluster.spec import ClusterSpec
@@ -191,7 +210,12 @@ def rate_commands(spec: ClusterSpec, tools: Tools, node: int) -> list[list[str]]
 
 
 def require_shaped(spec: ClusterSpec, link: str | None) -> str:
-    """``link`` if the rate of ``spec``'s links can be changed to it, else :class:`ClusterError`."""
+    """``link`` if the rate of ``spec``'s links can be changed to it, else :class:`ClusterError`.
+
+    Args:
+        spec: The running cluster's spec (built with a rate or a latency).
+        link: The new rate in ``tc`` units; ``None`` is refused.
+    """
     if link is None or (spec.link is None and not spec.latency_seconds):
         raise ClusterError(
             f"cannot change the link rate of cluster {spec.prefix} to {link!r}: a rate can only "
@@ -218,14 +242,23 @@ def _htb_class(spec: ClusterSpec) -> list[str]:
 
 
 def hosts_file(spec: ClusterSpec) -> str:
-    """The ``/etc/hosts`` every node sees (``ip netns exec`` bind-mounts it)."""
+    """The ``/etc/hosts`` every node sees (``ip netns exec`` bind-mounts it).
+
+    Args:
+        spec: The cluster (one ``address hostname`` line per node, plus localhost).
+    """
     lines = ["127.0.0.1 localhost", "::1 localhost"]
     lines += [f"{a} {h}" for a, h in zip(spec.addresses, spec.hostnames, strict=True)]
     return "\n".join(lines) + "\n"
 
 
 def netem_available(tools: Tools, namespace: str) -> bool:
-    """Whether the kernel has ``netem``: add and remove one on ``lo`` of ``namespace``."""
+    """Whether the kernel has ``netem``: add and remove one on ``lo`` of ``namespace``.
+
+    Args:
+        tools: Paths of ``ip``/``tc``.
+        namespace: An existing namespace to probe in (its ``lo`` is used).
+    """
     tc = [tools.ip, "netns", "exec", namespace, tools.tc]
     try:
         run(tc + ["qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"])
@@ -237,7 +270,12 @@ def netem_available(tools: Tools, namespace: str) -> bool:
 
 
 def require_netem(spec: ClusterSpec, tools: Tools) -> None:
-    """Raise :class:`NetemUnavailableError` if ``spec`` asks for a latency netem cannot add."""
+    """Raise :class:`NetemUnavailableError` if ``spec`` asks for a latency netem cannot add.
+
+    Args:
+        spec: The cluster being built (only ``latency`` matters).
+        tools: Paths of ``ip``/``tc``.
+    """
     if spec.latency_seconds and not netem_available(tools, spec.switch_namespace):
         raise NetemUnavailableError(
             f"latency={spec.latency!r} needs the kernel's netem qdisc (CONFIG_NET_SCH_NETEM), "
@@ -253,7 +291,12 @@ def require_netem(spec: ClusterSpec, tools: Tools) -> None:
 
 
 def list_namespaces(tools: Tools, prefix: str | None = None) -> list[str]:
-    """Names of cluster namespaces (all, or those of ``prefix``), from ``ip netns list``."""
+    """Names of cluster namespaces (all, or those of ``prefix``), from ``ip netns list``.
+
+    Args:
+        tools: Paths of ``ip``.
+        prefix: Only this cluster's namespaces; None lists every cluster's.
+    """
     names = []
     for line in run([tools.ip, "netns", "list"]).splitlines():
         name = line.split()[0] if line.split() else ""
@@ -271,6 +314,11 @@ def namespace_pids(tools: Tools, namespace: str) -> list[int]:
 
 def kill_processes(tools: Tools, namespaces: list[str], grace: float = 3.0) -> list[int]:
     """SIGTERM every process in ``namespaces``, SIGKILL what is left after ``grace`` s.
+
+    Args:
+        tools: Paths of ``ip``.
+        namespaces: Namespace names whose processes to stop.
+        grace: Seconds of SIGTERM before SIGKILL.
 
     Returns:
         The pids that were signalled. Bounded: at most ``grace + 5`` seconds.

@@ -87,6 +87,17 @@ def link_throughput(
 ) -> dict[str, float]:
     """Payload Gbit/s from node ``a`` to ``b`` (and ``b`` to ``a``), measured by the receivers.
 
+    Args:
+        cluster: A started :class:`~ddl_tf.cluster.Cluster` with at least ``max(a, b) + 1`` nodes.
+        a: Sending node.
+        b: Receiving node.
+        nbytes: Bytes each transfer sends (default 64 MiB).
+        both_directions: Also send ``b`` to ``a`` at the same time.
+        timeout: Seconds for the whole probe.
+
+    Returns:
+        ``{"a->b": Gbit/s, ...}``: TCP payload rate per direction, as the receiver timed it.
+
     Raises:
         ClusterError: A transfer failed or outlived ``timeout``.
     """
@@ -169,6 +180,12 @@ def link_bound_rate(times: Mapping[int, float]) -> int | None:
     """The fastest rate from which on, down to the slowest pair measured, halving doubles the time.
 
     None when even the slowest pair is not link-bound (slow the links further).
+
+    Args:
+        times: Seconds of the same job per link rate (bits per second), see :func:`halving_ratios`.
+
+    Returns:
+        That rate in bit/s, or None.
     """
     best = None
     for row in reversed(halving_ratios(times)):  # slowest first

@@ -34,6 +34,13 @@ EXAMPLE = "ddlrun --rehearse 2 -np 4 --link 1gbit --algo hierarchical train.py"
 def rehearsal_hosts(nodes: int, np_: int) -> list[Host]:
     """Hosts ``node0..`` with ``np_ / nodes`` slots each.
 
+    Args:
+        nodes: Number of virtual nodes (``--rehearse N``).
+        np_: Total ranks (``-np``).
+
+    Returns:
+        One :class:`~ddl_tf.launch.hosts.Host` per node, in node order.
+
     Raises:
         LaunchError: ``np_`` is not a positive multiple of ``nodes``.
     """
@@ -46,7 +53,17 @@ def rehearsal_hosts(nodes: int, np_: int) -> list[Host]:
 
 
 def rehearsal_spec(nodes: int, link: str | None, latency: str | None) -> ClusterSpec:
-    """The cluster for ``--rehearse``; ``link`` ``none`` or ``unlimited`` leaves links unshaped."""
+    """The cluster for ``--rehearse``; ``link`` ``none`` or ``unlimited`` leaves links unshaped.
+
+    Args:
+        nodes: Number of virtual nodes.
+        link: Per-node link rate in ``tc`` units (e.g. ``"1gbit"``); None, ``"none"``
+            or ``"unlimited"`` for unshaped links.
+        latency: Added one-way node-to-node delay (e.g. ``"100us"``); None for none.
+
+    Returns:
+        The :class:`~ddl_tf.cluster.spec.ClusterSpec` (random prefix).
+    """
     if link is not None and link.lower() in ("none", "unlimited"):
         link = None
     return ClusterSpec(nodes=nodes, link=link, latency=latency)
@@ -72,6 +89,15 @@ def run_rehearsal(
     interface counters, :func:`ddl_tf.cluster.counters.describe_traffic`)
     goes to ``report``, one line per node (default: this module's logger, at
     info level).
+
+    Args:
+        spec: The cluster to build.
+        command: The full mpirun argument list, run inside node 0.
+        child_env: mpirun's environment (every rank inherits it).
+        report: Called with each traffic line; None logs them at info level.
+
+    Returns:
+        mpirun's exit code (negative if a signal ended it).
     """
     with Cluster(spec) as cluster:
         before = counters.snapshot(cluster)

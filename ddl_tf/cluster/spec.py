@@ -65,6 +65,13 @@ _MAX_NODES = 64
 def parse_rate(text: str | int) -> int:
     """Bits per second from ``tc``-style text (``1gbit``, ``100mbit``, ``125mbps`` = bytes/s).
 
+    Args:
+        text: A number with a unit (``bit``, ``kbit``, ``mbit``, ``gbit``, ... or the
+            byte units ``bps``, ``kbps``, ...), or an int already in bit/s.
+
+    Returns:
+        The rate in bits per second, > 0.
+
     Raises:
         ConfigError: Not a positive rate with a known unit.
     """
@@ -87,6 +94,12 @@ def parse_rate(text: str | int) -> int:
 
 def parse_duration(text: str | float) -> float:
     """Seconds from ``tc``-style text (``100us``, ``1ms``, ``0.5s``); a number is seconds.
+
+    Args:
+        text: A number with a unit (``s``, ``ms``, ``us``, ``ns``), or a number of seconds.
+
+    Returns:
+        The duration in seconds, >= 0.
 
     Raises:
         ConfigError: Not a non-negative duration with a known unit.
@@ -225,7 +238,14 @@ class ClusterSpec:
         return self.state_dir / "agent.sh"
 
     def etc_dir(self, node: int) -> Path:
-        """``/etc/netns/<namespace>``: ``ip netns exec`` bind-mounts its ``hosts`` over /etc/hosts."""
+        """``/etc/netns/<namespace>``: ``ip netns exec`` bind-mounts its ``hosts`` over /etc/hosts.
+
+        Args:
+            node: Node index, 0-based.
+
+        Returns:
+            The folder's path (``Cluster.start`` creates it).
+        """
         return Path("/etc/netns") / self.node_namespaces[node]
 
     def describe(self) -> str:

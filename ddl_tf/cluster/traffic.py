@@ -50,7 +50,18 @@ MODELS = {
 
 
 def minimum_link_bytes(nbytes: float, *, nodes: int) -> float:
-    """``2 (N-1)/N * nbytes``: what any allreduce must send (and receive) per node link."""
+    """``2 (N-1)/N * nbytes``: what any allreduce must send (and receive) per node link.
+
+    Args:
+        nbytes: Bytes of the buffer every rank contributes.
+        nodes: Number of nodes (1 gives 0: nothing crosses a link).
+
+    Returns:
+        Bytes each node's link carries in each direction, at the least.
+
+    Raises:
+        ConfigError: ``nodes`` < 1.
+    """
     _check(nodes, 1)
     return 2 * (nodes - 1) / nodes * nbytes
 
@@ -101,6 +112,15 @@ def allgather_link_bytes(
     Open MPI's ``Allgatherv`` picks among these by size and rank count; the
     last two are not topology-aware, so more than ``(P-1)/P nbytes`` can cross.
 
+    Args:
+        nbytes: Bytes of the gathered result (every rank contributes ``nbytes / P``).
+        nodes: Number of nodes.
+        ranks_per_node: Ranks on each node (``P = nodes * ranks_per_node``).
+        schedule: ``"ring"``, ``"recursive_doubling"`` or ``"bruck"``.
+
+    Returns:
+        Bytes node 0 sends off-node (by symmetry, what it also receives).
+
     Example:
         >>> from ddl_tf.cluster.traffic import allgather_link_bytes
         >>> [allgather_link_bytes(8, nodes=2, ranks_per_node=4, schedule=s)
@@ -108,8 +128,8 @@ def allgather_link_bytes(
         [7.0, 16.0, 21.0]
 
     Raises:
-        ConfigError: An unknown schedule, or recursive doubling on a ``P`` that is
-            not a power of 2.
+        ConfigError: An unknown schedule, recursive doubling on a ``P`` that is
+            not a power of 2, or ``nodes``/``ranks_per_node`` < 1.
     """
     _check(nodes, ranks_per_node)
     ranks = nodes * ranks_per_node
