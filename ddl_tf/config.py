@@ -204,7 +204,17 @@ class DDLConfig:
         return cls(**values)
 
     def replace(self, **changes) -> DDLConfig:
-        """A copy with ``changes`` applied (and validated)."""
+        """A copy with ``changes`` applied (and validated).
+
+        Args:
+            **changes: New values by field name, e.g. ``fusion_threshold_bytes=0``.
+
+        Returns:
+            A new, validated :class:`DDLConfig`; this one is unchanged.
+
+        Raises:
+            ConfigError: A new value is invalid.
+        """
         return dataclasses.replace(self, **changes)
 
     def fingerprint(self) -> str:

@@ -200,12 +200,26 @@ def get_first(
 
 
 def snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A copy of the whole environment (what ``ddlrun`` hands to ``mpirun``)."""
+    """A copy of the whole environment (what ``ddlrun`` hands to ``mpirun``).
+
+    Args:
+        environ: The environment to copy; None means ``os.environ``.
+
+    Returns:
+        A new dict.
+    """
     return dict(_environ(environ))
 
 
 def ddl_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The ``DDL_*`` and ``HOROVOD_*`` settings that are set (forwarded to remote ranks)."""
+    """The ``DDL_*`` and ``HOROVOD_*`` settings that are set (forwarded to remote ranks).
+
+    Args:
+        environ: The environment to read; None means ``os.environ``.
+
+    Returns:
+        ``{name: value}`` for the set, non-blank ``DDL_*``/``HOROVOD_*`` variables.
+    """
     return {
         key: value
         for key, value in _environ(environ).items()

@@ -112,6 +112,14 @@ def production_order(tensors: Sequence) -> list[int]:
 def resolve(overlap: bool | None, bucket_bytes: int | None) -> tuple[bool, int]:
     """The overlap switch and bucket size to use: the arguments, else the job's configuration.
 
+    Args:
+        overlap: Reduce gradient buckets while backprop runs; None takes ``DDLConfig.overlap``.
+        bucket_bytes: Bucket size in bytes (0: one bucket per gradient); None takes
+            ``DDLConfig.bucket_bytes``.
+
+    Returns:
+        ``(overlap, bucket_bytes)``.
+
     Raises:
         ConfigError: ``bucket_bytes`` is not a whole number >= 0, or ``overlap`` not a bool.
     """

@@ -98,6 +98,13 @@ def pack(bucket: Bucket, arrays: Sequence[np.ndarray]) -> np.ndarray:
     A single member that is already a contiguous array of the right dtype is
     copied as well: the buffer is reduced in place and the caller's input must
     stay untouched.
+
+    Args:
+        bucket: The bucket (member indices, offsets, sizes, dtype).
+        arrays: All tensors of the step as numpy arrays, indexed by member index.
+
+    Returns:
+        A 1-D array of ``bucket.elements`` elements of ``bucket.dtype``.
     """
     buf = np.empty(bucket.elements, bucket.dtype)
     for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
@@ -110,6 +117,14 @@ def unpack(bucket: Bucket, buf: np.ndarray, shapes: Sequence[tuple[int, ...]]) -
 
     The views share ``buf``'s memory; ``buf`` is a fresh allocation per call
     (see :func:`pack`), so no later collective can overwrite them.
+
+    Args:
+        bucket: The bucket ``buf`` was packed for.
+        buf: The (reduced) 1-D buffer.
+        shapes: Shapes of all tensors of the step, indexed by member index.
+
+    Returns:
+        ``{member index: view}`` for the bucket's members only.
     """
     return {
         index: buf[offset : offset + size].reshape(shapes[index])

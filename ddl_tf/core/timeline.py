@@ -43,7 +43,15 @@ __all__ = ["Timeline", "NullTimeline", "Tracer", "NULL_TRACER", "merge_traces", 
 
 
 def rank_path(path: str | Path, rank: int) -> Path:
-    """Per-rank stream of ``path``: ``trace.json`` -> ``trace.rank3.json``."""
+    """Per-rank stream of ``path``: ``trace.json`` -> ``trace.rank3.json``.
+
+    Args:
+        path: The trace file the user named (``DDL_TIMELINE``); no suffix gives ``.json``.
+        rank: This process's rank.
+
+    Returns:
+        The path of this rank's own trace file, next to ``path``.
+    """
     path = Path(path)
     return path.with_name(f"{path.stem}.rank{rank}{path.suffix or '.json'}")
 
@@ -55,9 +63,25 @@ class NullTimeline:
     _null = contextlib.nullcontext()
 
     def phase(self, name: str, **args: Any):
+        """A no-op context manager (the shape of :meth:`Timeline.phase`).
+
+        Args:
+            name: Ignored.
+            **args: Ignored.
+
+        Returns:
+            One shared ``contextlib.nullcontext``.
+        """
         return self._null
 
     def instant(self, name: str, tid: int = 0, **args: Any) -> None:
+        """Record nothing (the shape of :meth:`Timeline.instant`).
+
+        Args:
+            name: Ignored.
+            tid: Ignored.
+            **args: Ignored.
+        """
         return None
 
     def close(self) -> list[dict]:
@@ -106,7 +130,13 @@ class Timeline:
             self._first = False
 
     def instant(self, name: str, tid: int = 0, **args: Any) -> None:
-        """Record the present moment as an instant event ``name`` on thread ``tid``."""
+        """Record the present moment as an instant event ``name`` on thread ``tid``.
+
+        Args:
+            name: Event name shown in the trace viewer.
+            tid: Trace thread id (0 is the training thread).
+            **args: JSON-serializable values stored as the event's ``args``.
+        """
         self._write(
             {
                 "name": name,
