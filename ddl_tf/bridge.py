@@ -90,7 +90,16 @@ def outside_chain() -> Iterator[None]:
 
 
 def op_name(kind: str, name: str | None) -> str:
-    """Graph op name for collective ``kind`` (Horovod style: ``DDLAllreduce_<name or n>``)."""
+    """Graph op name for collective ``kind`` (Horovod style: ``DDLAllreduce_<name or n>``).
+
+    Args:
+        kind: Collective kind, e.g. ``"Allreduce"``.
+        name: The user's name; None takes a process-wide counter. ``/`` and ``:``
+            become ``_``.
+
+    Returns:
+        A valid TensorFlow op name.
+    """
     return f"DDL{kind}_{name or next(_counter)}".replace("/", "_").replace(":", "_")
 
 
@@ -213,6 +222,11 @@ def refuse(kind: str, error: DDLError, *, name: str | None = None) -> None:
     (TensorFlow-typed). While tracing a graph nothing runs yet: ``error`` is
     raised at once, as Horovod raises its argument errors when building the op.
 
+    Args:
+        kind: Collective kind, e.g. ``"Allreduce"``.
+        error: The error to raise on every rank.
+        name: The collective's name, as the other ranks know it.
+
     Raises:
         DDLError: Always.
     """
@@ -225,5 +239,12 @@ def refuse(kind: str, error: DDLError, *, name: str | None = None) -> None:
 
 
 def collective_ops(graph: tf.Graph) -> list[tf.Operation]:
-    """The collective ops created in ``graph``, in creation (= execution) order."""
+    """The collective ops created in ``graph``, in creation (= execution) order.
+
+    Args:
+        graph: A graph (e.g. a ``tf.function``'s ``concrete_function.graph``).
+
+    Returns:
+        The ops; empty for a graph without collectives.
+    """
     return [graph.get_operation_by_name(names[0]) for names in _chains.get(graph, [])]

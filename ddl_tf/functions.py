@@ -76,7 +76,21 @@ def broadcast_object(
     name: str | None = None,
     process_set: Any = None,
 ) -> Any:
-    """A picklable object from ``root_rank`` on every rank (eager only)."""
+    """A picklable object from ``root_rank`` on every rank (eager only).
+
+    Args:
+        obj: The object (only ``root_rank``'s is used; must pickle).
+        root_rank: The rank whose object everyone gets.
+        session: Ignored (TF1 compatibility).
+        name: Name of the collective; None for an automatic one.
+        process_set: Only the global process set (or None) is supported.
+
+    Returns:
+        ``root_rank``'s object, unpickled on every other rank.
+
+    Raises:
+        ConfigError: ``process_set`` is not the global set.
+    """
     check_process_set(process_set)
     return basics.engine().broadcast_object(obj, root_rank, name=name)
 
@@ -89,6 +103,18 @@ def broadcast_object_fn(
     Horovod needs it to reuse one graph op in ``tf.compat.v1`` sessions; ddl_tf
     broadcasts objects outside the graph, so the function simply calls
     :func:`broadcast_object`. ``session`` is accepted for compatibility.
+
+    Args:
+        root_rank: The rank whose object everyone gets.
+        session: Ignored.
+        name: Name of the collective; None for an automatic one.
+        process_set: Only the global process set (or None) is supported.
+
+    Returns:
+        A function ``obj -> root_rank's obj``.
+
+    Raises:
+        ConfigError: ``process_set`` is not the global set.
     """
     check_process_set(process_set)
 
@@ -101,7 +127,20 @@ def broadcast_object_fn(
 def allgather_object(
     obj: Any, session: Any = None, name: str | None = None, process_set: Any = None
 ) -> list:
-    """Every rank's picklable object, as a list in rank order (eager only)."""
+    """Every rank's picklable object, as a list in rank order (eager only).
+
+    Args:
+        obj: This rank's object (must pickle).
+        session: Ignored (TF1 compatibility).
+        name: Name of the collective; None for an automatic one.
+        process_set: Only the global process set (or None) is supported.
+
+    Returns:
+        A list of ``size()`` objects, entry ``r`` from rank ``r``.
+
+    Raises:
+        ConfigError: ``process_set`` is not the global set.
+    """
     check_process_set(process_set)
     return basics.engine().allgather_object(obj, name=name)
 

@@ -84,7 +84,11 @@ class DistributedGradientTape:
         self._local_sources: set = set()
 
     def register_local_source(self, source) -> None:
-        """Keep ``source``'s gradient local (not reduced across ranks)."""
+        """Keep ``source``'s gradient local (not reduced across ranks).
+
+        Args:
+            source: A variable (or other object) that is passed among ``sources`` later.
+        """
         self._local_sources.add(source.ref() if hasattr(source, "ref") else id(source))
 
     def _is_local(self, source) -> bool:
@@ -97,6 +101,16 @@ class DistributedGradientTape:
         Gradients of registered local sources are not reduced (divided by the
         number of ranks when ``scale_local_gradients``). ``use_generic_names``
         is accepted for Horovod compatibility.
+
+        Args:
+            target: The value to differentiate, as for ``tf.GradientTape.gradient``.
+            sources: A variable or nested structure of them.
+            output_gradients: Upstream gradients of ``target``, or None.
+            use_generic_names: Ignored.
+            **kwargs: Passed on to ``tf.GradientTape.gradient`` (e.g. ``unconnected_gradients``).
+
+        Returns:
+            Gradients in the structure of ``sources`` (None for unconnected ones).
         """
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
@@ -128,6 +142,15 @@ class DistributedGradientTape:
         """:meth:`gradient`, split into ``(local [(source, grad)], global [(source, grad)])``.
 
         The order within each list is the order of ``sources``.
+
+        Args:
+            target: The value to differentiate.
+            sources: An iterable of variables.
+            output_gradients: Upstream gradients of ``target``, or None.
+            use_generic_names: Ignored.
+
+        Returns:
+            ``(local, global)`` lists of ``(source, gradient)`` pairs.
         """
         sources = list(sources)
         grads = self.gradient(target, sources, output_gradients)
@@ -157,6 +180,15 @@ def PartialDistributedGradientTape(
     gradtape, local_layers=None, **kwargs
 ) -> DistributedGradientTape:  # noqa: N802 - Horovod's name
     """A :class:`DistributedGradientTape` that keeps the gradients of ``local_layers`` local.
+
+    Args:
+        gradtape: The ``tf.GradientTape`` that recorded the forward pass.
+        local_layers: A Keras layer or a list of them whose trainable weights keep
+            local gradients; None for none.
+        **kwargs: Passed on to :class:`DistributedGradientTape`.
+
+    Returns:
+        The distributed tape with those weights registered as local sources.
 
     Raises:
         ConfigError: An entry of ``local_layers`` is not a Keras layer.

@@ -151,7 +151,15 @@ class Timeline:
 
     @contextlib.contextmanager
     def phase(self, name: str, **args: Any):
-        """Record the enclosed block as one complete event named ``name``."""
+        """Record the enclosed block as one complete event named ``name``.
+
+        Args:
+            name: Event name shown in the trace viewer.
+            **args: JSON-serializable values stored as the event's ``args``.
+
+        Yields:
+            None; the event lasts as long as the ``with`` block.
+        """
         start = self._now_us()
         try:
             yield
