@@ -116,7 +116,20 @@ def allreduce(
     op=None,
     compression: Any = None,
 ):
-    """Allreduce a tensor-compatible value (Average by default); returns a tensor."""
+    """Allreduce a tensor-compatible value (Average by default); returns a tensor.
+
+    Args:
+        value: A tensor, array or number (converted with ``keras.ops.convert_to_tensor``).
+        name: Name of the collective; None for an automatic one.
+        average: Horovod's deprecated switch (True: Average, False: Sum); use ``op``.
+        prescale_factor: Multiplies each rank's value before the reduction.
+        postscale_factor: Multiplies the result.
+        op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        compression: ``Compression.none`` (default), ``.fp16`` or ``.bf16``.
+
+    Returns:
+        The reduced tensor, same shape as ``value``.
+    """
     return _collectives.allreduce(
         keras.ops.convert_to_tensor(value),
         average=average,
@@ -129,17 +142,43 @@ def allreduce(
 
 
 def allgather(value, name: str | None = None):
-    """Concatenate every rank's value along the first dimension; returns a tensor."""
+    """Concatenate every rank's value along the first dimension; returns a tensor.
+
+    Args:
+        value: A tensor, array or number of rank >= 1 (first dimensions may differ).
+        name: Name of the collective; None for an automatic one.
+
+    Returns:
+        The concatenation, in rank order.
+    """
     return _exchange.allgather(keras.ops.convert_to_tensor(value), name=name)
 
 
 def broadcast(value, root_rank: int, name: str | None = None):
-    """The root's value on every rank; returns a tensor."""
+    """The root's value on every rank; returns a tensor.
+
+    Args:
+        value: A tensor, array or number (same shape and dtype on every rank).
+        root_rank: The rank whose value everyone gets.
+        name: Name of the collective; None for an automatic one.
+
+    Returns:
+        A tensor equal to ``root_rank``'s value.
+    """
     return _broadcasts.broadcast(keras.ops.convert_to_tensor(value), root_rank, name=name)
 
 
 def reducescatter(value, name: str | None = None, op=Average):
-    """Reduce a value and keep this rank's rows of the first dimension; returns a tensor."""
+    """Reduce a value and keep this rank's rows of the first dimension; returns a tensor.
+
+    Args:
+        value: A tensor, array or number of rank >= 1.
+        name: Name of the collective; None for an automatic one.
+        op: ``Average`` (default) or ``Sum`` (``Min``, ``Max``, ``Product`` also work).
+
+    Returns:
+        This rank's slice of the reduced value along the first dimension.
+    """
     return _scatter.reducescatter(keras.ops.convert_to_tensor(value), op=op, name=name)
 
 
