@@ -55,6 +55,12 @@ class DDLConfig:
             the others force one algorithm for every allreduce.
         fusion_threshold_bytes: Largest fused bucket (bytes on the wire). A
             tensor larger than this travels alone; ``0`` disables fusion.
+        overlap: Overlap the gradient allreduce with backprop inside graphs:
+            one collective per bucket, in the order gradients are produced
+            (see :mod:`ddl_tf.overlap`). ``False``: one fused allreduce after
+            the backward pass.
+        bucket_bytes: Gradient bytes per overlapped bucket; ``0`` gives every
+            gradient its own bucket.
         compression: Wire compression used when a call does not pass one.
         timeline: Chrome-trace JSON file of every collective's phases, or None.
         stall_warning_seconds: A collective that waited this long for missing

@@ -30,7 +30,7 @@ Example:
 """
 
 from ddl_tf.cluster.bounds import allreduce_lower_bound
-from ddl_tf.cluster.cluster import Cluster, cleanup, create, list_clusters
+from ddl_tf.cluster.cluster import Cluster, create
 from ddl_tf.cluster.counters import LinkCounters
 from ddl_tf.cluster.errors import (
     ClusterError,
@@ -39,6 +39,7 @@ from ddl_tf.cluster.errors import (
     NetemUnavailableError,
 )
 from ddl_tf.cluster.netns import unavailable_reason
+from ddl_tf.cluster.registry import cleanup, list_clusters
 from ddl_tf.cluster.spec import ClusterSpec, parse_duration, parse_rate
 from ddl_tf.cluster.traffic import expected_link_bytes, minimum_link_bytes
 

@@ -26,8 +26,9 @@ import logging
 import signal
 import sys
 
-from ddl_tf.cluster.cluster import Cluster, cleanup, list_clusters
+from ddl_tf.cluster.cluster import Cluster
 from ddl_tf.cluster.errors import ClusterError, ClusterUnavailableError, NetemUnavailableError
+from ddl_tf.cluster.registry import cleanup, list_clusters
 from ddl_tf.cluster.spec import ClusterSpec
 from ddl_tf.errors import ConfigError
 

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -34,15 +33,14 @@ from ddl_tf.cluster import counters, netns
 from ddl_tf.cluster import mpi as cluster_mpi
 from ddl_tf.cluster.counters import LinkCounters
 from ddl_tf.cluster.errors import ClusterError, ClusterJobTimeout
-from ddl_tf.cluster.spec import STATE_DIR, ClusterSpec
+from ddl_tf.cluster.spec import ClusterSpec
 
-__all__ = ["Cluster", "create", "cleanup", "list_clusters"]
+__all__ = ["Cluster", "create"]
 
 logger = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _ENTER_NODE = 'hostname "$0" && exec "$@"'
-_DEFAULT_PREFIX = re.compile(r"^ddlc[0-9a-f]{6}$")
 
 
 class Cluster:
@@ -158,7 +156,18 @@ class Cluster:
     # ------------------------------------------------------------------ running things
 
     def node_command(self, node: int, argv: Sequence[str]) -> list[str]:
-        """``argv`` wrapped to run inside node ``node`` (its network and UTS namespaces)."""
+        """``argv`` wrapped to run inside node ``node`` (its network and UTS namespaces).
+
+        Args:
+            node: Node index, 0 to ``spec.nodes - 1``.
+            argv: The command and its arguments.
+
+        Returns:
+            The full argument list (``ip netns exec ... unshare --uts ...``).
+
+        Raises:
+            ClusterError: The cluster is not running or the node does not exist.
+        """
         self._check_running()
         assert self.tools is not None
         spec = self.spec
@@ -191,6 +200,16 @@ class Cluster:
     ) -> subprocess.CompletedProcess:
         """Run ``argv`` on node ``node`` and wait (output captured as text).
 
+        Args:
+            node: Node index.
+            argv: The command and its arguments.
+            timeout: Seconds before the command is killed.
+            env: Its environment (default: this process's).
+            check: Raise if it exits non-zero.
+
+        Returns:
+            The completed process, with ``stdout`` and ``stderr`` as text.
+
         Raises:
             ClusterJobTimeout: It ran longer than ``timeout`` (it is killed).
             ClusterError: ``check`` and it exited non-zero.
@@ -212,7 +231,17 @@ class Cluster:
         return result
 
     def popen(self, node: int, argv: Sequence[str], *, env=None, **kwargs) -> subprocess.Popen:
-        """Start ``argv`` on node ``node`` in its own process group; teardown stops it."""
+        """Start ``argv`` on node ``node`` in its own process group; teardown stops it.
+
+        Args:
+            node: Node index.
+            argv: The command and its arguments.
+            env: Its environment (default: this process's).
+            **kwargs: More ``subprocess.Popen`` arguments (``text=True`` by default).
+
+        Returns:
+            The started process.
+        """
         kwargs.setdefault("text", True)
         proc = subprocess.Popen(
             self.node_command(node, argv),
@@ -231,7 +260,17 @@ class Cluster:
         mpirun: str | None = None,
         extra_args: Sequence[str] = (),
     ) -> list[str]:
-        """The mpirun argument list (run on node 0) for ``program`` on every node."""
+        """The mpirun argument list (run on node 0) for ``program`` on every node.
+
+        Args:
+            program: The command every rank runs.
+            ranks_per_node: Ranks per node.
+            mpirun: The mpirun executable (default: the one found on this machine).
+            extra_args: More mpirun arguments (before the program).
+
+        Returns:
+            The argument list.
+        """
         return cluster_mpi.mpirun_command(
             self.spec, program, ranks_per_node=ranks_per_node, mpirun=mpirun, extra_args=extra_args
         )
@@ -279,7 +318,14 @@ class Cluster:
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
     def link_counters(self, node: int) -> LinkCounters:
-        """What node ``node`` sent and received on its link so far (see :mod:`~ddl_tf.cluster.counters`)."""
+        """What node ``node`` sent and received on its link so far (see :mod:`~ddl_tf.cluster.counters`).
+
+        Args:
+            node: Node index.
+
+        Returns:
+            The node's interface counters.
+        """
         self.node_command(node, [])  # checks that it runs and that the node exists
         return counters.read_node(self.tools, self.spec.node_namespaces[node])
 
@@ -288,6 +334,9 @@ class Cluster:
 
         The htb classes change while jobs run and connections stay open;
         :attr:`spec` becomes one with the new ``link``.
+
+        Args:
+            link: The new rate per direction, in ``tc`` units.
 
         Raises:
             ConfigError: ``link`` is not a rate.
@@ -333,67 +382,15 @@ def _stop_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
 def create(
     nodes: int = 2, link: str | None = "1gbit", latency: str | None = None, **kwargs
 ) -> Cluster:
-    """A :class:`Cluster` for ``ClusterSpec(nodes, link, latency, **kwargs)``; use it in ``with``."""
-    return Cluster(ClusterSpec(nodes=nodes, link=link, latency=latency, **kwargs))
+    """A :class:`Cluster` for ``ClusterSpec(nodes, link, latency, **kwargs)``; use it in ``with``.
 
-
-def list_clusters() -> list[dict]:
-    """Clusters of this module on the machine: prefix, namespaces, owner pid, whether it lives.
-
-    A cluster counts as ours if it has a state file or a default prefix
-    (``ddlc`` + 6 hex digits); other namespaces are never listed or removed.
-    """
-    tools = netns.find_tools()
-    by_prefix: dict[str, dict] = {}
-    for name in netns.list_namespaces(tools):
-        prefix = name.rsplit("-", 1)[0]
-        if not (_DEFAULT_PREFIX.match(prefix) or (STATE_DIR / f"{prefix}.json").exists()):
-            continue  # someone else's namespace that happens to look like ours
-        by_prefix.setdefault(prefix, {"prefix": prefix, "namespaces": []})["namespaces"].append(
-            name
-        )
-    for path in STATE_DIR.glob("*.json") if STATE_DIR.is_dir() else []:
-        try:
-            state = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        entry = by_prefix.setdefault(path.stem, {"prefix": path.stem, "namespaces": []})
-        entry["owner_pid"] = state.get("owner_pid")
-    for entry in by_prefix.values():
-        pid = entry.setdefault("owner_pid", None)
-        entry["owner_alive"] = pid is not None and _alive(pid)
-    return sorted(by_prefix.values(), key=lambda e: e["prefix"])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def cleanup(prefix: str | None = None, *, stale: bool = False) -> list[str]:
-    """Remove leftover clusters: the one named ``prefix``, or (``stale``) every cluster whose owner died.
+    Args:
+        nodes: Number of virtual nodes.
+        link: Rate per direction of each node's link (``tc`` units), or None for unshaped.
+        latency: One-way delay added with netem (e.g. ``"1ms"``), or None.
+        **kwargs: More :class:`~ddl_tf.cluster.spec.ClusterSpec` fields.
 
     Returns:
-        The namespaces removed.
-
-    Raises:
-        ClusterError: Neither ``prefix`` nor ``stale`` given, or removal failed.
+        The cluster, not yet started.
     """
-    if prefix is None and not stale:
-        raise ClusterError(
-            "cleanup needs a prefix or stale=True, e.g. "
-            "`python -m ddl_tf.cluster cleanup --prefix ddlc1a2b3c` or `... cleanup --stale`."
-        )
-    tools = netns.find_tools()
-    if prefix is not None:
-        return netns.remove_prefix(tools, prefix)
-    removed = []
-    for entry in list_clusters():
-        if not entry["owner_alive"]:
-            removed += netns.remove_prefix(tools, entry["prefix"])
-    return removed
+    return Cluster(ClusterSpec(nodes=nodes, link=link, latency=latency, **kwargs))

@@ -134,13 +134,21 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._passes = None
 
     def register_local_var(self, var) -> None:
-        """Keep ``var``'s gradient on this rank: it is not reduced across ranks."""
+        """Keep ``var``'s gradient on this rank: it is not reduced across ranks.
+
+        Args:
+            var: A trainable variable of the model (Keras or TensorFlow).
+        """
         self._local_vars.add(_key(var))
 
     # ------------------------------------------------------------------ state
 
     def build(self, var_list) -> None:
-        """Build the inner optimizer (and local accumulators when ``backward_passes_per_step > 1``)."""
+        """Build the inner optimizer (and local accumulators when ``backward_passes_per_step > 1``).
+
+        Args:
+            var_list: The trainable variables the optimizer will update.
+        """
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
         super().build(var_list)
@@ -164,23 +172,58 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     @learning_rate.setter
     def learning_rate(self, value) -> None:
+        """Set the inner optimizer's learning rate.
+
+        Args:
+            value: A float, a schedule or a variable, as Keras accepts.
+        """
         self.inner_optimizer.learning_rate = value
 
     def scale_loss(self, loss):
+        """The loss as the inner optimizer scales it (e.g. ``LossScaleOptimizer``).
+
+        Args:
+            loss: The loss tensor.
+
+        Returns:
+            The scaled loss.
+        """
         return self.inner_optimizer.scale_loss(loss)
 
     def finalize_variable_values(self, var_list) -> None:
+        """Let the inner optimizer finalize the variables (e.g. EMA weights).
+
+        Args:
+            var_list: The model's trainable variables.
+        """
         self.inner_optimizer.finalize_variable_values(var_list)
 
     # ------------------------------------------------------------------ updates
 
     def apply_gradients(self, grads_and_vars):
+        """Average the gradients across ranks and apply them (see :meth:`apply`).
+
+        Args:
+            grads_and_vars: ``(gradient, variable)`` pairs.
+
+        Returns:
+            The inner optimizer's ``iterations`` variable.
+        """
         grads, variables = zip(*grads_and_vars, strict=True)
         self.apply(list(grads), list(variables))
         return self.iterations
 
     def apply(self, grads, trainable_variables=None) -> None:
-        """Average ``grads`` across ranks, then let the inner optimizer apply them."""
+        """Average ``grads`` across ranks, then let the inner optimizer apply them.
+
+        Args:
+            grads: One gradient per variable (tensors, ``tf.IndexedSlices`` or None).
+            trainable_variables: The variables, in the same order; ``None`` uses the
+                ones the optimizer was built with.
+
+        Raises:
+            ConfigError: No variables are given and the optimizer was not built.
+        """
         grads = list(grads)
         if trainable_variables is None:
             if not self.built:
@@ -261,6 +304,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     @classmethod
     def from_config(cls, config: dict, custom_objects=None) -> DistributedOptimizer:
+        """Rebuild from :meth:`get_config` (used when a saved model is loaded).
+
+        Args:
+            config: The dictionary :meth:`get_config` returned.
+            custom_objects: Passed on to deserialize the inner optimizer.
+
+        Returns:
+            A new :class:`DistributedOptimizer`.
+        """
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(
             config.pop("optimizer"), custom_objects=custom_objects
@@ -315,7 +367,14 @@ def _divide(grad, n: int):
 
 
 def unwrap_optimizer(optimizer: Any) -> Any:
-    """The optimizer that owns the update rule (inside DistributedOptimizer/LossScaleOptimizer)."""
+    """The optimizer that owns the update rule (inside DistributedOptimizer/LossScaleOptimizer).
+
+    Args:
+        optimizer: Any Keras optimizer, possibly wrapped.
+
+    Returns:
+        The innermost optimizer.
+    """
     while hasattr(optimizer, "inner_optimizer"):
         optimizer = optimizer.inner_optimizer
     return optimizer
