@@ -18,7 +18,14 @@ from tests.tflms.keras_models import BATCH, MODELS, registered_swap_ops
 
 STEPS = 50
 
-LMS_OPTIONS = dict(batch_size=BATCH, swapout_threshold=8, swapin_ahead=3, min_tensor_bytes=1024)
+# Weight gradients too (the defaults leave them out): the most swaps, the strictest check.
+LMS_OPTIONS = dict(
+    batch_size=BATCH,
+    swapout_threshold=8,
+    swapin_ahead=3,
+    min_tensor_bytes=1024,
+    swap_weight_gradients=True,
+)
 
 
 def _train(build, devices, callbacks=()):
