@@ -69,7 +69,7 @@ def test_measures_peaks_and_the_executor_order(measured):
     m = measured
     assert len(m["peaks_bytes"]) == 3 and m["peak_bytes"] in m["peaks_bytes"]
     weights = 4 * (512 * 2048 + 2 * 2048 * 2048 + 2048 * 100)
-    assert 3 * weights < m["resident_bytes"] < m["peak_bytes"]  # weights and Adam's two slots
+    assert 3 * weights <= m["resident_bytes"] < m["peak_bytes"]  # weights and Adam's two slots
     assert m["inter_op_threads"] == 1 and m["ops_in_order"] > 0
     # Grappler's remapper fuses MatMul + BiasAdd + Relu of the forward pass on the
     # CPU, so not every op of the traced graph runs; the gradient MatMuls do.
