@@ -30,6 +30,7 @@ Example (one process):
 
 from __future__ import annotations
 
+import abc
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -45,7 +46,7 @@ __all__ = ["State", "ObjectState", "TensorFlowState", "TensorFlowKerasState", "r
 logger = logging.getLogger(__name__)
 
 
-class State:
+class State(abc.ABC):
     """Base of the state objects: reset callbacks and the commit protocol.
 
     Args:
@@ -78,22 +79,22 @@ class State:
         self.save()
         self.check_host_updates()
 
-    def check_host_updates(self) -> None:
+    def check_host_updates(self) -> None:  # noqa: B027 - an optional hook, empty on purpose
         """Horovod raises ``HostsUpdatedInterrupt`` here; a fixed-size job has no updates."""
 
+    @abc.abstractmethod
     def save(self) -> None:
         """Save the state in host memory."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def restore(self) -> None:
         """Undo every change since the last commit."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sync(self) -> None:
         """Make every rank's state equal to rank 0's."""
-        raise NotImplementedError
 
-    def reset(self) -> None:
+    def reset(self) -> None:  # noqa: B027 - an optional hook, empty on purpose
         """Hook for subclasses, called by :meth:`on_reset`."""
 
 
