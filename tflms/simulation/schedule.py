@@ -238,6 +238,14 @@ def _copy_kind(node: dict, data_inputs, spaces) -> str | None:
     return None
 
 
+def _cycle_error(names, waiting) -> UnsupportedGraphError:
+    stuck = [name for name, left in zip(names, waiting, strict=True) if left > 0][:5]
+    return UnsupportedGraphError(
+        f"The graph cannot be scheduled: ops such as {stuck} never become ready (a cycle "
+        "that is not a TF1 loop). Simulate an acyclic training step."
+    )
+
+
 def first_ready(graph: CompiledGraph) -> Schedule:
     """Run ``graph`` with Grappler's FirstReady policy (see the module docstring).
 
@@ -280,11 +288,7 @@ def first_ready(graph: CompiledGraph) -> Schedule:
             if waiting[j] == 0:
                 heapq.heappush(heap, (ready_at[j], names[j], j))
     if len(order) != n:
-        stuck = [names[i] for i in range(n) if waiting[i] > 0][:5]
-        raise UnsupportedGraphError(
-            f"The graph cannot be scheduled: ops such as {stuck} never become ready (a cycle "
-            "that is not a TF1 loop). Simulate an acyclic training step."
-        )
+        raise _cycle_error(names, waiting)
     return Schedule(
         order=tuple(order),
         start=start,
@@ -340,9 +344,5 @@ def replayed(graph: CompiledGraph, observed) -> Schedule:
             if waiting[j] == 0:
                 heapq.heappush(heap, (position.get(names[j], -1), names[j], j))
     if len(order) != n:
-        stuck = [names[i] for i in range(n) if waiting[i] > 0][:5]
-        raise UnsupportedGraphError(
-            f"The graph cannot be scheduled: ops such as {stuck} never become ready (a cycle "
-            "that is not a TF1 loop). Simulate an acyclic training step."
-        )
+        raise _cycle_error(names, waiting)
     return Schedule(order=tuple(order), start=start, end=end, lanes=busy, makespan=now)
