@@ -114,8 +114,8 @@ class LMSConfig:
     ``BiasAddGrad``, ...). Off by default: they are at most the size of the
     weights, so swapping them saves little, and a swap adds a reader to a
     gradient that Grappler's memory optimizer may accumulate in place
-    (``AddN``), which changes its choice and the float rounding (ResNet-50's
-    weights then differ by ~1e-6 after one step)."""
+    (``AddN``), which changes its choice and the float rounding (see
+    ``benchmarks/bench_resnet50_equivalence.py``)."""
 
     memory_budget: int | str | None = None
     """Device memory the training step must fit in. When set, the swap options
