@@ -7,6 +7,13 @@ custom loops) and ``tf.compat.v1`` graphs each collective is one
 ``tf.numpy_function`` op (a plain stateful ``PyFunc`` node that tolerates
 extra control inputs, e.g. from graph rewriters such as tflms).
 
+Copies. A collective's data is copied once on its way through: into the
+engine's fusion buffer, which MPI reduces in place. Host tensors are read in
+place (eagerly through the buffer protocol; ``numpy_function`` passes its
+inputs as views of TensorFlow's memory), and results, 64-byte aligned
+(:mod:`ddl_tf.core.aligned`), become tensors without a copy (eagerly through
+DLPack; ``numpy_function`` adopts aligned outputs itself).
+
 Ordering. TensorFlow may run independent graph ops in any order, and in a
 different order on each rank; two collectives issued in different orders
 deadlock MPI. So every collective op created in a graph gets a control
@@ -54,6 +61,7 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf import basics, tf_errors
+from ddl_tf.core.aligned import is_aligned
 from ddl_tf.errors import CollectiveMismatchError, ConfigError, DDLError
 
 __all__ = ["run", "refuse", "op_name", "collective_ops", "outside_chain"]
@@ -104,7 +112,40 @@ def op_name(kind: str, name: str | None) -> str:
 
 
 def _to_numpy(value) -> np.ndarray:
-    return np.asarray(tf.convert_to_tensor(value).numpy())
+    """``value``'s data as a numpy array, without a copy where TensorFlow allows it.
+
+    A host tensor's memory is read in place (a read-only view; the engine never
+    writes into its inputs); a device tensor is copied to the host.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    tensor = tf.convert_to_tensor(value)
+    try:
+        return np.asarray(memoryview(tensor))
+    except (ValueError, TypeError, BufferError):  # bfloat16 has no buffer-protocol format
+        return np.asarray(tensor.numpy())
+
+
+def _to_tensor(array: np.ndarray, dtype: tf.DType) -> tf.Tensor:
+    """An eager tensor of ``array`` that adopts its memory when it can.
+
+    The engine hands back fresh arrays that nothing else writes to, so a
+    64-byte aligned, writable, C-contiguous one becomes a tensor through
+    DLPack without a copy (TensorFlow keeps the array alive). Anything else,
+    bfloat16 (which DLPack cannot describe) included, is copied.
+    """
+    dtype = tf.as_dtype(dtype)
+    if (
+        array.dtype == dtype.as_numpy_dtype
+        and array.flags.writeable
+        and array.flags.c_contiguous
+        and is_aligned(array)
+    ):
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except (BufferError, TypeError, ValueError):
+            pass
+    return tf.convert_to_tensor(array, dtype=dtype)
 
 
 def run(
@@ -136,7 +177,12 @@ def run(
             outputs = fn(*[_to_numpy(x) for x in inputs])
         except DDLError as err:
             raise tf_errors.typed(err).with_traceback(err.__traceback__) from None
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outputs, out_dtypes, strict=True)]
+        tensors = [_to_tensor(o, d) for o, d in zip(outputs, out_dtypes, strict=True)]
+        device = next((x.device for x in inputs if isinstance(x, tf.Tensor)), "")
+        if device and "CPU" not in tf.DeviceSpec.from_string(device).device_type.upper():
+            with tf.device(device):  # results go back where the inputs were, as in Horovod
+                tensors = [tf.identity(t) for t in tensors]
+        return tensors
     graph = tf.compat.v1.get_default_graph()
     if _in_xla(graph):
         raise ConfigError(

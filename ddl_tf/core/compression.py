@@ -38,6 +38,9 @@ class Compressor(abc.ABC):
     """Interface: ``compress`` before the collective, ``decompress`` after it."""
 
     name = "abstract"
+    #: ``compress`` is exactly ``array.astype(wire_dtype(array.dtype))`` and ``decompress``
+    #: the cast back; the engine then casts while packing instead of calling them.
+    casts_only = False
 
     @abc.abstractmethod
     def wire_dtype(self, dtype: np.dtype) -> np.dtype:
@@ -83,6 +86,7 @@ class NoneCompressor(Compressor):
     """Send tensors as they are."""
 
     name = "none"
+    casts_only = True
 
     def wire_dtype(self, dtype: np.dtype) -> np.dtype:
         """The dtype unchanged (see ``Compressor``).
@@ -121,6 +125,8 @@ class NoneCompressor(Compressor):
 
 class HalfCompressor(Compressor):
     """Send float32/float64 tensors as a 16-bit float type, restore the dtype afterwards."""
+
+    casts_only = True
 
     def __init__(self, name: str, dtype: np.dtype) -> None:
         self.name = name

@@ -32,6 +32,7 @@ import numpy as np
 
 from ddl_tf.config import DDLConfig
 from ddl_tf.core.algorithms import Allreduce, make_allreduce
+from ddl_tf.core.aligned import aligned_empty
 from ddl_tf.core.comms import Communicators
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
@@ -220,30 +221,41 @@ class Engine(ScatterGather):
                 if (array.dtype, op) not in self._reducible:
                     check_reducible(array.dtype, op)
                     self._reducible.add((array.dtype, op))
-            wire, contexts = [], []
+            if prescale_factor != 1.0:  # in the tensor's own dtype, before any compression
+                arrays = [scale(a, prescale_factor) for a in arrays]
             with self.timeline.phase("compress", compression=comp.name):
-                for array in arrays:
-                    packed, ctx = comp.compress(scale(array, prescale_factor))
-                    wire.append(packed)
-                    contexts.append(ctx)
+                if comp.casts_only:  # the cast happens while packing: no extra copy
+                    sources, contexts = arrays, None
+                    wire = tuple(comp.wire_dtype(a.dtype) for a in arrays)
+                else:
+                    pairs = [comp.compress(a) for a in arrays]
+                    sources, contexts = [p[0] for p in pairs], [p[1] for p in pairs]
+                    wire = tuple(w.dtype for w in sources)
             buckets = plan_buckets(
-                tuple(w.dtype for w in wire),
-                tuple(int(w.size) for w in wire),
-                self.config.fusion_threshold_bytes,
+                wire, tuple(int(a.size) for a in sources), self.config.fusion_threshold_bytes
             )
-            reduced: dict[int, np.ndarray] = {}
+            factor = combined_postscale(postscale_factor, op is ReduceOp.AVERAGE, self.size)
+            shapes = [a.shape for a in arrays]
+            out: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
             for bucket in buckets:
                 with self.timeline.phase("pack", bytes=bucket.nbytes, tensors=len(bucket.members)):
-                    buf = pack(bucket, wire)
+                    buf = pack(bucket, sources)
                 if self.size > 1 and buf.size:
                     self.choose(bucket.nbytes, bucket.dtype).allreduce(buf, op.wire_op)
-                reduced.update(unpack(bucket, buf, [w.shape for w in wire]))
-            with self.timeline.phase("decompress"):
-                factor = combined_postscale(postscale_factor, op is ReduceOp.AVERAGE, self.size)
-                out = [
-                    scale(comp.decompress(reduced[i], contexts[i]), factor)
-                    for i in range(len(arrays))
-                ]
+                with self.timeline.phase("decompress"):
+                    views = unpack(bucket, buf, shapes)
+                    if contexts is None and all(arrays[i].dtype == bucket.dtype for i in views):
+                        scale(buf, factor, out=buf)  # the buffer is ours: one pass, in place
+                        for i, view in views.items():
+                            out[i] = view
+                        continue
+                    for i, view in views.items():
+                        if contexts is not None:
+                            out[i] = scale(comp.decompress(view, contexts[i]), factor)
+                            continue
+                        restored = aligned_empty(view.shape, arrays[i].dtype)
+                        restored[...] = view  # the casting compressor's way back
+                        out[i] = scale(restored, factor, out=restored)
             return out
 
     # ------------------------------------------------------------------ lifecycle

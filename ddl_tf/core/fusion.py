@@ -7,12 +7,18 @@ function of the (dtype, size) list, which every rank has checked to be
 identical before any data moves, so all ranks run the same collectives in the
 same order.
 
+Every member starts on a 64-byte boundary of a 64-byte aligned buffer (the
+gaps are zeros, reduced along with the data), so each reduced member can
+become a tensor without a copy (:mod:`~ddl_tf.core.aligned`).
+
 Example:
     >>> import numpy as np
     >>> from ddl_tf.core.fusion import plan_buckets
     >>> f4, f2 = np.dtype("float32"), np.dtype("float16")
-    >>> [b.members for b in plan_buckets((f4, f2, f4, f4), (10, 10, 10, 10), 80)]
+    >>> [b.members for b in plan_buckets((f4, f2, f4, f4), (10, 10, 10, 10), 128)]
     [(0, 2), (3,), (1,)]
+    >>> plan_buckets((f4, f4), (10, 10), 128)[0].offsets  # element offsets: 64 bytes apart
+    (0, 16)
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from ddl_tf.core.aligned import align_up, aligned_empty
 
 __all__ = ["Bucket", "plan_buckets", "pack", "unpack"]
 
@@ -33,7 +41,8 @@ class Bucket:
     Attributes:
         dtype: Wire dtype of every member.
         members: Indices of the member tensors in the caller's list.
-        offsets: Element offset of each member inside the buffer.
+        offsets: Element offset of each member inside the buffer (each a
+            multiple of 64 bytes).
         sizes: Element count of each member.
     """
 
@@ -44,8 +53,8 @@ class Bucket:
 
     @functools.cached_property
     def elements(self) -> int:
-        """Elements in the fused buffer."""
-        return sum(self.sizes)
+        """Elements in the fused buffer, alignment gaps included."""
+        return self.offsets[-1] + self.sizes[-1] if self.members else 0
 
     @functools.cached_property
     def nbytes(self) -> int:
@@ -62,7 +71,8 @@ def plan_buckets(
     Args:
         dtypes: Wire dtype of each tensor (a tuple, so plans can be cached).
         sizes: Element count of each tensor.
-        threshold: Largest bucket in bytes; 0 puts every tensor alone.
+        threshold: Largest bucket in bytes (members padded to 64-byte
+            boundaries); 0 puts every tensor alone.
 
     Returns:
         Buckets, dtype groups in order of first appearance, members in input order.
@@ -75,7 +85,7 @@ def plan_buckets(
         current: list[int] = []
         current_bytes = 0
         for index in indices:
-            nbytes = sizes[index] * dtype.itemsize
+            nbytes = align_up(sizes[index] * dtype.itemsize)
             if current and current_bytes + nbytes > threshold:
                 buckets.append(_bucket(dtype, current, sizes))
                 current, current_bytes = [], 0
@@ -88,35 +98,45 @@ def plan_buckets(
 
 def _bucket(dtype: np.dtype, members: list[int], sizes: Sequence[int]) -> Bucket:
     member_sizes = tuple(int(sizes[i]) for i in members)
-    offsets = tuple(int(x) for x in np.cumsum((0,) + member_sizes[:-1]))
-    return Bucket(dtype, tuple(members), offsets, member_sizes)
+    offsets, offset = [], 0
+    for size in member_sizes:
+        offsets.append(offset)
+        offset += align_up(size * dtype.itemsize) // dtype.itemsize
+    return Bucket(dtype, tuple(members), tuple(offsets), member_sizes)
 
 
 def pack(bucket: Bucket, arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """A fresh contiguous buffer holding the bucket's members one after another.
+    """A fresh aligned buffer holding the bucket's members, each on a 64-byte boundary.
 
     A single member that is already a contiguous array of the right dtype is
     copied as well: the buffer is reduced in place and the caller's input must
-    stay untouched.
+    stay untouched (graph inputs alias TensorFlow's memory). A member of
+    another dtype is cast on the way in (this is how half-precision
+    compression packs), rounding as ``ndarray.astype`` does.
 
     Args:
         bucket: The bucket (member indices, offsets, sizes, dtype).
         arrays: All tensors of the step as numpy arrays, indexed by member index.
 
     Returns:
-        A 1-D array of ``bucket.elements`` elements of ``bucket.dtype``.
+        A 1-D array of ``bucket.elements`` elements of ``bucket.dtype``; the
+        gaps between members are zeros.
     """
-    buf = np.empty(bucket.elements, bucket.dtype)
+    buf = aligned_empty(bucket.elements, bucket.dtype)
+    end = 0
     for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
+        buf[end:offset] = 0
         buf[offset : offset + size] = arrays[index].reshape(-1)
+        end = offset + size
     return buf
 
 
 def unpack(bucket: Bucket, buf: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> dict:
     """Views of ``buf`` shaped like each member, keyed by member index.
 
-    The views share ``buf``'s memory; ``buf`` is a fresh allocation per call
-    (see :func:`pack`), so no later collective can overwrite them.
+    The views share ``buf``'s memory and start on 64-byte boundaries; ``buf``
+    is a fresh allocation per call (see :func:`pack`), so no later collective
+    can overwrite them.
 
     Args:
         bucket: The bucket ``buf`` was packed for.

@@ -23,18 +23,21 @@ from typing import Any
 import numpy as np
 
 from ddl_tf.core import mpi
+from ddl_tf.core.aligned import align_up, aligned_empty
 from ddl_tf.core.mpi import dtype_info
 from ddl_tf.core.steps import shard_layout
 from ddl_tf.errors import CollectiveArgumentError, ConfigError
 
 __all__ = ["allgatherv", "broadcast_arrays", "alltoallv", "alltoall_problem", "aligned_layout"]
 
-_ALIGN = 64
 _CHUNK = 1 << 30  # keep MPI counts well inside int32
 
 
 def aligned_layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
     """Byte offsets of ``arrays`` packed back to back at 64-byte alignment, and the total.
+
+    With the buffer itself aligned (:func:`~ddl_tf.core.aligned.aligned_empty`),
+    every array received into it can become a tensor without a copy.
 
     Args:
         arrays: The arrays to pack, in order.
@@ -45,7 +48,7 @@ def aligned_layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
     """
     offsets, total = [], 0
     for array in arrays:
-        total = -(-total // _ALIGN) * _ALIGN
+        total = align_up(total)
         offsets.append(total)
         total += array.nbytes
     return offsets, total
@@ -76,7 +79,7 @@ def allgatherv(comm: Any, array: np.ndarray) -> np.ndarray:
     row = int(np.prod(array.shape[1:], dtype=np.int64))
     counts = tuple(int(d) * row for d in dims)
     displs = tuple(int(x) for x in np.concatenate(([0], np.cumsum(counts[:-1]))))
-    out = np.empty((int(dims.sum()), *array.shape[1:]), array.dtype)
+    out = aligned_empty((int(dims.sum()), *array.shape[1:]), array.dtype)
     move = dtype_info(array.dtype).move_type
     comm.Allgatherv([array, move], [out, (counts, displs), move])
     return out
@@ -106,7 +109,7 @@ def broadcast_arrays(comm: Any, arrays: Sequence[np.ndarray], root: int) -> list
     if comm.size == 1:
         return [a.copy() for a in arrays]
     offsets, total = aligned_layout(arrays)
-    buf = np.empty(total, np.uint8)
+    buf = aligned_empty(total, np.uint8)
     if comm.rank == root:
         for array, offset in zip(arrays, offsets, strict=True):
             buf[offset : offset + array.nbytes] = np.ascontiguousarray(array).view(np.uint8).ravel()
@@ -152,7 +155,7 @@ def alltoallv(
     recv_counts = tuple(int(x) * row for x in recv_rows)
     send_displs = tuple(int(x) for x in np.concatenate(([0], np.cumsum(send_counts[:-1]))))
     recv_displs = tuple(int(x) for x in np.concatenate(([0], np.cumsum(recv_counts[:-1]))))
-    out = np.empty((int(recv_rows.sum()), *array.shape[1:]), array.dtype)
+    out = aligned_empty((int(recv_rows.sum()), *array.shape[1:]), array.dtype)
     move = dtype_info(array.dtype).move_type
     comm.Alltoallv(
         [np.ascontiguousarray(array), (send_counts, send_displs), move],

@@ -47,21 +47,27 @@ def postscale_factor(postscale: float, average: bool, size: int) -> float:
     return float(postscale) / size if average else float(postscale)
 
 
-def scale(array: np.ndarray, factor: float) -> np.ndarray:
-    """``array * factor`` in Horovod's precision for ``array``'s dtype (a new array).
+def scale(array: np.ndarray, factor: float, *, out: np.ndarray | None = None) -> np.ndarray:
+    """``array * factor`` in Horovod's precision for ``array``'s dtype.
 
     Args:
         array: Array to scale.
         factor: Multiplier.
+        out: Where to write the result (``array`` itself scales in place);
+            None returns a new array.
 
     Returns:
-        A new array of ``array``'s dtype and shape (``array`` itself when ``factor == 1``).
+        ``out``, or a new array of ``array``'s dtype and shape (``array``
+        itself when ``factor == 1`` and no ``out`` is given).
 
     Raises:
         ConfigError: ``array`` is boolean (there is nothing to scale).
     """
     if factor == 1.0:
-        return array
+        if out is None or out is array:
+            return array
+        out[...] = array
+        return out
     dtype = array.dtype
     if dtype == np.bool_:
         raise ConfigError(
@@ -70,8 +76,15 @@ def scale(array: np.ndarray, factor: float) -> np.ndarray:
         )
     if dtype.kind in "iu":
         with np.errstate(invalid="ignore", over="ignore"):
-            return (array.astype(np.float64) * np.float64(factor)).astype(dtype)
-    work_dtype = accumulation_dtype(dtype)
-    work = array.astype(work_dtype, copy=True)
-    work *= work_dtype.type(factor)
-    return work.astype(dtype, copy=False)
+            result = (array.astype(np.float64) * np.float64(factor)).astype(dtype)
+    else:
+        work_dtype = accumulation_dtype(dtype)
+        if work_dtype == dtype:  # one multiplication in the array's own precision
+            return np.multiply(array, dtype.type(factor), out=out)
+        work = array.astype(work_dtype)
+        work *= work_dtype.type(factor)
+        result = work.astype(dtype)
+    if out is None:
+        return result
+    out[...] = result
+    return out

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ddl_tf.core import movement
+from ddl_tf.core.aligned import aligned_empty
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.guard import layout_text
 from ddl_tf.core.mpi import check_reducible, dtype_info
@@ -127,7 +128,7 @@ class ScatterGather:
         wire, ctx = comp.compress(np.ascontiguousarray(scale(array, prescale)))
         rows, _ = shard_layout(array.shape[0], self.size)
         row = int(np.prod(array.shape[1:], dtype=np.int64))
-        mine = np.empty((rows[self.rank], *array.shape[1:]), wire.dtype)
+        mine = aligned_empty((rows[self.rank], *array.shape[1:]), wire.dtype)
         info = dtype_info(wire.dtype)
         with self.timeline.phase("reduce_scatter", algorithm="flat"):
             self.comms.data.Reduce_scatter(
@@ -136,7 +137,8 @@ class ScatterGather:
                 [r * row for r in rows],
                 op=info.ops[op.wire_op],
             )
-        return scale(comp.decompress(mine, ctx), factor)
+        result = comp.decompress(mine, ctx)  # ``mine`` or a new array: ours to scale in place
+        return scale(result, factor, out=result)
 
     # ------------------------------------------------------------------ movement
 

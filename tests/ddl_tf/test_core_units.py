@@ -6,11 +6,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from ddl_tf.core.aligned import is_aligned
 from ddl_tf.core.compression import Compression
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
 from ddl_tf.core.mpi import check_reducible, reduce_into, reduce_rows
 from ddl_tf.core.negotiation import DESCRIPTOR_BYTES, Descriptor
 from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.scaling import scale
 from ddl_tf.core.selection import DEFAULT_POLICY, AutoPolicy, load_policy
 from ddl_tf.core.steps import shard_layout
 from ddl_tf.core.timeline import NullTimeline, Timeline, merge_traces, rank_path
@@ -20,15 +22,17 @@ F4, F2, I4 = np.dtype("float32"), np.dtype("float16"), np.dtype("int32")
 
 
 def test_buckets_respect_threshold_order_and_dtype_groups():
-    buckets = plan_buckets((F4, F4, F2, F4, I4, F4), (10, 10, 10, 30, 5, 1), 80)
+    # members are padded to 64 bytes: two 40-byte tensors take 128 bytes of a bucket
+    buckets = plan_buckets((F4, F4, F2, F4, I4, F4), (10, 10, 10, 30, 5, 1), 128)
     assert [(b.dtype, b.members) for b in buckets] == [
         (F4, (0, 1)),
-        (F4, (3,)),  # 120 bytes: larger than the threshold, alone
+        (F4, (3,)),  # 120 bytes: 128 padded, more than what is left, alone
         (F4, (5,)),
         (F2, (2,)),
         (I4, (4,)),
     ]
-    assert all(b.nbytes <= 80 or len(b.members) == 1 for b in buckets)
+    assert all(b.nbytes <= 128 or len(b.members) == 1 for b in buckets)
+    assert plan_buckets((F4, F4), (10, 10), 80)[0].members == (0,)
     assert plan_buckets((F4, F4), (10, 10), 0)[0].members == (0,)
     assert len(plan_buckets((F4,) * 100, (0,) * 100, 1 << 20)) == 1  # empty tensors fuse
 
@@ -42,6 +46,42 @@ def test_pack_unpack_round_trip_leaves_inputs_untouched():
     assert views[0].shape == (2, 3) and views[1].shape == (0,) and views[2].shape == ()
     np.testing.assert_array_equal(views[0], arrays[0] + 1)
     assert arrays[0][0, 0] == 0
+
+
+@pytest.mark.parametrize("dtype", [F4, F2, I4, np.dtype("int8"), np.dtype("complex128")])
+def test_fused_members_start_on_64_byte_boundaries_with_zero_gaps(dtype):
+    # TensorFlow adopts only 64-byte aligned memory as a tensor without copying it
+    sizes = (3, 17, 0, 1, 40)
+    arrays = [np.full(n, 5, dtype) for n in sizes]
+    (bucket,) = plan_buckets((dtype,) * len(sizes), sizes, 1 << 20)
+    buf = pack(bucket, arrays)
+    assert is_aligned(buf) and buf.size == bucket.elements
+    views = unpack(bucket, buf, [a.shape for a in arrays])
+    assert all(is_aligned(views[i]) for i in range(len(sizes)) if sizes[i])
+    used = np.zeros(buf.size, bool)
+    for offset, size in zip(bucket.offsets, bucket.sizes, strict=True):
+        used[offset : offset + size] = True
+    assert (buf[used] == 5).all() and (buf[~used] == 0).all()
+
+
+def test_pack_casts_to_the_bucket_dtype_as_astype_rounds():
+    x = np.random.default_rng(0).normal(size=1000).astype(np.float32) * 1e3
+    for wire in (F2, np.dtype(ml_dtypes.bfloat16)):
+        (bucket,) = plan_buckets((wire,), (x.size,), 1 << 20)
+        assert pack(bucket, [x]).view(np.uint16).tolist() == x.astype(wire).view(np.uint16).tolist()
+
+
+def test_scale_out_matches_the_new_array_bit_for_bit():
+    rng = np.random.default_rng(1)
+    for dtype in (F4, F2, np.dtype("float64"), I4, np.dtype(ml_dtypes.bfloat16)):
+        x = (rng.normal(size=257) * 100).astype(dtype)
+        expected = scale(x, 1 / 3)
+        inplace = x.copy()
+        assert scale(inplace, 1 / 3, out=inplace) is inplace
+        assert inplace.tobytes() == expected.tobytes()
+        assert scale(x, 1.0) is x
+        other = np.empty_like(x)
+        assert scale(x, 1.0, out=other) is other and other.tobytes() == x.tobytes()
 
 
 def test_half_compression_round_trips_floats_and_passes_other_dtypes():

@@ -11,6 +11,7 @@ import tensorflow as tf
 import ddl_tf as hvd
 import ddl_tf.keras as hvd_keras
 from ddl_tf import basics, bridge
+from ddl_tf.core.aligned import aligned_empty
 from ddl_tf.errors import ConfigError, NotInitializedError
 from ddl_tf.keras.callbacks import (
     BroadcastGlobalVariablesCallback,
@@ -70,6 +71,41 @@ def test_collectives_preserve_dtype_and_shape_eagerly(ddl):
     received, splits = hvd.alltoall(tf.ones([3, 2]), splits=[3])
     assert received.shape == (3, 2) and splits.numpy().tolist() == [3]
     hvd.barrier()
+
+
+def test_eager_collectives_copy_the_data_once_and_never_write_into_inputs(ddl):
+    x = tf.random.uniform([1 << 16])
+    view = bridge._to_numpy(x)  # a host tensor is read in place, read-only
+    assert np.shares_memory(view, np.asarray(memoryview(x))) and not view.flags.writeable
+    before = x.numpy()
+    for kwargs in (
+        {},
+        {"op": hvd.Sum},
+        {"compression": hvd.Compression.fp16},
+        {"prescale_factor": 3.0, "postscale_factor": 0.5},
+    ):
+        y = hvd.allreduce(x, **kwargs)
+        assert y.shape == x.shape
+    assert x.numpy().tobytes() == before.tobytes()
+    y = hvd.grouped_allreduce([x, tf.ones([3, 5]), tf.zeros([0])], op=hvd.Sum)
+    assert [t.shape for t in y] == [(1 << 16,), (3, 5), (0,)]
+    # results adopt the engine's aligned buffer instead of being copied once more ...
+    buf = aligned_empty(1000, np.float32)
+    buf[:] = 1
+    adopted = bridge._to_tensor(buf, tf.float32)
+    buf[0] = 42
+    assert float(adopted[0]) == 42
+    # ... and are copied when TensorFlow could not adopt them safely
+    misaligned = np.ones(1001, np.float32)[1:]
+    copied = bridge._to_tensor(misaligned, tf.float32)
+    misaligned[0] = 42
+    assert float(copied[0]) == 1
+    read_only = aligned_empty(4, np.float32)
+    read_only[:] = 1
+    read_only.flags.writeable = False
+    assert float(bridge._to_tensor(read_only, tf.float32)[0]) == 1
+    half = bridge._to_tensor(aligned_empty(3, tf.bfloat16.as_numpy_dtype), tf.bfloat16)
+    assert half.dtype == tf.bfloat16 and half.shape == (3,)
 
 
 def test_graph_collectives_are_chained_in_program_order(ddl):
