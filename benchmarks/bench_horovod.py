@@ -1,4 +1,4 @@
-"""ddl_tf against Horovod 0.28.1, side by side: same run, same ranks, same processes, interleaved.
+"""ddl_tf against Horovod 0.28.1, side by side: same run, same ranks, alternating jobs.
 
 Run by ``make bench`` after ``benchmarks/peers/horovod/build.sh`` (which
 builds Horovod against this project's TensorFlow in
@@ -13,15 +13,20 @@ Scenarios, each 2 ranks:
   rank with links shaped to :data:`CLUSTER_LINK` (needs root; skipped with
   the reason otherwise).
 
-In each, every rank is one process of the peer's Python with both Horovod
-and ddl_tf imported (``horovod_allreduce_worker.py``,
-``horovod_training_worker.py``): eager and in-graph allreduce of 4 KiB to
-256 MiB, float32 and float16, and a training step with
-``DistributedGradientTape`` for MobileNetV2 (``keras.applications``,
-``weights=None``) and for an MLP whose gradients dominate the step, timed in
-interleaved rounds. Writes ``benchmarks/results/horovod_side_by_side.json``:
-rows, ddl_tf / Horovod time ratios, and the targets (ddl_tf <= 1.0x
-Horovod's time for allreduce >= 1 MiB and for the training step).
+In each, every rank is one process of the peer's Python
+(``horovod_allreduce_worker.py``, ``horovod_training_worker.py``): eager and
+in-graph allreduce of 4 KiB to 256 MiB, float32 and float16 (with a bare
+``MPI_Allreduce`` of the float32 bytes as the floor), and a training step
+with ``DistributedGradientTape`` for MobileNetV2 (``keras.applications``,
+``weights=None``) and for an MLP whose gradients dominate the step. Each
+job runs one library (Horovod's background thread, polling MPI every
+millisecond, slows everything else in its process: measured by
+``--same-process``, which puts both in one process as the first version of
+this benchmark did); jobs alternate Horovod, ddl_tf, ddl_tf, Horovod, ...
+and a figure is the median over a library's jobs. Writes
+``benchmarks/results/horovod_side_by_side.json``: rows, ddl_tf / Horovod
+time ratios, and the targets (ddl_tf <= 1.0x Horovod's time for allreduce
+>= 1 MiB and for the training step).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -137,17 +143,84 @@ def targets(allreduce: dict, training: dict) -> dict:
     }
 
 
-def run_scenario(name: str, launch, quick: bool, budget: float, max_wait: float) -> dict:
+def alternating(jobs: int) -> list[str]:
+    """Job order: Horovod, ddl_tf, ddl_tf, Horovod, ... (drift hits both libraries alike)."""
+    pair = ("horovod", "ddl_tf")
+    return [pair[(i + i // 2) % 2] for i in range(2 * jobs)]
+
+
+def merge_allreduce(results: list[dict]) -> dict:
+    """One allreduce result from alternating jobs: per row, the median over jobs."""
+    by: dict[tuple, list[dict]] = {}
+    for result in results:
+        for row in result["rows"]:
+            key = (row["bytes"], row["dtype"], row["library"], row["mode"], result["library"])
+            by.setdefault(key, []).append(row)
+    rows = []
+    for (nbytes, dtype, library, mode, job), found in sorted(by.items()):
+        if library == "mpi":  # the floor, measured in both libraries' jobs
+            library = f"mpi_in_{job}_jobs"
+        rows.append(
+            {
+                "bytes": nbytes,
+                "dtype": dtype,
+                "library": library,
+                "mode": mode,
+                "seconds": statistics.median(r["seconds"] for r in found),
+                "jobs": [r["seconds"] for r in found],
+                "correct": None
+                if found[0]["correct"] is None
+                else all(r["correct"] for r in found),
+            }
+        )
+    skipped = {(s["bytes"], s["dtype"]): s for r in results for s in r["skipped"]}
+    return {
+        "ranks": results[0]["ranks"],
+        "horovod": next((r["horovod"] for r in results if r.get("horovod")), None),
+        "jobs": [r["library"] for r in results],
+        "rows": rows,
+        "skipped": list(skipped.values()),
+        "seconds": round(sum(r["seconds"] for r in results), 1),
+    }
+
+
+def merge_training(results: list[dict]) -> dict:
+    """One training result from alternating jobs: medians over each library's jobs."""
+    merged = {k: v for k, v in results[0].items() if k not in ("step_seconds", "round_seconds")}
+    steps: dict[str, list[float]] = {}
+    for r in results:
+        for variant, seconds in r["step_seconds"].items():
+            name = variant if variant != "local" else f"local_in_{r['library']}_jobs"
+            steps.setdefault(name, []).append(seconds)
+    merged["step_seconds"] = {k: statistics.median(v) for k, v in steps.items()}
+    merged["step_seconds"]["local"] = statistics.median(
+        [s for k, v in steps.items() if k.startswith("local_in_") for s in v]
+    )
+    merged["job_step_seconds"] = steps
+    merged["weights_identical_across_ranks"] = {
+        r["library"]: r["weights_identical_across_ranks"][r["library"]] for r in results
+    }
+    return merged
+
+
+def run_scenario(
+    name: str, launch, quick: bool, budget: float, max_wait: float, same_process: bool = False
+) -> dict:
     started = time.monotonic()
     load_before = os.getloadavg()
+    jobs = ["both"] if same_process else alternating(1 if quick else 2)
     plan = {
         "sizes": QUICK_SIZES if quick else SIZES,
         "dtypes": DTYPES,
-        "budget_seconds": 120 if quick else budget,
+        "budget_seconds": (120 if quick else budget) / len(jobs),
     }
-    print(f"== {name}: allreduce", flush=True)
+    print(f"== {name}: allreduce ({', '.join(jobs)})", flush=True)
     quiet = {"allreduce": wait_for_quiet(max_wait=max_wait)}
-    allreduce = run_job(launch, "horovod_allreduce_worker.py", plan, timeout=1800)
+    results = []
+    for library in jobs:
+        result = run_job(launch, "horovod_allreduce_worker.py", {**plan, "library": library}, 1800)
+        results.append({**result, "library": library})
+    allreduce = results[0] if same_process else merge_allreduce(results)
     allreduce["ratios"] = ratios(allreduce["rows"])
     training = {}
     for model, batch in MODELS.items():
@@ -156,11 +229,17 @@ def run_scenario(name: str, launch, quick: bool, budget: float, max_wait: float)
         plan = {
             "model": model,
             "batch": batch,
-            "rounds": 3 if quick else 7,
+            "rounds": 3 if quick else 5,
             "steps": 3 if quick else 5,
             "warmup": 2,
         }
-        training[model] = run_job(launch, "horovod_training_worker.py", plan, timeout=1800)
+        results = []
+        for library in jobs:
+            result = run_job(
+                launch, "horovod_training_worker.py", {**plan, "library": library}, 1800
+            )
+            results.append({**result, "library": library})
+        training[model] = results[0] if same_process else merge_training(results)
     result = {
         "scenario": name,
         "load_average_before": [round(x, 2) for x in load_before],
@@ -189,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         default=180.0,
         help="seconds to wait (at most) for other jobs to leave the CPUs before each phase",
     )
+    parser.add_argument(
+        "--same-process",
+        action="store_true",
+        help="both libraries in one process (the first method; shows Horovod's background "
+        "thread slowing everything else in its process)",
+    )
     args = parser.parse_args(argv)
     missing = peer_missing()
     if missing is not None:
@@ -201,7 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         if name == "one_host":
             scenarios.append(
-                run_scenario(name, one_host_launcher, args.quick, args.budget, args.max_wait)
+                run_scenario(
+                    name,
+                    one_host_launcher,
+                    args.quick,
+                    args.budget,
+                    args.max_wait,
+                    args.same_process,
+                )
             )
         elif name == "cluster":
             reason = unavailable_reason()
@@ -210,19 +302,26 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             with Cluster(ClusterSpec(nodes=2, link=CLUSTER_LINK)) as cluster:
                 result = run_scenario(
-                    name, cluster_launcher(cluster), args.quick, args.budget, args.max_wait
+                    name,
+                    cluster_launcher(cluster),
+                    args.quick,
+                    args.budget,
+                    args.max_wait,
+                    args.same_process,
                 )
             result["cluster"] = {"nodes": 2, "ranks_per_node": 1, "link": CLUSTER_LINK}
             scenarios.append(result)
         else:
             parser.error(f"unknown scenario {name!r}; use one_host and/or cluster")
         # after every scenario, so that a later failure keeps what was measured
-        write_report(Path(args.out), argv, started, scenarios, skipped, names)
+        write_report(Path(args.out), argv, started, scenarios, skipped, names, args.same_process)
     print(f"wrote {args.out} in {time.time() - started:.0f} s")
     return 0
 
 
-def write_report(out: Path, argv, started: float, scenarios, skipped, names) -> None:
+def write_report(
+    out: Path, argv, started: float, scenarios, skipped, names, same_process: bool = False
+) -> None:
     """Write the JSON report of the scenarios measured so far (``incomplete`` lists the rest)."""
     done = {s["scenario"] for s in scenarios} | set(skipped)
     report = {
@@ -236,6 +335,13 @@ def write_report(out: Path, argv, started: float, scenarios, skipped, names) -> 
             "every rank is one process with Horovod 0.28.1 (MPI CPU operations, defaults) and "
             "ddl_tf (defaults) on the same MPI; per configuration the variants are timed in "
             "interleaved rounds (median over rounds of the mean per call or step, slowest rank)"
+            if same_process
+            else "one library per job (Horovod 0.28.1 with MPI CPU operations and its defaults, "
+            "or ddl_tf with its defaults), jobs alternating Horovod, ddl_tf, ddl_tf, Horovod on "
+            "the same ranks; in a job the calls (or the distributed and the local step) are "
+            "timed in interleaved rounds (median over rounds of the mean per call or step, "
+            "slowest rank); a figure is the median over the library's jobs; mpi rows: a bare "
+            "in-place MPI_Allreduce of the same float32 bytes in each library's jobs"
         ),
         "scenarios": scenarios,
         "skipped": skipped,

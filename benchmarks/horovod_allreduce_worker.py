@@ -3,29 +3,35 @@
 Usage: horovod_allreduce_worker.py PLAN.json OUT.json
 
 Runs in the Horovod peer's environment (``benchmarks/peers/horovod/build.sh``)
-with the repository on ``PYTHONPATH``, so Horovod 0.28.1 and ddl_tf live in
-the same process, on the same MPI ranks: mpi4py initializes MPI (thread
-level multiple), ``horovod.tensorflow.init(comm=COMM_WORLD)`` and
-``ddl_tf.init()`` both run on it. PLAN is ``{"sizes": [bytes, ...],
-"dtypes": ["float32", "float16"], "budget_seconds": S}``.
+with the repository on ``PYTHONPATH``. PLAN is ``{"library": "horovod" |
+"ddl_tf" | "both", "sizes": [bytes, ...], "dtypes": ["float32", "float16"],
+"budget_seconds": S}``.
 
-Per size and dtype, four calls of ``allreduce(x, op=Sum)`` on the same
-tensor are timed *interleaved* (``allreduce_worker.measure``: in each round
-every call runs a few times back to back; median over rounds of the per-call
-mean, slowest rank): Horovod eager, ddl_tf eager, Horovod inside a
-``tf.function``, ddl_tf inside a ``tf.function``. Each result is checked
-against the exact sum once. Both libraries run with their defaults (Horovod:
-MPI CPU operations, fusion threshold 128 MiB, cycle time 1 ms; ddl_tf:
-``auto`` algorithm policy, collective checks on). Sizes whose predicted time
-would overrun the budget are skipped (rank 0 decides, all ranks follow).
+One library per job (``horovod`` or ``ddl_tf``; the benchmark alternates
+jobs): Horovod's background thread polls MPI every cycle (1 ms) as long as
+Horovod is initialized, which slows every other MPI call and computation in
+the process (a bare in-place ``MPI_Allreduce`` of 64 MiB on two local ranks
+took about twice as long with Horovod initialized, in this worker's
+``mpi/eager`` row), so the two libraries do not share processes. ``both``
+initializes both in one process (``mpirun`` on ``COMM_WORLD``), the earlier
+method, kept to show that effect.
+
+Per size and dtype, the calls of ``allreduce(x, op=Sum)`` on the same tensor
+are timed *interleaved* (``allreduce_worker.measure``: in each round every
+call runs a few times back to back; median over rounds of the per-call mean,
+slowest rank): the library eagerly and inside a ``tf.function``, and for
+float32 a bare in-place ``MPI_Allreduce`` of the same bytes (``mpi/eager``,
+the floor). Each result is checked against the exact sum once. Both
+libraries run with their defaults (Horovod: MPI CPU operations, fusion
+threshold 128 MiB, cycle time 1 ms; ddl_tf: ``auto`` algorithm policy,
+collective checks on). Sizes whose predicted time would overrun the budget
+are skipped (rank 0 decides, all ranks follow).
 """
 
 import json
 import sys
 import time
 
-import horovod
-import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from allreduce_worker import measure
@@ -33,36 +39,54 @@ from mpi4py import MPI
 
 import ddl_tf
 
-IMPLS = ("horovod/eager", "ddl_tf/eager", "horovod/graph", "ddl_tf/graph")
 
-
-def calls_for(x: tf.Tensor) -> dict:
-    """The four ways to allreduce ``x`` (graph functions traced for ``x``'s signature)."""
-    hvd_graph = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum), jit_compile=False)
-    ddl_graph = tf.function(lambda t: ddl_tf.allreduce(t, op=ddl_tf.Sum), jit_compile=False)
-    return {
-        "horovod/eager": lambda: hvd.allreduce(x, op=hvd.Sum),
-        "ddl_tf/eager": lambda: ddl_tf.allreduce(x, op=ddl_tf.Sum),
-        "horovod/graph": lambda: hvd_graph(x),
-        "ddl_tf/graph": lambda: ddl_graph(x),
-    }
+def calls_for(x: tf.Tensor, libraries: dict, comm) -> dict:
+    """The ways to allreduce ``x``: each library eagerly and in a graph, and bare MPI (float32)."""
+    calls = {}
+    for name, lib in libraries.items():
+        graph = tf.function(lambda t, lib=lib: lib.allreduce(t, op=lib.Sum), jit_compile=False)
+        calls[f"{name}/eager"] = lambda lib=lib: lib.allreduce(x, op=lib.Sum)
+        calls[f"{name}/graph"] = lambda graph=graph: graph(x)
+    if x.dtype == tf.float32:
+        buf = x.numpy()
+        calls["mpi/eager"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    return calls
 
 
 def check(calls: dict, x: tf.Tensor, comm) -> dict:
-    """Each call's result against the exact sum over ranks (computed in float64)."""
+    """Each library call's result against the exact sum over ranks (computed in float64)."""
     local = x.numpy().astype(np.float64)
     total = np.empty_like(local)
     comm.Allreduce(local, total, op=MPI.SUM)
     expected = total.astype(x.dtype.as_numpy_dtype)
-    return {name: bool(np.array_equal(call().numpy(), expected)) for name, call in calls.items()}
+    return {
+        name: bool(np.array_equal(call().numpy(), expected))
+        for name, call in calls.items()
+        if not name.startswith("mpi/")
+    }
+
+
+def init_libraries(which: str) -> dict:
+    """Initialize the library (or both) this job measures; ``{name: module}``."""
+    libraries = {}
+    if which in ("horovod", "both"):
+        import horovod.tensorflow as hvd
+
+        hvd.init(comm=MPI.COMM_WORLD)
+        libraries["horovod"] = hvd
+    if which in ("ddl_tf", "both"):
+        ddl_tf.init()
+        libraries["ddl_tf"] = ddl_tf
+    if not libraries:
+        raise SystemExit(f"unknown library {which!r}; use horovod, ddl_tf or both")
+    return libraries
 
 
 def main():
     plan = json.loads(open(sys.argv[1]).read())
     out = sys.argv[2]
     comm = MPI.COMM_WORLD.Dup()
-    hvd.init(comm=MPI.COMM_WORLD)
-    engine = ddl_tf.init()
+    libraries = init_libraries(plan.get("library", "both"))
     started = time.monotonic()
     budget = float(plan.get("budget_seconds", 600))
     rows, skipped = [], []
@@ -73,11 +97,11 @@ def main():
             np_dtype = np.dtype(dtype)
             # small integers: sums are exact in float16 too, so results can be compared bit for bit
             x = tf.constant(rng.integers(-8, 8, nbytes // np_dtype.itemsize).astype(np_dtype))
-            predicted = per_byte.get(dtype, 0.0) * nbytes * len(IMPLS) * 5
+            predicted = per_byte.get(dtype, 0.0) * nbytes * 2 * len(libraries) * 5
             if not comm.bcast(time.monotonic() - started + predicted <= budget, root=0):
                 skipped.append({"bytes": nbytes, "dtype": dtype, "predicted_s": predicted})
                 continue
-            calls = calls_for(x)
+            calls = calls_for(x, libraries, comm)
             correct = check(calls, x, comm)
             results = measure(comm, calls, min_rounds=3)
             per_byte[dtype] = max(s for s, _, _ in results.values()) / nbytes
@@ -92,7 +116,7 @@ def main():
                         "seconds": seconds,
                         "reps": reps,
                         "rounds": rounds,
-                        "correct": correct[impl],
+                        "correct": correct.get(impl),
                     }
                 )
             if comm.rank == 0:
@@ -103,17 +127,25 @@ def main():
             json.dump(
                 {
                     "ranks": comm.size,
-                    "topology": engine.topology.describe(),
-                    "horovod": {"version": horovod.__version__, "mpi_built": hvd.mpi_built()},
+                    "libraries": sorted(libraries),
+                    "horovod": horovod_info(libraries),
                     "rows": rows,
                     "skipped": skipped,
                     "seconds": time.monotonic() - started,
                 },
                 f,
             )
-    ddl_tf.shutdown()
-    hvd.shutdown()
+    for lib in libraries.values():
+        lib.shutdown()
     comm.Free()
+
+
+def horovod_info(libraries: dict) -> dict | None:
+    if "horovod" not in libraries:
+        return None
+    import horovod
+
+    return {"version": horovod.__version__, "mpi_built": libraries["horovod"].mpi_built()}
 
 
 if __name__ == "__main__":

@@ -3,21 +3,21 @@
 Usage: horovod_training_worker.py PLAN.json OUT.json
 
 Runs in the Horovod peer's environment with the repository on
-``PYTHONPATH`` (Horovod 0.28.1 and ddl_tf in one process, on the same
-ranks). PLAN is ``{"model": "mobilenet_v2" | "mlp", "batch": B, "rounds":
-R, "steps": S, "warmup": W}``.
+``PYTHONPATH``. PLAN is ``{"library": "horovod" | "ddl_tf" | "both",
+"model": "mobilenet_v2" | "mlp", "batch": B, "rounds": R, "steps": S,
+"warmup": W}``; one library per job (see ``horovod_allreduce_worker.py``
+for why), ``both`` puts the two in one process.
 
-Three copies of the model, built from the same seed: one trained with
-``horovod.tensorflow.DistributedGradientTape``, one with
-``ddl_tf.DistributedGradientTape`` (gradients averaged over ranks by both),
-and one with a plain ``tf.GradientTape`` (``local``: no communication, the
-compute-only reference). Each step is one ``tf.function`` (forward,
-backward, allreduce, SGD update). The three run in interleaved rounds (the
-order rotates every round), ``S`` steps each per round; a variant's step
-time is the median over rounds of its mean step time, taken on the slowest
-rank. At the end, each distributed variant's trainable weights must be
-bitwise identical on all ranks (a digest is compared; batch-norm moving
-statistics stay per rank in both libraries).
+Copies of the model, built from the same seed: one trained with the
+library's ``DistributedGradientTape`` (gradients averaged over ranks) and
+one with a plain ``tf.GradientTape`` (``local``: no communication, the
+compute-only reference, measured in the same processes). Each step is one
+``tf.function`` (forward, backward, allreduce, SGD update). The variants run
+in interleaved rounds (the order rotates every round), ``S`` steps each per
+round; a variant's step time is the median over rounds of its mean step
+time, taken on the slowest rank. At the end, each distributed variant's
+trainable weights must be bitwise identical on all ranks (a digest is
+compared; batch-norm moving statistics stay per rank in both libraries).
 
 Models: ``mobilenet_v2`` is ``keras.applications.MobileNetV2(weights=None)``
 on 96x96x3 images, 10 classes (2.2 M parameters, 8.9 MB of float32
@@ -31,15 +31,12 @@ import os
 import sys
 import time
 
-import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
 from mpi4py import MPI
 
 import ddl_tf
-
-VARIANTS = ("horovod", "ddl_tf", "local")
 
 
 def build(name: str) -> tuple[keras.Model, tuple[int, ...]]:
@@ -95,25 +92,37 @@ def main():
     plan = json.loads(open(sys.argv[1]).read())
     out = sys.argv[2]
     comm = MPI.COMM_WORLD.Dup()
-    hvd.init(comm=MPI.COMM_WORLD)
+    which = plan.get("library", "both")
+    tapes = {}
+    if which in ("horovod", "both"):
+        import horovod.tensorflow as hvd
+
+        hvd.init(comm=MPI.COMM_WORLD)
+        tapes["horovod"] = hvd.DistributedGradientTape
+    # ddl_tf describes the topology (and sizes the thread pools) in every job; in a Horovod
+    # job it stays idle, its engine has no background thread
     engine = ddl_tf.init()
+    if which in ("ddl_tf", "both"):
+        tapes["ddl_tf"] = ddl_tf.DistributedGradientTape
+    if not tapes:
+        raise SystemExit(f"unknown library {which!r}; use horovod, ddl_tf or both")
+    variants = (*tapes, "local")
     per_node = engine.topology.local_size
     tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // per_node))
-    tapes = {"horovod": hvd.DistributedGradientTape, "ddl_tf": ddl_tf.DistributedGradientTape}
     models, steps = {}, {}
-    for variant in VARIANTS:
+    for variant in variants:
         models[variant], shape = build(plan["model"])
         steps[variant] = make_step(models[variant], tapes.get(variant))
     params = sum(int(np.prod(v.shape)) for v in models["local"].trainable_variables)
     rng = np.random.default_rng(comm.rank)
     x = tf.constant(rng.standard_normal((plan["batch"], *shape)).astype(np.float32))
     y = tf.constant(rng.integers(0, 10, plan["batch"]))
-    for variant in VARIANTS:  # trace and warm up
+    for variant in variants:  # trace and warm up
         for _ in range(plan["warmup"]):
             steps[variant](x, y).numpy()
-    samples = {v: [] for v in VARIANTS}
+    samples = {v: [] for v in variants}
     for r in range(plan["rounds"]):
-        order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for variant in order:
             comm.Barrier()
             start = time.perf_counter()
@@ -122,7 +131,7 @@ def main():
             loss.numpy()
             samples[variant].append((time.perf_counter() - start) / plan["steps"])
     medians = {v: comm.allreduce(float(np.median(s)), op=MPI.MAX) for v, s in samples.items()}
-    digests = {v: comm.allgather(digest(models[v])) for v in ("horovod", "ddl_tf")}
+    digests = {v: comm.allgather(digest(models[v])) for v in tapes}
     if comm.rank == 0:
         result = {
             "model": plan["model"],
@@ -143,7 +152,8 @@ def main():
             flush=True,
         )
     ddl_tf.shutdown()
-    hvd.shutdown()
+    if "horovod" in tapes:
+        hvd.shutdown()
     comm.Free()
 
 

@@ -61,6 +61,21 @@ class Allreduce(abc.ABC):
                 pass ``ReduceOp.wire_op``, averaging happens after).
         """
 
+    def allreduce_from(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        """Reduce ``src`` across the communicator into ``dst``, leaving ``src`` untouched.
+
+        The default copies ``src`` into ``dst`` and reduces in place;
+        algorithms that can read their input where it is override it.
+
+        Args:
+            src: Contiguous 1-D buffer (may be read-only, e.g. a tensor's memory).
+            dst: Contiguous 1-D buffer of the same size and dtype; holds the
+                reduced values on return.
+            op: The reduction (see :meth:`allreduce`).
+        """
+        dst[...] = src
+        self.allreduce(dst, op)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
@@ -88,16 +103,34 @@ class FlatAllreduce(Allreduce):
         """
         if self._size == 1 or not buf.size:
             return
-        key = (buf.dtype, op)
-        spec = self._specs.get(key)
-        if spec is None:
-            info = dtype_info(buf.dtype)
-            spec = self._specs[key] = (info.reduce_type, info.ops[op])
+        spec = self._specs.get((buf.dtype, op)) or self._spec(buf.dtype, op)
+        self._reduce(self._in_place, buf, spec)
+
+    def allreduce_from(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        """One ``MPI_Allreduce`` from ``src`` into ``dst``: no copy of the input.
+
+        Args:
+            src: Contiguous 1-D buffer (may be read-only).
+            dst: Contiguous 1-D buffer of the same size and dtype.
+            op: The reduction (see ``Allreduce``).
+        """
+        if self._size == 1 or not src.size:
+            dst[...] = src
+            return
+        spec = self._specs.get((src.dtype, op)) or self._spec(src.dtype, op)
+        self._reduce([src, spec[0]], dst, spec)
+
+    def _spec(self, dtype: np.dtype, op: ReduceOp) -> tuple[Any, Any]:
+        info = dtype_info(dtype)
+        spec = self._specs[(dtype, op)] = (info.reduce_type, info.ops[op])
+        return spec
+
+    def _reduce(self, send: Any, dst: np.ndarray, spec: tuple[Any, Any]) -> None:
         if self.trace.enabled:
             with self.trace("allreduce", algorithm=self.name, ranks=self._size):
-                self.comm.Allreduce(self._in_place, [buf, spec[0]], spec[1])
+                self.comm.Allreduce(send, [dst, spec[0]], spec[1])
         else:
-            self.comm.Allreduce(self._in_place, [buf, spec[0]], spec[1])
+            self.comm.Allreduce(send, [dst, spec[0]], spec[1])
 
 
 class ComposedAllreduce(Allreduce):

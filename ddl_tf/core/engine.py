@@ -32,7 +32,7 @@ import numpy as np
 
 from ddl_tf.config import DDLConfig
 from ddl_tf.core.algorithms import Allreduce, make_allreduce
-from ddl_tf.core.aligned import aligned_empty
+from ddl_tf.core.aligned import BufferPool
 from ddl_tf.core.comms import Communicators
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
@@ -50,6 +50,8 @@ from ddl_tf.core.topology import Topology
 __all__ = ["Engine"]
 
 logger = logging.getLogger(__name__)
+
+_POOL_BYTES = 256 << 20
 
 
 class Engine(ScatterGather):
@@ -84,6 +86,8 @@ class Engine(ScatterGather):
         self._closed = False
         self._host = host
         self.stats = CollectiveStats()
+        # result buffers, reused once TensorFlow has released the tensors made from them
+        self.buffers = BufferPool(max(_POOL_BYTES, 2 * config.fusion_threshold_bytes))
         self.timeline = (
             Timeline(config.timeline, self.rank, host) if config.timeline else NullTimeline()
         )
@@ -238,10 +242,22 @@ class Engine(ScatterGather):
             shapes = [a.shape for a in arrays]
             out: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
             for bucket in buckets:
-                with self.timeline.phase("pack", bytes=bucket.nbytes, tensors=len(bucket.members)):
-                    buf = pack(bucket, sources)
-                if self.size > 1 and buf.size:
-                    self.choose(bucket.nbytes, bucket.dtype).allreduce(buf, op.wire_op)
+                alone = sources[bucket.members[0]] if len(bucket.members) == 1 else None
+                if self.size > 1 and alone is not None and alone.dtype == bucket.dtype:
+                    # one tensor: reduced from where it is into a pooled buffer, no copy in
+                    buf = self.buffers.take(bucket.elements, bucket.dtype)
+                    self.choose(bucket.nbytes, bucket.dtype).allreduce_from(
+                        np.ascontiguousarray(alone).reshape(-1), buf, op.wire_op
+                    )
+                else:
+                    with self.timeline.phase(
+                        "pack", bytes=bucket.nbytes, tensors=len(bucket.members)
+                    ):
+                        buf = pack(
+                            bucket, sources, self.buffers.take(bucket.elements, bucket.dtype)
+                        )
+                    if self.size > 1 and buf.size:
+                        self.choose(bucket.nbytes, bucket.dtype).allreduce(buf, op.wire_op)
                 with self.timeline.phase("decompress"):
                     views = unpack(bucket, buf, shapes)
                     if contexts is None and all(arrays[i].dtype == bucket.dtype for i in views):
@@ -253,7 +269,7 @@ class Engine(ScatterGather):
                         if contexts is not None:
                             out[i] = scale(comp.decompress(view, contexts[i]), factor)
                             continue
-                        restored = aligned_empty(view.shape, arrays[i].dtype)
+                        restored = self.buffers.take(view.shape, arrays[i].dtype)
                         restored[...] = view  # the casting compressor's way back
                         out[i] = scale(restored, factor, out=restored)
             return out

@@ -105,8 +105,8 @@ def _bucket(dtype: np.dtype, members: list[int], sizes: Sequence[int]) -> Bucket
     return Bucket(dtype, tuple(members), tuple(offsets), member_sizes)
 
 
-def pack(bucket: Bucket, arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """A fresh aligned buffer holding the bucket's members, each on a 64-byte boundary.
+def pack(bucket: Bucket, arrays: Sequence[np.ndarray], buf: np.ndarray | None = None) -> np.ndarray:
+    """An aligned buffer holding the bucket's members, each on a 64-byte boundary.
 
     A single member that is already a contiguous array of the right dtype is
     copied as well: the buffer is reduced in place and the caller's input must
@@ -117,12 +117,15 @@ def pack(bucket: Bucket, arrays: Sequence[np.ndarray]) -> np.ndarray:
     Args:
         bucket: The bucket (member indices, offsets, sizes, dtype).
         arrays: All tensors of the step as numpy arrays, indexed by member index.
+        buf: The aligned 1-D buffer of ``bucket.elements`` elements of
+            ``bucket.dtype`` to fill; None allocates one.
 
     Returns:
-        A 1-D array of ``bucket.elements`` elements of ``bucket.dtype``; the
-        gaps between members are zeros.
+        ``buf`` (or the new buffer) holding the members; the gaps between
+        members are zeros.
     """
-    buf = aligned_empty(bucket.elements, bucket.dtype)
+    if buf is None:
+        buf = aligned_empty(bucket.elements, bucket.dtype)
     end = 0
     for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
         buf[end:offset] = 0
@@ -134,9 +137,10 @@ def pack(bucket: Bucket, arrays: Sequence[np.ndarray]) -> np.ndarray:
 def unpack(bucket: Bucket, buf: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> dict:
     """Views of ``buf`` shaped like each member, keyed by member index.
 
-    The views share ``buf``'s memory and start on 64-byte boundaries; ``buf``
-    is a fresh allocation per call (see :func:`pack`), so no later collective
-    can overwrite them.
+    The views share ``buf``'s memory and start on 64-byte boundaries; the
+    engine reuses ``buf`` only once nothing references it (see
+    :class:`~ddl_tf.core.aligned.BufferPool`), so no later collective can
+    overwrite them.
 
     Args:
         bucket: The bucket ``buf`` was packed for.

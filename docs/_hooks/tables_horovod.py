@@ -56,7 +56,9 @@ def horovod_allreduce(r: Results, scenario: str, dtype: str = "float32") -> str:
                 f"**{ddl['seconds'] / hvd['seconds']:.2f}**",
             ]
         body.append(line)
-    wrong = [f"{fmt_size(x['bytes'])} {x['library']}/{x['mode']}" for x in rows if not x["correct"]]
+    wrong = [
+        f"{fmt_size(x['bytes'])} {x['library']}/{x['mode']}" for x in rows if x["correct"] is False
+    ]
     skipped = [
         fmt_size(s["bytes"])
         for s in r.get(f"scenarios.{i}.allreduce.skipped") or []

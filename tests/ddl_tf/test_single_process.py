@@ -11,7 +11,7 @@ import tensorflow as tf
 import ddl_tf as hvd
 import ddl_tf.keras as hvd_keras
 from ddl_tf import basics, bridge
-from ddl_tf.core.aligned import aligned_empty
+from ddl_tf.core.aligned import BufferPool, aligned_empty
 from ddl_tf.errors import ConfigError, NotInitializedError
 from ddl_tf.keras.callbacks import (
     BroadcastGlobalVariablesCallback,
@@ -106,6 +106,24 @@ def test_eager_collectives_copy_the_data_once_and_never_write_into_inputs(ddl):
     assert float(bridge._to_tensor(read_only, tf.float32)[0]) == 1
     half = bridge._to_tensor(aligned_empty(3, tf.bfloat16.as_numpy_dtype), tf.bfloat16)
     assert half.dtype == tf.bfloat16 and half.shape == (3,)
+
+
+def test_result_buffers_are_reused_only_once_tensorflow_released_them():
+    pool = BufferPool(1 << 30, min_bytes=0)
+    first = pool.take(1 << 16, np.float32)
+    address = first.ctypes.data
+    eager = bridge._to_tensor(first, tf.float32)  # adopted: TensorFlow holds the buffer
+    del first
+    assert pool.take(1 << 16, np.float32).ctypes.data != address
+    graph_out = tf.function(
+        lambda: tf.numpy_function(lambda: pool.take(1 << 16, np.float32), [], tf.float32)
+    )()
+    held = np.asarray(memoryview(graph_out)).ctypes.data
+    del eager
+    again = pool.take(1 << 16, np.float32)
+    assert again.ctypes.data == address  # the eager tensor is gone: its buffer comes back
+    assert pool.take(1 << 16, np.float32).ctypes.data != held  # the graph output still lives
+    del graph_out, again
 
 
 def test_graph_collectives_are_chained_in_program_order(ddl):
