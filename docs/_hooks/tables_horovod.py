@@ -55,6 +55,9 @@ def horovod_allreduce(r: Results, scenario: str, dtype: str = "float32") -> str:
                 fmt_seconds(ddl["seconds"]),
                 f"**{ddl['seconds'] / hvd['seconds']:.2f}**",
             ]
+        floors = [cells.get((size, f"mpi_in_{lib}_jobs", "eager")) for lib in ("horovod", "ddl_tf")]
+        if any(floors):
+            line.append(" / ".join(fmt_seconds(f["seconds"]) if f else "-" for f in floors))
         body.append(line)
     wrong = [
         f"{fmt_size(x['bytes'])} {x['library']}/{x['mode']}" for x in rows if x["correct"] is False
@@ -73,12 +76,15 @@ def horovod_allreduce(r: Results, scenario: str, dtype: str = "float32") -> str:
         "ddl_tf tf.function",
         "ddl_tf / Horovod",
     ]
+    if any(len(line) == len(header) + 1 for line in body):
+        header.append("bare MPI_Allreduce in Horovod / ddl_tf jobs")
+        body = [line + ["-"] * (len(header) - len(line)) for line in body]
     note = f"\n\n{_where(found)}, {dtype}; every result checked against the exact sum: " + (
         "all equal" if not wrong else "NOT equal: " + ", ".join(wrong)
     )
     if skipped:
         note += f"; skipped (time budget): {', '.join(skipped)}"
-    return markdown_table(header, body, "lrrrrrr") + note + "."
+    return markdown_table(header, body, "l" + "r" * (len(header) - 1)) + note + "."
 
 
 @table("horovod_training", "horovod_side_by_side.json")
@@ -96,12 +102,18 @@ def horovod_training(r: Results) -> str:
                     model,
                     f"{t.get('parameters', 0) / 1e6:.1f} M ({t.get('gradient_bytes', 0) / 2**20:.0f} MiB)",
                     t.get("batch_per_rank"),
-                    fmt_seconds(local),
+                    fmt_seconds(local)
+                    + (
+                        f" ({fmt_seconds(steps['local_in_horovod_jobs'])} / "
+                        f"{fmt_seconds(steps['local_in_ddl_tf_jobs'])})"
+                        if "local_in_horovod_jobs" in steps and "local_in_ddl_tf_jobs" in steps
+                        else ""
+                    ),
                     fmt_seconds(hvd),
                     fmt_seconds(ddl),
                     f"**{fmt_ratio(ddl / hvd if hvd else None)}**",
-                    f"{fmt_ratio((hvd - local) / local if local else None)} / "
-                    f"{fmt_ratio((ddl - local) / local if local else None)}",
+                    f"{fmt_ratio(_over(hvd, steps.get('local_in_horovod_jobs', local)))} / "
+                    f"{fmt_ratio(_over(ddl, steps.get('local_in_ddl_tf_jobs', local)))}",
                     ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in identical.items()),
                 ]
             )
@@ -110,14 +122,19 @@ def horovod_training(r: Results) -> str:
         "model",
         "parameters (float32 gradients)",
         "batch per rank",
-        "local step (no communication)",
+        "local step, no communication (in Horovod / ddl_tf jobs)",
         "Horovod step",
         "ddl_tf step",
         "ddl_tf / Horovod",
-        "communication overhead over local: Horovod / ddl_tf",
+        "communication overhead over the local step of the same jobs: Horovod / ddl_tf",
         "weights identical on all ranks",
     ]
     return markdown_table(header, body, "llrrrrrrrl")
+
+
+def _over(step: float | None, local: float | None) -> float | None:
+    """The step's time over the local step's, as a fraction (each from the same jobs)."""
+    return (step - local) / local if step is not None and local else None
 
 
 @table("horovod_targets", "horovod_side_by_side.json")
@@ -130,12 +147,21 @@ def horovod_targets(r: Results) -> str:
         ratios = r.get(f"scenarios.{i}.allreduce.ratios") or []
         big = [x for x in ratios if x["bytes"] >= 1 << 20]
         best = min((x["ddl_over_horovod"] for x in big), default=None)
+        per_dtype = {
+            dtype: [x["ddl_over_horovod"] for x in big if x["dtype"] == dtype]
+            for dtype in ("float32", "float16")
+        }
         phases = scenario.get("other_jobs_before_each_phase", {})
         busy = ", ".join(f"{k} {v.get('cpu_busy', 0):.0%}" for k, v in phases.items())
         body.append(
             [
                 _where(scenario),
                 f"{fmt_ratio(best)} to {fmt_ratio(t.get('allreduce_ge_1MiB_ddl_over_horovod_max'))}",
+                "; ".join(
+                    f"{dtype} {fmt_ratio(min(v))} to {fmt_ratio(max(v))}"
+                    for dtype, v in per_dtype.items()
+                    if v
+                ),
                 f"{len(slower)} of {len(big)}",
                 "met" if t.get("allreduce_ge_1MiB_met") else "not met",
                 ", ".join(
@@ -149,6 +175,7 @@ def horovod_targets(r: Results) -> str:
     header = [
         "where",
         "allreduce >= 1 MiB: ddl_tf / Horovod, best to worst",
+        "per dtype",
         "configurations where ddl_tf is slower",
         "allreduce target",
         "training step: ddl_tf / Horovod",
