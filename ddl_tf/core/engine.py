@@ -37,6 +37,7 @@ from ddl_tf.core.comms import Communicators
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
 from ddl_tf.core.guard import CollectiveGuard, CollectiveStats, layout_text
+from ddl_tf.core.halfconv import cast_into
 from ddl_tf.core.mpi import check_reducible, dtype_info
 from ddl_tf.core.negotiation import Descriptor, Negotiator
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
@@ -270,7 +271,7 @@ class Engine(ScatterGather):
                             out[i] = scale(comp.decompress(view, contexts[i]), factor)
                             continue
                         restored = self.buffers.take(view.shape, arrays[i].dtype)
-                        restored[...] = view  # the casting compressor's way back
+                        cast_into(view, restored)  # the casting compressor's way back
                         out[i] = scale(restored, factor, out=restored)
             return out
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddl_tf.core.aligned import align_up, aligned_empty
+from ddl_tf.core.halfconv import cast_into
 
 __all__ = ["Bucket", "plan_buckets", "pack", "unpack"]
 
@@ -129,7 +130,7 @@ def pack(bucket: Bucket, arrays: Sequence[np.ndarray], buf: np.ndarray | None = 
     end = 0
     for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
         buf[end:offset] = 0
-        buf[offset : offset + size] = arrays[index].reshape(-1)
+        cast_into(arrays[index], buf[offset : offset + size])
         end = offset + size
     return buf
 

@@ -28,6 +28,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ddl_tf.core.halfconv import from_float32, sum_into, to_float32
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.errors import ConfigError
 
@@ -150,12 +151,15 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp) -> None:
         op: SUM, MIN, MAX or PRODUCT (averaging happens elsewhere).
     """
     ufunc = _UFUNCS[op]
-    acc = accumulation_dtype(dst.dtype)
-    if acc == dst.dtype:
-        ufunc(dst, src, out=dst)
-    else:
+    if dst.dtype in HALF_DTYPES:
+        if op is ReduceOp.SUM and sum_into(src, dst):
+            return
+        work = to_float32(dst)
         with np.errstate(over="ignore"):  # overflow to inf is the right half-precision result
-            dst[...] = ufunc(dst.astype(acc), src.astype(acc)).astype(dst.dtype)
+            ufunc(work, to_float32(src), out=work)
+        from_float32(work, dst)
+    else:
+        ufunc(dst, src, out=dst)
 
 
 def reduce_rows(rows: np.ndarray, op: ReduceOp, out: np.ndarray) -> None:
@@ -171,12 +175,14 @@ def reduce_rows(rows: np.ndarray, op: ReduceOp, out: np.ndarray) -> None:
         out: Length-``n`` array receiving the result (rounded once to its
             dtype).
     """
-    acc = accumulation_dtype(out.dtype)
     ufunc = _UFUNCS[op]
-    work = rows.astype(acc) if acc != rows.dtype else rows
-    result = ufunc.reduce(work, axis=0)
+    work = to_float32(rows) if rows.dtype in HALF_DTYPES else rows
     with np.errstate(over="ignore"):
-        out[...] = result.astype(out.dtype, copy=False)
+        result = ufunc.reduce(work, axis=0)
+    if out.dtype in HALF_DTYPES:
+        from_float32(result, out)
+    else:
+        out[...] = result
 
 
 @dataclass(frozen=True)
@@ -262,15 +268,19 @@ def _half_pair_type(MPI: Any) -> Any:
 def _numpy_op(MPI: Any, dtype: np.dtype, op: ReduceOp) -> Any:
     """A user-defined MPI operation computing ``op`` with numpy (float32 math for halves)."""
     ufunc = _UFUNCS[op]
-    acc = accumulation_dtype(dtype)
+    half = dtype in HALF_DTYPES
 
     def combine(inbuf, inoutbuf, datatype):  # called by MPI on received segments
         a = np.frombuffer(inbuf, dtype=dtype)
         b = np.frombuffer(inoutbuf, dtype=dtype)
-        if acc == dtype:
+        if not half:
             ufunc(a, b, out=b)
-        else:
-            with np.errstate(over="ignore"):
-                b[...] = ufunc(a.astype(acc), b.astype(acc)).astype(dtype)
+            return
+        if op is ReduceOp.SUM and sum_into(a, b):  # a + b: addition commutes bit for bit
+            return
+        work = to_float32(a)
+        with np.errstate(over="ignore"):
+            ufunc(work, to_float32(b), out=work)
+        from_float32(work, b)
 
     return MPI.Op.Create(combine, commute=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ddl_tf.core.halfconv import from_float32, to_float32
 from ddl_tf.core.mpi import accumulation_dtype
 from ddl_tf.errors import ConfigError
 
@@ -81,9 +82,9 @@ def scale(array: np.ndarray, factor: float, *, out: np.ndarray | None = None) ->
         work_dtype = accumulation_dtype(dtype)
         if work_dtype == dtype:  # one multiplication in the array's own precision
             return np.multiply(array, dtype.type(factor), out=out)
-        work = array.astype(work_dtype)
+        work = to_float32(array)  # 16-bit floats: float32 math, rounded once
         work *= work_dtype.type(factor)
-        result = work.astype(dtype)
+        return from_float32(work, np.empty_like(array) if out is None else out)
     if out is None:
         return result
     out[...] = result

@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from ddl_tf.core import halfconv
 from ddl_tf.core.aligned import is_aligned
 from ddl_tf.core.compression import Compression
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
@@ -181,3 +182,82 @@ def test_timeline_streams_per_rank_and_merges(tmp_path):
     assert not rank_path(path, 1).exists()
     assert timelines[0].close() == []
     assert NullTimeline().phase("x") is NullTimeline().phase("y")
+
+
+HALVES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+
+
+def _f32_bit_patterns(rng) -> np.ndarray:
+    """Random float32 bit patterns plus the values where half-precision rounding is decided."""
+    bits = rng.integers(0, 2**32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 6e-8, 3e-8], "f4")
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    with np.errstate(invalid="ignore", over="ignore"):
+        near = [(halves.view(h).astype(np.float32) * np.float32(1 + 2**-12)) for h in HALVES]
+    return np.concatenate([bits, edges, *near]).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_half_conversions_match_numpy_bit_for_bit(dtype, compiled, monkeypatch):
+    if not compiled:
+        monkeypatch.setattr(halfconv, "_halfconv", None)
+    every_half = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    ours, ref = halfconv.to_float32(every_half), every_half.astype(np.float32)
+    nan = np.isnan(ref)
+    assert (np.isnan(ours) == nan).all() and ours[~nan].tobytes() == ref[~nan].tobytes()
+    x = _f32_bit_patterns(np.random.default_rng(3))
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = x.astype(dtype)
+    ours = halfconv.from_float32(x, np.empty(x.shape, dtype))
+    nan = np.isnan(ref.astype(np.float32))
+    assert (np.isnan(ours.astype(np.float32)) == nan).all()
+    assert ours[~nan].view(np.uint16).tolist() == ref[~nan].view(np.uint16).tolist()
+    for n in range(17):  # the vector loops' tails
+        y = x[1000 : 1000 + n]
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected = y.astype(dtype).tobytes()
+        assert halfconv.cast_into(y, np.empty(n, dtype)).tobytes() == expected
+    strided = every_half[::3]  # not contiguous: numpy converts it
+    assert halfconv.to_float32(strided).tobytes() == strided.astype(np.float32).tobytes()
+
+
+def test_half_conversions_are_compiled_here():
+    # the extension is optional for users without a C compiler; this machine has one
+    assert halfconv.COMPILED == ("float16", "bfloat16"), (
+        "ddl_tf.core._halfconv was not built (float16 sums fall back to slow numpy "
+        "conversions); reinstall with a C compiler: pip install -e ."
+    )
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_half_reductions_accumulate_in_float32_and_round_once(dtype, compiled, monkeypatch):
+    if not compiled:
+        monkeypatch.setattr(halfconv, "_halfconv", None)
+    rng = np.random.default_rng(4)
+    rows = (rng.normal(size=(3, 1001)) * 300).astype(dtype)
+    for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+        ufunc = {
+            ReduceOp.SUM: np.add,
+            ReduceOp.MIN: np.minimum,
+            ReduceOp.MAX: np.maximum,
+            ReduceOp.PRODUCT: np.multiply,
+        }[op]
+        dst = rows[0].copy()
+        reduce_into(dst, rows[1], op)
+        with np.errstate(over="ignore"):
+            pair = ufunc(rows[0].astype(np.float32), rows[1].astype(np.float32)).astype(dtype)
+            every = ufunc.reduce(rows.astype(np.float32), axis=0).astype(dtype)
+        assert dst.tobytes() == pair.tobytes()
+        out = np.empty(rows.shape[1], dtype)
+        reduce_rows(rows, op, out)
+        assert out.tobytes() == every.tobytes()
+    specials = np.array([np.inf, -np.inf, 65504, -65504, 0.0, -0.0, np.nan], np.float32)
+    dst, src = specials.astype(dtype), specials[::-1].astype(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = (dst.astype(np.float32) + src.astype(np.float32)).astype(dtype)
+    reduce_into(dst, src, ReduceOp.SUM)
+    nan = np.isnan(expected.astype(np.float32))
+    assert (np.isnan(dst.astype(np.float32)) == nan).all()
+    assert dst[~nan].tobytes() == expected[~nan].tobytes()
