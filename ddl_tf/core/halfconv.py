@@ -4,7 +4,7 @@ ddl_tf sums 16-bit floats in float32 (each partial sum is rounded once to
 half precision), so every half-precision reduction, every ``fp16``/``bf16``
 compressed pack and every average of a half tensor converts whole buffers.
 numpy converts float16 one element at a time; the optional C extension
-``ddl_tf.core._halfconv`` (built by ``pip install`` when a C compiler is
+``ddl_tf.core.halfkernels`` (built by ``pip install`` when a C compiler is
 present) converts with the CPU's F16C instructions (float16) or vectorized
 integer arithmetic (bfloat16). Results are identical either way (round to
 nearest even; tests compare the two bit for bit); only the speed differs.
@@ -27,9 +27,9 @@ import ml_dtypes
 import numpy as np
 
 try:
-    from ddl_tf.core import _halfconv
+    from ddl_tf.core import halfkernels as _kernels
 except ImportError:  # built without a C compiler: numpy does the conversions
-    _halfconv = None
+    _kernels = None
 
 __all__ = ["to_float32", "from_float32", "cast_into", "sum_into", "COMPILED"]
 
@@ -38,7 +38,7 @@ _F32 = np.dtype(np.float32)
 
 #: Which 16-bit kinds convert in compiled code here (empty: numpy only).
 COMPILED: tuple[str, ...] = (
-    () if _halfconv is None else (("float16",) if _halfconv.has_f16c() else ()) + ("bfloat16",)
+    () if _kernels is None else (("float16",) if _kernels.has_f16c() else ()) + ("bfloat16",)
 )
 
 
@@ -62,12 +62,12 @@ def to_float32(src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     kind = _KINDS.get(src.dtype)
     flat_src, flat_out = _flat(src), _flat(out)
     if (
-        _halfconv is None
+        _kernels is None
         or kind is None
         or out.dtype != _F32
         or flat_src is None
         or flat_out is None
-        or not _halfconv.to_float32(kind, flat_src, flat_out)
+        or not _kernels.to_float32(kind, flat_src, flat_out)
     ):
         out[...] = src
     return out
@@ -86,12 +86,12 @@ def from_float32(src: np.ndarray, out: np.ndarray) -> np.ndarray:
     kind = _KINDS.get(out.dtype)
     flat_src, flat_out = _flat(src), _flat(out)
     if (
-        _halfconv is None
+        _kernels is None
         or kind is None
         or src.dtype != _F32
         or flat_src is None
         or flat_out is None
-        or not _halfconv.from_float32(kind, flat_src, flat_out)
+        or not _kernels.from_float32(kind, flat_src, flat_out)
     ):
         with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the right results
             out[...] = src
@@ -129,9 +129,9 @@ def sum_into(src: np.ndarray, inout: np.ndarray) -> bool:
         :func:`from_float32`), which gives the same bits.
     """
     kind = _KINDS.get(inout.dtype)
-    if _halfconv is None or kind is None or src.dtype != inout.dtype:
+    if _kernels is None or kind is None or src.dtype != inout.dtype:
         return False
     flat_src, flat_inout = _flat(src), _flat(inout)
     if flat_src is None or flat_inout is None:
         return False
-    return _halfconv.sum_into(kind, flat_src, flat_inout)
+    return _kernels.sum_into(kind, flat_src, flat_inout)

@@ -201,7 +201,7 @@ def _f32_bit_patterns(rng) -> np.ndarray:
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 def test_half_conversions_match_numpy_bit_for_bit(dtype, compiled, monkeypatch):
     if not compiled:
-        monkeypatch.setattr(halfconv, "_halfconv", None)
+        monkeypatch.setattr(halfconv, "_kernels", None)
     every_half = np.arange(1 << 16, dtype=np.uint16).view(dtype)
     ours, ref = halfconv.to_float32(every_half), every_half.astype(np.float32)
     nan = np.isnan(ref)
@@ -225,7 +225,7 @@ def test_half_conversions_match_numpy_bit_for_bit(dtype, compiled, monkeypatch):
 def test_half_conversions_are_compiled_here():
     # the extension is optional for users without a C compiler; this machine has one
     assert halfconv.COMPILED == ("float16", "bfloat16"), (
-        "ddl_tf.core._halfconv was not built (float16 sums fall back to slow numpy "
+        "ddl_tf.core.halfkernels was not built (float16 sums fall back to slow numpy "
         "conversions); reinstall with a C compiler: pip install -e ."
     )
 
@@ -234,7 +234,7 @@ def test_half_conversions_are_compiled_here():
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 def test_half_reductions_accumulate_in_float32_and_round_once(dtype, compiled, monkeypatch):
     if not compiled:
-        monkeypatch.setattr(halfconv, "_halfconv", None)
+        monkeypatch.setattr(halfconv, "_kernels", None)
     rng = np.random.default_rng(4)
     rows = (rng.normal(size=(3, 1001)) * 300).astype(dtype)
     for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):

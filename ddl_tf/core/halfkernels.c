@@ -210,7 +210,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,
-                                    "_halfconv",
+                                    "halfkernels",
                                     "Fast 16-bit float conversions (see halfconv.py).",
                                     -1,
                                     methods,
@@ -219,7 +219,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,
                                     NULL,
                                     NULL};
 
-PyMODINIT_FUNC PyInit__halfconv(void) {
+PyMODINIT_FUNC PyInit_halfkernels(void) {
     f16c_available = cpu_has_f16c();
     return PyModule_Create(&module);
 }
