@@ -34,7 +34,7 @@ from ddl_tf.core.mpi import dtype_info
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.core.steps import STEP_ALGORITHMS, StepAlgorithm
 from ddl_tf.core.timeline import NULL_TRACER, Tracer
-from ddl_tf.errors import TopologyError
+from ddl_tf.errors import ConfigError, TopologyError
 
 __all__ = [
     "Allreduce",
@@ -218,14 +218,17 @@ def make_allreduce(
 
     Raises:
         TopologyError: ``hierarchical`` on a topology with unequal groups.
-        ValueError: ``name`` is not one of the four.
+        ConfigError: ``name`` is not one of the four.
     """
     if name == "flat":
         return FlatAllreduce(comm, trace)
     if name in ("ring", "asa"):
         return ComposedAllreduce(STEP_ALGORITHMS[name](comm, trace))
     if name != "hierarchical":
-        raise ValueError(f"unknown allreduce {name!r}")
+        raise ConfigError(
+            f"Unknown allreduce algorithm {name!r}. Received name={name!r}; use flat, ring, asa "
+            "or hierarchical (DDL_ALLREDUCE_ALGO also accepts auto)."
+        )
     if not uniform:
         raise TopologyError(
             "The hierarchical allreduce needs groups of equal size at every level (the same "

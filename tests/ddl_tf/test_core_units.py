@@ -261,3 +261,10 @@ def test_half_reductions_accumulate_in_float32_and_round_once(dtype, compiled, m
     nan = np.isnan(expected.astype(np.float32))
     assert (np.isnan(dst.astype(np.float32)) == nan).all()
     assert dst[~nan].tobytes() == expected[~nan].tobytes()
+
+
+def test_an_unknown_allreduce_name_is_a_config_error_naming_the_choices():
+    from ddl_tf.core.algorithms import make_allreduce
+
+    with pytest.raises(ConfigError, match="use flat, ring, asa or hierarchical"):
+        make_allreduce("butterfly", comm=None)
