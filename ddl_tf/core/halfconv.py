@@ -42,9 +42,11 @@ COMPILED: tuple[str, ...] = (
 )
 
 
-def _flat(array: np.ndarray) -> np.ndarray | None:
-    """``array`` as a 1-D view when it is C-contiguous, else None."""
-    return array.reshape(-1) if array.flags.c_contiguous else None
+def _compiled(kernel: str, kind: int | None, src: np.ndarray, out: np.ndarray) -> bool:
+    """Run the compiled ``kernel`` on C-contiguous ``src`` and ``out``; False when it cannot."""
+    if _kernels is None or kind is None or not (src.flags.c_contiguous and out.flags.c_contiguous):
+        return False
+    return getattr(_kernels, kernel)(kind, src.reshape(-1), out.reshape(-1))
 
 
 def to_float32(src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -59,16 +61,7 @@ def to_float32(src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """
     if out is None:
         out = np.empty(src.shape, _F32)
-    kind = _KINDS.get(src.dtype)
-    flat_src, flat_out = _flat(src), _flat(out)
-    if (
-        _kernels is None
-        or kind is None
-        or out.dtype != _F32
-        or flat_src is None
-        or flat_out is None
-        or not _kernels.to_float32(kind, flat_src, flat_out)
-    ):
+    if out.dtype != _F32 or not _compiled("to_float32", _KINDS.get(src.dtype), src, out):
         out[...] = src
     return out
 
@@ -83,16 +76,7 @@ def from_float32(src: np.ndarray, out: np.ndarray) -> np.ndarray:
     Returns:
         ``out``.
     """
-    kind = _KINDS.get(out.dtype)
-    flat_src, flat_out = _flat(src), _flat(out)
-    if (
-        _kernels is None
-        or kind is None
-        or src.dtype != _F32
-        or flat_src is None
-        or flat_out is None
-        or not _kernels.from_float32(kind, flat_src, flat_out)
-    ):
+    if src.dtype != _F32 or not _compiled("from_float32", _KINDS.get(out.dtype), src, out):
         with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the right results
             out[...] = src
     return out
@@ -128,10 +112,4 @@ def sum_into(src: np.ndarray, inout: np.ndarray) -> bool:
         or the machine needs the numpy path (:func:`to_float32`, add,
         :func:`from_float32`), which gives the same bits.
     """
-    kind = _KINDS.get(inout.dtype)
-    if _kernels is None or kind is None or src.dtype != inout.dtype:
-        return False
-    flat_src, flat_inout = _flat(src), _flat(inout)
-    if flat_src is None or flat_inout is None:
-        return False
-    return _kernels.sum_into(kind, flat_src, flat_inout)
+    return src.dtype == inout.dtype and _compiled("sum_into", _KINDS.get(inout.dtype), src, inout)
