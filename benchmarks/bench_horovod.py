@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default="one_host,cluster")
     parser.add_argument("--out", default=str(RESULTS / "horovod_side_by_side.json"))
     parser.add_argument(
-        "--budget", type=float, default=600.0, help="seconds for the allreduce sizes per scenario"
+        "--budget", type=float, default=800.0, help="seconds for the allreduce sizes per scenario"
     )
     parser.add_argument(
         "--max-wait",
