@@ -21,7 +21,9 @@ from ddl_tf.cluster.counters import (
 )
 from ddl_tf.cluster.mpi import agent_script, mpirun_command
 from ddl_tf.cluster.netns import (
+    GSO_BURST_SECONDS,
     Tools,
+    gso_max_segs,
     hosts_file,
     rate_commands,
     require_shaped,
@@ -90,6 +92,27 @@ def test_shaping_covers_both_directions_and_latency_is_split_over_the_hops():
     delays = [c for c in shaping_commands(slow, TOOLS, node=0) if "netem" in c]
     assert len(delays) == 2 and all("50.0us" in c for c in delays)
     assert shaping_commands(ClusterSpec(nodes=2, link=None), TOOLS, node=0) == []
+
+
+def test_shaped_links_cap_gso_super_packets_to_half_a_millisecond_on_the_wire():
+    # one htb queue drops a whole super-packet; at 62.5 Mbit/s 44-frame drops stalled TCP
+    assert gso_max_segs(62_500_000, 1500) == 2  # 2 x 1514 B = 0.39 ms
+    assert gso_max_segs(200_000_000, 1500) == 8
+    assert gso_max_segs(10**9, 9000) == 6  # jumbo frames: fewer per burst
+    assert gso_max_segs(1_000_000, 1500) == 1  # never below one frame
+    assert gso_max_segs(None, 1500) == 65535  # unshaped: the kernel's default
+    for bps in (62_500_000, 200_000_000, 10**9, 100 * 10**9):
+        segs = gso_max_segs(bps, 1500)
+        assert segs == 1 or segs * 1514 * 8 / bps <= GSO_BURST_SECONDS
+        assert (segs + 1) * 1514 * 8 / bps > GSO_BURST_SECONDS or segs == 65535
+    spec = ClusterSpec(nodes=2, prefix="ddlctest", link="200mbit")
+    cmds = [" ".join(c) for c in shaping_commands(spec, TOOLS, node=1)]
+    assert cmds[:2] == [
+        "/sbin/ip -n ddlctest-n1 link set dev eth0 gso_max_segs 8",
+        "/sbin/ip -n ddlctest-sw link set dev p1 gso_max_segs 8",
+    ]
+    latency_only = ClusterSpec(nodes=2, prefix="ddlctest", link=None, latency="100us")
+    assert "gso_max_segs 65535" in " ".join(shaping_commands(latency_only, TOOLS, node=0)[0])
 
 
 def test_agent_enters_the_node_namespaces_instead_of_ssh(tmp_path):
@@ -362,6 +385,8 @@ def test_link_rate_changes_in_place_at_both_ends():
     spec = ClusterSpec(nodes=2, prefix="ddlctest", link="50mbit")
     cmds = [" ".join(c) for c in rate_commands(spec, TOOLS, node=0)]
     assert cmds == [
+        "/sbin/ip -n ddlctest-n0 link set dev eth0 gso_max_segs 2",
+        "/sbin/ip -n ddlctest-sw link set dev p0 gso_max_segs 2",
         "/sbin/ip netns exec ddlctest-n0 /sbin/tc class change dev eth0 parent 1: classid 1:1 "
         "htb rate 50000000bit ceil 50000000bit quantum 65536",
         "/sbin/ip netns exec ddlctest-sw /sbin/tc class change dev p0 parent 1: classid 1:1 "
@@ -369,7 +394,7 @@ def test_link_rate_changes_in_place_at_both_ends():
     ]
     # the same class arguments as when the cluster was built
     built = [" ".join(c) for c in shaping_commands(spec, TOOLS, node=0) if "class" in c]
-    assert [c.replace("class add", "class change") for c in built] == cmds
+    assert [c.replace("class add", "class change") for c in built] == cmds[2:]
     assert require_shaped(spec, "10mbit") == "10mbit"
     with pytest.raises(ClusterError, match="a rate can only replace a rate"):
         require_shaped(ClusterSpec(nodes=2, link=None), "10mbit")
