@@ -13,7 +13,10 @@ Keras ``fit`` of an MLP (a small first layer, ``DEPTH`` hidden layers of
 * ``compute``: the plain optimizer: forward, backward and update, no
   allreduce (both ranks compute at once, as in the other variants);
 * ``comm``: the allreduce alone: one ``engine.allreduce`` of arrays shaped
-  like the gradients (what ``off`` sends), outside TensorFlow.
+  like the gradients (what ``off`` sends), outside TensorFlow;
+* ``forward``: the forward pass alone (the ``compute`` model called with
+  ``training=True`` in a ``tf.function``, batch by batch): ``compute`` minus
+  it is the backward pass and update, the part communication can overlap.
 
 Per step it records the wall time (Keras batch callbacks); per round and
 variant the median step; the slowest rank counts. Every model starts from the
@@ -90,7 +93,17 @@ def main():
     grads = [np.ones(w.shape, np.float32) for w in initial]
     gradient_bytes = sum(g.nbytes for g in grads)
 
+    forward = tf.function(lambda batch: models["compute"](batch, training=True))
+
     def run(name):
+        if name == "forward":
+            times = []
+            world.Barrier()
+            for k in range(steps + 1):
+                start = time.perf_counter()
+                forward(x[k * batch : (k + 1) * batch]).numpy()
+                times.append(time.perf_counter() - start)
+            return times[1:]
         if name == "comm":
             times = []
             for _ in range(steps + 1):
@@ -106,7 +119,7 @@ def main():
         )
         return timer.steps[1:]  # the first step of each fit pays the call's setup
 
-    variants = list(models) + ["comm"]
+    variants = list(models) + ["comm", "forward"]
     for name in variants:  # trace every train function, warm every path
         run(name)
     medians = {name: [] for name in variants}
