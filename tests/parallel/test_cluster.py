@@ -257,6 +257,8 @@ def test_link_rate_changes_in_place_and_the_counters_see_the_bytes(root_namespac
         cluster.set_link("100mbit")
         assert cluster.spec.link == "100mbit"
         assert "rate 100Mbit" in cluster.exec(1, ["tc", "class", "show", "dev", "eth0"]).stdout
+        # GSO super-packets follow the rate: <= 0.5 ms of wire time (4 frames at 100 Mbit/s)
+        assert " gso_max_segs 4 " in cluster.exec(1, ["ip", "-d", "link", "show", "eth0"]).stdout
         before = snapshot(cluster)
         slow = link_throughput(cluster, 0, 1, nbytes=nbytes, both_directions=False, timeout=30)
         after = snapshot(cluster)
