@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from ddl_tf.cluster import counters, netns
+from ddl_tf.cluster import counters, netns, shaping
 from ddl_tf.cluster import mpi as cluster_mpi
 from ddl_tf.cluster.counters import LinkCounters
 from ddl_tf.cluster.errors import ClusterError, ClusterJobTimeout
@@ -85,7 +85,7 @@ class Cluster:
                 netns.run(cmd)
             netns.require_netem(spec, self.tools)
             for node in range(spec.nodes):
-                for cmd in netns.shaping_commands(spec, self.tools, node):
+                for cmd in shaping.shaping_commands(spec, self.tools, node):
                     netns.run(cmd)
                 etc = spec.etc_dir(node)
                 etc.mkdir(parents=True, exist_ok=True)
@@ -343,9 +343,9 @@ class Cluster:
             ClusterError: The cluster was built unshaped, or ``tc`` failed.
         """
         self._check_running()
-        new = dataclasses.replace(self.spec, link=netns.require_shaped(self.spec, link))
+        new = dataclasses.replace(self.spec, link=shaping.require_shaped(self.spec, link))
         for node in range(new.nodes):
-            for cmd in netns.rate_commands(new, self.tools, node):
+            for cmd in shaping.rate_commands(new, self.tools, node):
                 netns.run(cmd)
         self.spec = new
         logger.info("cluster %s: links now %s each direction", new.prefix, link)

@@ -20,18 +20,16 @@ from ddl_tf.cluster.counters import (
     read_local,
 )
 from ddl_tf.cluster.mpi import agent_script, mpirun_command
-from ddl_tf.cluster.netns import (
-    GSO_BURST_SECONDS,
-    Tools,
-    gso_max_segs,
-    hosts_file,
-    rate_commands,
-    require_shaped,
-    setup_commands,
-    shaping_commands,
-)
+from ddl_tf.cluster.netns import Tools, hosts_file, setup_commands
 from ddl_tf.cluster.probe import LINK_BOUND_RATIO, halving_ratios, link_bound_rate
 from ddl_tf.cluster.rehearse import rehearsal_hosts
+from ddl_tf.cluster.shaping import (
+    GSO_BURST_SECONDS,
+    gso_max_segs,
+    rate_commands,
+    require_shaped,
+    shaping_commands,
+)
 from ddl_tf.cluster.traffic import allgather_link_bytes, expected_link_bytes, minimum_link_bytes
 from ddl_tf.errors import ConfigError, LaunchError
 
