@@ -111,13 +111,11 @@ def rate_commands(spec: ClusterSpec, tools: Tools, node: int) -> list[list[str]]
         tools: Paths of ``ip``/``tc``/``unshare``.
         node: Node index, 0-based.
 
-    Example:
-        >>> from ddl_tf.cluster.netns import Tools
-        >>> from ddl_tf.cluster.shaping import rate_commands
-        >>> from ddl_tf.cluster.spec import ClusterSpec
+    Example (imports as in the module's example; the switch port's two commands):
         >>> spec = ClusterSpec(nodes=2, link="100mbit", prefix="ddlcdemo")
-        >>> tools = Tools(ip="ip", tc="tc", unshare="unshare")
-        >>> print(" ".join(rate_commands(spec, tools, node=1)[3]))
+        >>> for cmd in rate_commands(spec, Tools("ip", "tc", "unshare"), node=1)[1::2]:
+        ...     print(" ".join(cmd))
+        ip -n ddlcdemo-sw link set dev p1 gso_max_segs 4
         ip netns exec ddlcdemo-sw tc class change dev p1 parent 1: classid 1:1 htb rate 100000000bit ceil 100000000bit quantum 65536
     """
     return _gso_commands(spec, tools, node) + [
