@@ -52,7 +52,7 @@ def gso_max_segs(link_bps: int | None, mtu: int) -> int:
     varying run to run. Frames of at most :data:`GSO_BURST_SECONDS` on the
     wire brought every probe to 96-99 % at 62.5-200 Mbit/s; at 1 Gbit/s the
     cap is 41 frames, about the default, because smaller super-packets cost
-    this machine's CPUs more than the link (8 frames: 78-81 % vs 89-97 %).
+    this machine's CPUs more than the link (8 frames: 70-81 % vs 88-97 %).
 
     Args:
         link_bps: The link rate in bit/s; None (unshaped) keeps the kernel's default.
@@ -140,12 +140,14 @@ def require_shaped(spec: ClusterSpec, link: str | None) -> str:
     return link
 
 
+def _link_ends(spec: ClusterSpec, node: int) -> tuple[tuple[str, str], tuple[str, str]]:
+    """(namespace, device) of both ends of node ``node``'s link: its ``eth0``, its switch port."""
+    return (spec.node_namespaces[node], "eth0"), (spec.switch_namespace, f"p{node}")
+
+
 def _shaped_devices(spec: ClusterSpec, tools: Tools, node: int) -> list[tuple[list[str], str]]:
     """(``tc`` prefix in the right namespace, device) for both ends of node ``node``'s link."""
-    return [
-        ([tools.ip, "netns", "exec", ns, tools.tc], dev)
-        for ns, dev in ((spec.node_namespaces[node], "eth0"), (spec.switch_namespace, f"p{node}"))
-    ]
+    return [([tools.ip, "netns", "exec", ns, tools.tc], dev) for ns, dev in _link_ends(spec, node)]
 
 
 def _gso_commands(spec: ClusterSpec, tools: Tools, node: int) -> list[list[str]]:
@@ -153,7 +155,7 @@ def _gso_commands(spec: ClusterSpec, tools: Tools, node: int) -> list[list[str]]
     segs = str(gso_max_segs(spec.link_bps, spec.mtu))
     return [
         [tools.ip, "-n", ns, "link", "set", "dev", dev, "gso_max_segs", segs]
-        for ns, dev in ((spec.node_namespaces[node], "eth0"), (spec.switch_namespace, f"p{node}"))
+        for ns, dev in _link_ends(spec, node)
     ]
 
 
