@@ -142,6 +142,14 @@ class LMSConfig:
     them (:mod:`tflms.plan.recompute`). With ``memory_budget`` the
     auto-tuner decides."""
 
+    recompute_dense: float = 0.0
+    """With ``recompute``, also re-run convolutions and matmuls whose predicted
+    time is at most this fraction of the time ``link`` takes to copy their
+    outputs to the host once, and chain the groups that feed each other (the
+    clones read clones, so only the tensors at the chain's start are kept or
+    swapped). Recomputing what the link cannot hide in time; ``0.0``: only
+    cheap ops. With ``memory_budget`` the auto-tuner decides."""
+
     reorder: bool = False
     """Add control edges that order the ops whose interleaving makes the
     memory peak (two backward branches running side by side), as the
@@ -215,6 +223,23 @@ class LMSConfig:
         for name in ("recompute", "reorder", "swap_weight_gradients"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "True or False", "")
+        dense = self.recompute_dense
+        if isinstance(dense, bool) or not isinstance(dense, numbers.Real) or not 0 <= dense <= 10:
+            raise _fail(
+                "recompute_dense",
+                dense,
+                "a number in [0, 10]",
+                "0.0 re-runs cheap ops only; 0.25 also convolutions that take at most a "
+                "quarter of the time their output's copy takes.",
+            )
+        object.__setattr__(self, "recompute_dense", float(dense))
+        if self.recompute_dense and not self.recompute:
+            raise _fail(
+                "recompute_dense",
+                dense,
+                "0.0 unless recompute=True",
+                "Set recompute=True as well: dense ops are re-run in recompute groups.",
+            )
 
     # ------------------------------------------------------------------ helpers
     def replace(self, **changes: Any) -> LMSConfig:

@@ -164,8 +164,8 @@ class LMS:
                 f"({len(rewritten)} swap ops, e.g. {rewritten[0]!r}); run LMS once per graph."
             )
         plan = self._plan(view)
-        if not plan.swaps:
-            logger.info("tflms: nothing to swap in %s\n%s", plan.graph_name, plan.summary())
+        if plan.empty:  # a plan may recompute or order without swapping: it is applied then
+            logger.info("tflms: nothing to change in %s\n%s", plan.graph_name, plan.summary())
             return plan
         apply_plan(graph, plan)
         validate(graph, plan)

@@ -40,7 +40,10 @@ def _train(build, devices, callbacks=()):
 LEVERS = {
     "swap": {},
     "recompute+order": dict(recompute=True, reorder=True, link="ideal"),
+    # every dense op whose re-run beats 10 copies of its output over PCIe3: chained groups
+    "recompute dense": dict(recompute=True, recompute_dense=10.0, link="pcie3"),
 }
+DENSE = {"Conv2D", "Conv3D", "MatMul", "BatchMatMulV2", "Einsum"}
 
 
 @pytest.mark.slow
@@ -69,3 +72,7 @@ def test_training_is_bitwise_identical(name, levers, devices):
         assert plan.recomputes, plan.summary()  # the levers were really pulled
     if levers == "recompute+order":
         assert plan.order, plan.summary()
+    if levers == "recompute dense" and name != "lstm":
+        graph = callback.view
+        rerun = {graph.nodes[op]["type"] for r in plan.recomputes for op in r.ops}
+        assert rerun & DENSE, plan.summary()

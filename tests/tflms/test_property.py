@@ -1,12 +1,12 @@
 """Property test: random DAG training graphs through plan + apply + validate + run.
 
 Hypothesis draws a random forward DAG (unary and binary elementwise ops,
-optional host-placed ops and extra control edges), differentiates it with
-``tf.gradients`` so it has a real backward pass whose ops read forward
-activations, and draws random planner options - recomputation and
-memory-aware ordering included. Every plan must apply to the graph and to
-its view without a cycle or a broken invariant of ``validate``, and the
-rewritten graph must compute what the original computed.
+matmuls, optional host-placed ops and extra control edges), differentiates it
+with ``tf.gradients`` so it has a real backward pass whose ops read forward
+activations, and draws random planner options - recomputation (chained
+through matmuls too) and memory-aware ordering included. Every plan must
+apply to the graph and to its view without a cycle or a broken invariant of
+``validate``, and the rewritten graph must compute what the original computed.
 """
 
 import numpy as np
@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 
 from tflms import LMSConfig, apply_plan, apply_to_view, build_view, make_plan, validate
 
-UNARY = (tf.nn.relu, tf.nn.sigmoid, tf.math.tanh, tf.math.negative)
+
+def _dense(a, name):
+    """A matmul with a fixed square weight: a dense op for ``recompute_dense`` to re-run."""
+    width = int(a.shape[-1])
+    weight = np.eye(width, dtype="float32") * 0.5 + np.float32(1.0 / width)
+    return tf.linalg.matmul(a, tf.constant(weight), name=name)
+
+
+UNARY = (tf.nn.relu, tf.nn.sigmoid, tf.math.tanh, tf.math.negative, _dense)
 BINARY = (tf.math.add, tf.math.multiply, tf.math.maximum)
 
 
@@ -44,8 +52,14 @@ def training_graphs(draw):
     )
 
 
+def _config(recompute_dense=0.0, recompute=False, **options):
+    return LMSConfig(
+        recompute=recompute or recompute_dense > 0, recompute_dense=recompute_dense, **options
+    )
+
+
 configs = st.builds(
-    LMSConfig,
+    _config,
     swapout_threshold=st.integers(0, 12),
     swapin_ahead=st.integers(1, 6),
     swapin_groupby=st.integers(0, 6),
@@ -54,6 +68,7 @@ configs = st.builds(
     n_tensors=st.one_of(st.none(), st.integers(1, 6)),
     min_tensor_bytes=st.sampled_from([0, 256, 4096]),
     recompute=st.booleans(),
+    recompute_dense=st.sampled_from([0.0, 0.0, 1.0, 10.0]),
     reorder=st.booleans(),
     link=st.sampled_from(["ideal", "pcie3"]),
 )

@@ -222,7 +222,10 @@ def _recompute_against_plan(view: nx.DiGraph, plan: SwapPlan, recompute) -> list
         if read is None or meaning(read) != (op, k) or read[0] == op:
             problems.append(f"input {index} of {consumer} does not read {recompute.clone_name(op)}")
     if recompute.trigger is not None:
-        entries = recompute.entry_ops(lambda o: [s for s, _ in _data_inputs(view, o).values()])
+        # an original may read a swap-in of another member (a far consumer in the forward pass)
+        entries = recompute.entry_ops(
+            lambda o: [meaning(s)[0] for s in _data_inputs(view, o).values()]
+        )
         for op in entries:
             clone = recompute.clone_name(op)
             edge = view.get_edge_data(recompute.trigger, clone) or {}

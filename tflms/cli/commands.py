@@ -101,7 +101,7 @@ def _predicted_peaks(analysis, progress) -> dict:
             peaks[done.name] = done.tuning.result
             continue
         try:
-            peaks[done.name] = simulate(done.view, done.plan if done.plan.swaps else None)
+            peaks[done.name] = simulate(done.view, None if done.plan.empty else done.plan)
         except TFLMSError as err:  # the analysis stands without its prediction
             logger.warning("tflms: no predicted peak for %s: %s", done.name, err)
     return peaks
@@ -131,7 +131,7 @@ def _cmd_simulate(args, progress) -> int:
         else:
             result = simulate(
                 done.view,
-                done.plan if done.plan.swaps else None,
+                None if done.plan.empty else done.plan,
                 device=hardware or "V100-16GB",
                 link=link,
             )
@@ -176,17 +176,17 @@ def _cmd_rewrite(args, progress) -> int:
         analysis = analysis.with_plans(read_plans(args.plan))
     if args.dry_run:
         _out(json.dumps(plans_dict(analysis), indent=1))
-        return ExitCode.OK if analysis.swaps else ExitCode.NOTHING_TO_SWAP
-    if not analysis.swaps:
+        return ExitCode.OK if analysis.changed else ExitCode.NOTHING_TO_SWAP
+    if not analysis.changed:
         return _nothing_to_swap(args, analysis, "rewrite")
     rewritten = saved_model.rewrite_model(analysis, progress=progress)
     progress.stage(f"writing {args.dst}")
     saved_model.write_model(rewritten, args.dst, force=args.force)
-    changed = [t for t in analysis.training if t.plan.swaps]
+    changed = analysis.changed
     lines = [
         f"{t.target.kind} {t.name}: {len(t.plan.swaps)} tensors swapped "
-        f"({format_bytes(t.plan.bytes_swapped)} each way), {len(t.plan.swaps) + t.plan.num_swap_ins} "
-        "swap ops inserted"
+        f"({format_bytes(t.plan.bytes_swapped)} each way), {len(t.plan.recomputes)} recompute "
+        f"groups, {len(t.plan.op_names())} ops inserted"
         for t in changed
     ]
     unchanged = len(analysis.targets) - len(changed)
@@ -198,7 +198,11 @@ def _cmd_rewrite(args, progress) -> int:
         "destination": str(args.dst),
         "format": model.format,
         "rewritten": {
-            t.name: {"swaps": len(t.plan.swaps), "bytes_swapped": t.plan.bytes_swapped}
+            t.name: {
+                "swaps": len(t.plan.swaps),
+                "bytes_swapped": t.plan.bytes_swapped,
+                "recomputes": len(t.plan.recomputes),
+            }
             for t in changed
         },
         "unchanged": unchanged,

@@ -7,13 +7,12 @@ the original outputs die after the forward pass. In a network with unfused
 BatchNorm, the BN output and the ReLU after it are recomputed from the
 convolution output, which the BN backward pass keeps (or swaps) anyway.
 
-Which ops qualify is decided by the cost model (:mod:`tflms.cost`), not by a
-list of names: an op is *cheap* when it is not a dense (convolution/matmul)
-kernel and does at most :data:`CHEAP_INTENSITY` FLOPs per byte it moves -
-elementwise ops, activations, the BatchNorm arithmetic, casts, reshapes,
-concatenations and reductions, whatever their type. It must also be
-stateless, on the compute device, outside control flow and not a
-constant/variable/placeholder.
+Which ops qualify is decided by the cost model, not by a list of names
+(:mod:`tflms.plan.rerun_cost`): *cheap* ops always (elementwise ops,
+activations, the BatchNorm arithmetic, casts, reshapes, concatenations and
+reductions, whatever their type), and with ``LMSConfig.recompute_dense`` also
+the convolutions and matmuls that re-run faster than the host link copies
+their outputs.
 
 A recomputation *group* is grown from a tensor with far consumers (a
 *target*) back through its inputs: an input is
@@ -24,6 +23,13 @@ A recomputation *group* is grown from a tensor with far consumers (a
   or swapped by the swap planner, which sees the clones as its consumers);
 * otherwise it is recomputed too, if its producer qualifies, up to
   :data:`MAX_GROUP_OPS` ops; if not, the target is kept.
+
+With ``recompute_dense``, a group that reads a tensor another group
+recomputes (or shares an op with it) absorbs that group, up to
+:data:`MAX_CHAIN_OPS` ops: the clones read clones, so the tensors between them
+are neither kept nor swapped - checkpointing between the tensors the chain
+starts from. A ResNet bottleneck then keeps its input and its first
+convolution's output; the rest is re-run before its backward pass.
 
 Rewrites that would change Grappler's arithmetic rewrites or TensorFlow's
 buffer reuse of an ``AddN`` are refused (see :func:`veto`), so training stays
@@ -59,30 +65,39 @@ import logging
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.cost import op_cost
 from tflms.graph.view import consumers as tensor_consumers
-from tflms.hardware import DEVICES, DeviceModel, get_device
+from tflms.hardware import DEVICES, DeviceModel, get_device, get_link
 from tflms.plan.candidates import (
     CPU_PAIRED_INPUTS,
     NAME_SENSITIVE,
-    NEVER_SWAP_DTYPES,
     NEVER_SWAP_PRODUCERS,
     compute_device_type,
     order_sensitive,
     tensor_ok,
 )
 from tflms.plan.entries import Recompute
+from tflms.plan.rerun_cost import CHEAP_INTENSITY, cheap, data_inputs, worth_rerunning
 from tflms.plan.triggers import find_trigger, trigger_filter
 
-__all__ = ["plan_recomputes", "cheap", "veto", "CHEAP_INTENSITY", "MAX_GROUP_OPS"]
+__all__ = [
+    "plan_recomputes",
+    "cheap",
+    "worth_rerunning",
+    "veto",
+    "CHEAP_INTENSITY",
+    "MAX_GROUP_OPS",
+    "MAX_CHAIN_OPS",
+]
 
 logger = logging.getLogger(__name__)
 
-CHEAP_INTENSITY = 4.0
-"""FLOPs per byte moved up to which a (non-dense) op counts as cheap to re-run."""
-
 MAX_GROUP_OPS = 8
 """At most this many ops are cloned to recompute one tensor."""
+
+MAX_CHAIN_OPS = 32
+"""With ``recompute_dense``, groups that feed each other are merged into one
+(the clones read clones, so the tensors between them are neither kept nor
+swapped) while the merged group has at most this many ops."""
 
 _ADDS = frozenset({"Add", "AddV2", "AddN"})
 _ASSOCIATIVE = frozenset({"Add", "AddV2", "Mul"})
@@ -91,45 +106,6 @@ _ASSOCIATIVE = frozenset({"Add", "AddV2", "Mul"})
 def _device_model(config: LMSConfig) -> DeviceModel:
     preset = config.memory_budget if isinstance(config.memory_budget, str) else None
     return get_device(preset if preset in DEVICES else "V100-16GB")
-
-
-def _inputs(view: nx.DiGraph, node: str) -> list[tuple[str, int]]:
-    found = []
-    for pred, edge in view.pred[node].items():
-        found.extend((in_idx, pred, out_idx) for out_idx, in_idx in edge.get("tensors", ()))
-    return [(pred, out_idx) for _, pred, out_idx in sorted(found)]
-
-
-def cheap(view: nx.DiGraph, node: str, device: DeviceModel) -> tuple[bool, float]:
-    """Whether ``node`` may be cloned, and its predicted time on ``device``.
-
-    Args:
-        view: the analysis view.
-        node: the op.
-        device: the device model that times it.
-
-    Returns:
-        ``(eligible, seconds)``.
-    """
-    data = view.nodes[node]
-    if (
-        data["placement"] != "compute"
-        or data["control_flow"]
-        or data["tflms"]
-        or data["stateful"]
-        or data["functions"]
-        or data["type"] in NEVER_SWAP_PRODUCERS
-        or any(
-            info.dtype in NEVER_SWAP_DTYPES - {"int32"} or info.is_ref for info in data["outputs"]
-        )
-        or not data["outputs"]
-    ):
-        return False, 0.0
-    ins = [view.nodes[p]["outputs"][k] for p, k in _inputs(view, node)]
-    cost = op_cost(data["type"], ins, data["outputs"], device)
-    if cost.dense or cost.flops > CHEAP_INTENSITY * max(cost.bytes, 1):
-        return False, cost.seconds
-    return True, cost.seconds
 
 
 def _fold_sensitive(view: nx.DiGraph, producer: str, consumer: str) -> bool:
@@ -145,7 +121,7 @@ def _fold_sensitive(view: nx.DiGraph, producer: str, consumer: str) -> bool:
     if p_type in _ASSOCIATIVE and p_type == c_type:
         return True
     if p_type == "Mul" and c_type in _ADDS:
-        return all(view.nodes[src]["type"] == "Mul" for src, _ in _inputs(view, consumer))
+        return all(view.nodes[src]["type"] == "Mul" for src, _ in data_inputs(view, consumer))
     return p_type == "Neg" and c_type in _ADDS | {"Sub"}
 
 
@@ -163,7 +139,7 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
     """
     members = set(group)
     for op in group:
-        for src, k in _inputs(view, op):
+        for src, k in data_inputs(view, op):
             readers = tensor_consumers(view, src, k)
             if src in members:
                 if len(readers) == 1 and _fold_sensitive(view, src, op):
@@ -201,7 +177,8 @@ def plan_recomputes(
         view: the analysis view (without tflms ops).
         config: ``swapout_threshold`` defines *far* consumers, ``swapin_ahead``
             how early a group is triggered, ``min_tensor_bytes`` what is worth
-            it, the scope/type filters which producers qualify.
+            it, the scope/type filters which producers qualify,
+            ``recompute_dense`` and ``link`` which dense ops may be re-run.
         device: times the clones (default: the budget's preset, else V100-16GB).
 
     Returns:
@@ -209,6 +186,7 @@ def plan_recomputes(
     """
     config = config or LMSConfig()
     device = device or _device_model(config)
+    link = get_link(config.link)
     levels = nx.get_node_attributes(view, "level")
     trigger_ok = trigger_filter(view)
     memo: dict[str, tuple[bool, float]] = {}
@@ -216,13 +194,15 @@ def plan_recomputes(
     def eligible(node):
         if node not in memo:
             memo[node] = cheap(view, node, device)
+            if not memo[node][0] and config.recompute_dense:
+                memo[node] = worth_rerunning(view, node, device, link, config.recompute_dense)
         return memo[node][0]
 
-    groups: list[Recompute] = []
-    claimed: set[str] = set()
+    planned: dict[int, tuple[list[str], Recompute]] = {}
+    owner: dict[str, int] = {}
     for producer in nx.topological_sort(view):
         node = view.nodes[producer]
-        if producer in claimed or not eligible(producer) or not _filters_ok(producer, node, config):
+        if producer in owner or not eligible(producer) or not _filters_ok(producer, node, config):
             continue
         for info in node["outputs"]:
             if not tensor_ok(info, config):
@@ -236,17 +216,53 @@ def plan_recomputes(
             if not far:
                 continue
             group = _grow(view, producer, far, levels, config, eligible)
-            if group is None or claimed.intersection(group):
+            if group is None:
+                continue
+            absorbed = _feeding_groups(view, group, owner, levels)
+            if config.recompute_dense:  # chain through earlier groups instead of keeping
+                merged = set(group).union(*(planned[g][0] for g in absorbed))
+                if absorbed and len(merged) <= MAX_CHAIN_OPS:
+                    entry = _make_group(
+                        view, _by_level(merged, levels), levels, config, trigger_ok, memo
+                    )
+                    if entry is not None:
+                        for g in absorbed:
+                            del planned[g]
+                        _claim(planned, owner, list(entry.ops), entry)
+                        continue
+            if any(op in owner for op in group):
                 continue
             entry = _make_group(view, group, levels, config, trigger_ok, memo)
             if entry is not None:
-                groups.append(entry)
-                claimed.update(group)
-    groups.sort(key=lambda g: (-g.bytes, g.ops))
+                _claim(planned, owner, group, entry)
+    groups = sorted((entry for _, entry in planned.values()), key=lambda g: (-g.bytes, g.ops))
     logger.debug(
         "planned %d recompute groups (%d bytes)", len(groups), sum(g.bytes for g in groups)
     )
     return tuple(groups)
+
+
+def _claim(planned, owner, ops, entry) -> None:
+    key = max(planned, default=-1) + 1
+    planned[key] = (list(ops), entry)
+    owner.update((op, key) for op in ops)
+
+
+def _by_level(ops, levels) -> list[str]:
+    return sorted(ops, key=lambda op: (levels[op], op))
+
+
+def _feeding_groups(view, group, owner, levels) -> list[int]:
+    """Earlier groups that recompute an op of ``group`` or a tensor it reads."""
+    members = set(group)
+    found = {owner[op] for op in group if op in owner}
+    found.update(
+        owner[src]
+        for op in group
+        for src, _ in data_inputs(view, op)
+        if src not in members and src in owner
+    )
+    return sorted(found)
 
 
 def _filters_ok(name: str, node: dict, config: LMSConfig) -> bool:
@@ -270,7 +286,7 @@ def _grow(view, target, far, levels, config, eligible) -> list[str] | None:
         group.append(op)
         if len(group) > MAX_GROUP_OPS:
             return None
-        for src, k in _inputs(view, op):
+        for src, k in data_inputs(view, op):
             if _at_hand(view, src, k, earliest, config):
                 continue
             if not eligible(src):
@@ -322,8 +338,8 @@ def _make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | No
     nbytes = sum(view.nodes[op]["outputs"][k].bytes for op, k in rerouted)
     seconds = sum(memo[op][1] for op in group)
     sources = sorted(
-        {f"{s}:{k}" for op in group for s, k in _inputs(view, op) if s not in members}
-        - {f"{s}:{k}" for s, k in _small_inputs(view, group, config)}
+        {f"{s}:{k}" for op in group for s, k in data_inputs(view, op) if s not in members}
+        - {f"{s}:{k}" for s, k in _smalldata_inputs(view, group, config)}
     )
     return Recompute(
         ops=tuple(group),
@@ -340,9 +356,9 @@ def _make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | No
     )
 
 
-def _small_inputs(view, group, config):
+def _smalldata_inputs(view, group, config):
     members = set(group)
     for op in group:
-        for src, k in _inputs(view, op):
+        for src, k in data_inputs(view, op):
             if src not in members and view.nodes[src]["outputs"][k].bytes < config.min_tensor_bytes:
                 yield src, k

@@ -146,6 +146,11 @@ class ModelAnalysis:
         return sum(len(t.plan.swaps) for t in self.training)
 
     @property
+    def changed(self) -> list:
+        """The training graphs whose plans change something (swaps, recomputes or order)."""
+        return [t for t in self.training if not t.plan.empty]
+
+    @property
     def plans(self) -> dict[str, SwapPlan]:
         return {t.name: t.plan for t in self.training}
 
@@ -270,7 +275,7 @@ def rewrite_model(analysis: ModelAnalysis, *, progress=None) -> Model:
     rewritten = analysis.model.copy()
     by_name = {t.name: t for t in rewritten.targets()}
     for i, done in enumerate(analysis.training, 1):
-        if not done.plan.swaps:
+        if done.plan.empty:
             continue
         if progress is not None:
             progress.stage(f"rewriting {done.name} ({i}/{len(analysis.training)})")

@@ -38,6 +38,7 @@ TUNED_OPTIONS = (
     "n_tensors",
     "min_tensor_bytes",
     "recompute",
+    "recompute_dense",
     "reorder",
 )
 """The :class:`~tflms.LMSConfig` fields the auto-tuner searches."""
@@ -48,6 +49,7 @@ _DEPTH_FRACTIONS = (0.5, 0.35, 0.25, 0.15, 0.1, 0.06, 0.03)
 _SMALL_THRESHOLDS = (8, 4, 2, 1)
 _SLACKS = (1.0, 1.5, 2.5)
 _PROMISING = 3
+_DENSE_RATIOS = (0.05, 0.1, 0.25)
 
 
 @dataclass(frozen=True)
@@ -294,6 +296,17 @@ class Search:
             [current]
             + [self.evaluate(retime=e.retime, **_opts(e.config, recompute=True)) for e in top]
         )
+        # Re-run the convolutions whose copies the link cannot hide (a slow link only).
+        if self.link.bandwidth != float("inf"):
+            top = [e for e in sorted(self._seen.values(), key=self.rank) if e.config.recompute]
+            current = self.pick(
+                [current]
+                + [
+                    self.evaluate(retime=e.retime, **_opts(e.config, recompute_dense=ratio))
+                    for e in top[:_PROMISING]
+                    for ratio in _DENSE_RATIOS
+                ]
+            )
         # Order the branches that make the peak, on the best plans so far, with and
         # without recomputation (their peaks differ before ordering, not after).
         ranked = sorted(self._seen.values(), key=self.rank)
@@ -311,8 +324,16 @@ class Search:
             current = self._rescue(current)
         if not self.fits(current):
             return self.best(self._seen.values())
-        trimmed = self._trim(current)
-        return self.best(list(self._seen.values()) + [trimmed])
+        # Trim the swaps of the best plan of each kind: a plan that re-runs convolutions
+        # often needs only a few swaps, and is fastest with them.
+        seen = list(self._seen.values())
+        finalists = {id(current): current}
+        for dense in (False, True):
+            found = self.best(e for e in seen if bool(e.config.recompute_dense) == dense)
+            if found is not None:
+                finalists[id(found)] = found
+        trimmed = [self._trim(e) for e in finalists.values()]
+        return self.best(list(self._seen.values()) + trimmed)
 
     def _rescue(self, current: _Evaluated) -> _Evaluated:
         """Options that lower the peak at a time cost: sync modes, serialization.

@@ -1,0 +1,131 @@
+"""Recomputation of dense ops (``LMSConfig.recompute_dense``): which ops, chained groups,
+values unchanged, and plans without swaps still applied."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflms
+from tflms import LMSConfig
+from tflms.errors import ConfigError
+from tflms.hardware import get_device, get_link
+from tflms.plan.recompute import MAX_CHAIN_OPS, plan_recomputes, worth_rerunning
+
+WIDTH, BATCH, LAYERS = 256, 512, 6
+
+
+def mlp_graph():
+    """Six matmul + relu layers, a loss and its gradient: a long backward pass."""
+    g = tf.Graph()
+    rng = np.random.default_rng(3)
+    with g.as_default():
+        h = x = tf.compat.v1.placeholder(tf.float32, [BATCH, WIDTH], name="x")
+        for i in range(LAYERS):
+            w = tf.constant(rng.standard_normal((WIDTH, WIDTH)).astype("float32") * 0.05)
+            h = tf.nn.relu(tf.linalg.matmul(h, w, name=f"mm{i}"), name=f"act{i}")
+        loss = tf.reduce_sum(h * h, name="loss")
+        tf.gradients(loss, [x], name="grad")
+    return g
+
+
+def _config(**changes):
+    options = dict(swapout_threshold=4, swapin_ahead=2, min_tensor_bytes=0, recompute=True)
+    return LMSConfig(**{**options, **changes})
+
+
+def _types(view, plan):
+    return {view.nodes[op]["type"] for group in plan.recomputes for op in group.ops}
+
+
+def test_a_matmul_is_worth_rerunning_only_when_faster_than_its_copy():
+    view = tflms.build_view(mlp_graph())
+    device = get_device("V100-16GB")
+    fast, seconds = worth_rerunning(view, "mm1", device, get_link("pcie3"), 1.0)
+    copy = get_link("pcie3").seconds(BATCH * WIDTH * 4)
+    assert fast and 0 < seconds < copy
+    # a ratio below recompute time / copy time refuses it, an infinitely fast link too
+    assert not worth_rerunning(view, "mm1", device, get_link("pcie3"), seconds / copy / 2)[0]
+    assert not worth_rerunning(view, "mm1", device, get_link("ideal"), 10.0)[0]
+    assert not worth_rerunning(view, "mm1", device, get_link("pcie3"), 0.0)[0]
+    assert not worth_rerunning(view, "act1", device, get_link("pcie3"), 10.0)[0]  # not dense
+
+
+def test_dense_groups_chain_through_matmuls_and_move_less():
+    view = tflms.build_view(mlp_graph())
+    cheap = tflms.make_plan(view, _config())
+    dense = tflms.make_plan(view, _config(recompute_dense=10.0))
+    assert "MatMul" not in _types(view, cheap)
+    assert "MatMul" in _types(view, dense)
+    # merged: one group re-runs several layers, its clones reading its own clones
+    longest = max(dense.recomputes, key=lambda g: len(g.ops))
+    assert 4 <= len(longest.ops) <= MAX_CHAIN_OPS
+    assert sum(op.startswith("mm") for op in longest.ops) >= 2
+    # re-running costs less time than PCIe3 copies of the same tensors, and still saves memory
+    assert dense.bytes_swapped < cheap.bytes_swapped
+    plain = tflms.simulate(view, link="pcie3")
+    with_cheap = tflms.simulate(view, cheap, link="pcie3", baseline=plain)
+    with_dense = tflms.simulate(view, dense, link="pcie3", baseline=plain)
+    assert with_dense.step_time_s < with_cheap.step_time_s
+    assert with_dense.device_peak_bytes < plain.device_peak_bytes
+    # the planner's groups are disjoint
+    ops = [op for group in dense.recomputes for op in group.ops]
+    assert len(ops) == len(set(ops))
+
+
+def test_dense_recomputation_computes_the_same_values():
+    g = mlp_graph()
+    original = g.as_graph_def()
+    config = _config(recompute_dense=10.0)
+    plan = tflms.make_plan(tflms.build_view(g, config=config), config)
+    assert any(len(group.ops) > 2 for group in plan.recomputes)
+    tflms.apply_plan(g, plan)
+    tflms.validate(g, plan)
+    feed = np.random.default_rng(0).standard_normal((BATCH, WIDTH)).astype("float32")
+    got = []
+    for graph_def in (original, g.as_graph_def()):
+        with tf.Graph().as_default() as run, tf.compat.v1.Session(graph=run) as sess:
+            tf.graph_util.import_graph_def(graph_def, name="")
+            got.append(sess.run(["loss:0", "grad/mm0_grad/MatMul:0"], {"x:0": feed}))
+    for a, b in zip(*got, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_lms_applies_a_plan_that_only_recomputes():
+    g = mlp_graph()
+    # a threshold only the layers' inputs exceed: re-run, with nothing left to swap
+    plan = tflms.LMS(_config(recompute_dense=10.0, swapout_threshold=9)).run(g)
+    assert plan.recomputes and not plan.swaps
+    inserted = {op.name for op in g.get_operations() if "lms/" in op.name}
+    assert inserted == plan.op_names()
+
+
+def test_plan_recomputes_without_dense_ignores_the_link():
+    view = tflms.build_view(mlp_graph())
+    ideal, pcie3 = (plan_recomputes(view, _config(link=link)) for link in ("ideal", "pcie3"))
+    assert ideal == pcie3
+    assert "MatMul" not in {view.nodes[op]["type"] for group in ideal for op in group.ops}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(recompute_dense=0.5), "unless recompute=True"),
+        (dict(recompute=True, recompute_dense=-1), "a number in [0, 10]"),
+        (dict(recompute=True, recompute_dense=True), "a number in [0, 10]"),
+        (dict(recompute=True, recompute_dense="fast"), "a number in [0, 10]"),
+    ],
+)
+def test_recompute_dense_is_validated(changes, message):
+    with pytest.raises(ConfigError, match="recompute_dense") as err:
+        LMSConfig(**changes)
+    assert message in str(err.value)
+
+
+def test_plans_without_the_option_still_load():
+    view = tflms.build_view(mlp_graph())
+    plan = tflms.make_plan(view, _config())
+    data = plan.to_dict()
+    data["config"].pop("recompute_dense")  # a plan written before the option existed
+    loaded = tflms.SwapPlan.from_dict(data)
+    assert loaded.recomputes == plan.recomputes
+    assert LMSConfig.from_dict(loaded.config).recompute_dense == 0.0
