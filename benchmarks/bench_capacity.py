@@ -184,6 +184,22 @@ def lms_point(work, n, link):
         "grappler_peak_bytes": raw,
         "grappler_peak_with_variables_bytes": with_vars,
         "grappler_fits": with_vars <= BUDGET,
+        "best_without_dense_recompute": _best_without_dense(tuned),
+    }
+
+
+def _best_without_dense(tuned):
+    """The fastest fitting plan the tuner simulated that re-runs no dense op: the side by
+    side figure for ``recompute_dense`` (None when every fitting plan re-runs some)."""
+    fitting = [c for c in tuned.candidates if c.fits and not c.options["recompute_dense"]]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda c: c.step_time_s)
+    return {
+        "overhead": best.step_time_s / tuned.baseline.step_time_s - 1,
+        "step_time_s": best.step_time_s,
+        "bytes_swapped_each_way": best.bytes_swapped,
+        "options": best.options,
     }
 
 

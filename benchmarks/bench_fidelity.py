@@ -8,7 +8,9 @@ training step, rewrites it, and runs :func:`tflms.simulation.crosscheck.crossche
 It writes ``benchmarks/results/simulator_fidelity.json`` and prints a table.
 
 Rows with recomputation and memory-aware ordering (``recompute+order``: the
-aggressive swaps plus both levers) check the plans the capacity figures use.
+aggressive swaps plus both levers) check the plans the capacity figures use;
+``recompute dense`` adds the convolutions and matmuls worth re-running over
+PCIe3 (``recompute_dense=0.25``), chained, as the tuned PCIe3 plans do.
 
 A second part, the CPU judge, runs each model small enough for this machine
 on TensorFlow's own CPU executor (``cpu_judge_worker.py``, a fresh process
@@ -58,6 +60,8 @@ def plans_for(view):
     yield "aggressive", tflms.make_plan(view, aggressive)
     levers = aggressive.replace(recompute=True, reorder=True, link="ideal")
     yield "recompute+order", tflms.make_plan(view, levers)
+    dense = levers.replace(recompute_dense=0.25, link="pcie3")
+    yield "recompute dense", tflms.make_plan(view, dense)
     plain = tflms.simulate(view).device_peak_bytes
     try:
         tuned = tflms.autotune(view, int(plain * 0.6), safety_margin=0)

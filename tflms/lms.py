@@ -165,7 +165,11 @@ class LMS:
             )
         plan = self._plan(view)
         if plan.empty:  # a plan may recompute or order without swapping: it is applied then
-            logger.info("tflms: nothing to change in %s\n%s", plan.graph_name, plan.summary())
+            logger.info(
+                "tflms: nothing to swap, recompute or reorder in %s\n%s",
+                plan.graph_name,
+                plan.summary(),
+            )
             return plan
         apply_plan(graph, plan)
         validate(graph, plan)

@@ -38,6 +38,7 @@ bitwise identical.
 Example:
     >>> import networkx as nx
     >>> from tflms.config import LMSConfig
+from tflms.cost import DENSE_OPS
     >>> from tflms.graph.view import TensorInfo, assign_levels
     >>> v = nx.DiGraph(name="chain")
     >>> def op(name, kind, nbytes, *ins):
@@ -65,6 +66,7 @@ import logging
 import networkx as nx
 
 from tflms.config import LMSConfig
+from tflms.cost import DENSE_OPS
 from tflms.graph.view import consumers as tensor_consumers
 from tflms.hardware import DEVICES, DeviceModel, get_device, get_link
 from tflms.plan.candidates import (
@@ -339,7 +341,7 @@ def _make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | No
     seconds = sum(memo[op][1] for op in group)
     sources = sorted(
         {f"{s}:{k}" for op in group for s, k in data_inputs(view, op) if s not in members}
-        - {f"{s}:{k}" for s, k in _smalldata_inputs(view, group, config)}
+        - {f"{s}:{k}" for s, k in _small_inputs(view, group, config)}
     )
     return Recompute(
         ops=tuple(group),
@@ -350,13 +352,19 @@ def _make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | No
         bytes=nbytes,
         seconds=seconds,
         reason=(
-            f"{len(group)} cheap ops re-run from {', '.join(sources) or 'small inputs'} "
+            f"{_kinds(view, group)} re-run from {', '.join(sources) or 'small inputs'} "
             f"({seconds * 1e3:.3f} ms predicted)"
         ),
     )
 
 
-def _smalldata_inputs(view, group, config):
+def _kinds(view, group) -> str:
+    dense = sum(view.nodes[op]["type"] in DENSE_OPS for op in group)
+    cheap_ops = f"{len(group) - dense} cheap ops"
+    return f"{cheap_ops} and {dense} dense" if dense else cheap_ops
+
+
+def _small_inputs(view, group, config):
     members = set(group)
     for op in group:
         for src, k in data_inputs(view, op):
