@@ -202,7 +202,7 @@ def crosscheck(
     realistic = simulate(view, link="ideal")
 
     scheduled = view.subgraph([n for n in view if n in timeline.ops]).copy()
-    compiled = compile_view(scheduled, device="V100-16GB", link="ideal")
+    compiled = compile_view(scheduled, device="V100-16GB", link="ideal", bypass_identity_n=False)
     start = [timeline.ops[name][1] for name in compiled.names]
     end = [timeline.ops[name][2] for name in compiled.names]
     order = tuple(sorted(range(len(compiled)), key=lambda i: (start[i], end[i], compiled.names[i])))

@@ -151,7 +151,11 @@ def _lane_and_space(node: dict) -> tuple[str, str | None]:
 
 
 def compile_view(
-    view: nx.DiGraph, *, device: str | DeviceModel, link: str | LinkModel
+    view: nx.DiGraph,
+    *,
+    device: str | DeviceModel,
+    link: str | LinkModel,
+    bypass_identity_n: bool = True,
 ) -> CompiledGraph:
     """Flatten ``view`` and time every op on ``device`` / ``link``.
 
@@ -159,6 +163,12 @@ def compile_view(
         view: an analysis view, with or without swap ops.
         device: a :class:`~tflms.hardware.DeviceModel` or preset name.
         link: a :class:`~tflms.hardware.LinkModel` or preset name.
+        bypass_identity_n: consumers of an ``IdentityN`` of several inputs read
+            its inputs directly, as after Grappler's dependency optimizer, which
+            removes such nodes before TensorFlow runs a graph: Keras' optimizers
+            pass all gradients through one, and without it each variable's
+            update runs as soon as its gradient exists. ``False`` keeps the
+            node (Grappler's own estimate simulates the graph unoptimized).
 
     Returns:
         A :class:`CompiledGraph`.
@@ -183,6 +193,11 @@ def compile_view(
         for out_idx, in_idx in edge.get("tensors", ()):
             inputs[j].append((i, out_idx, in_idx))
             consumers.setdefault((i, out_idx), []).append(j)
+    outputs = [node["outputs"] for node in nodes]
+    if bypass_identity_n:
+        for i in range(n):
+            if _removable_identity_n(nodes, inputs[i], i):
+                _bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs)
     for lst in inputs:
         lst.sort(key=lambda t: t[2])
     for lst in succs:
@@ -209,7 +224,7 @@ def compile_view(
         types=[node["type"] for node in nodes],
         lanes=lanes,
         spaces=spaces,
-        outputs=[node["outputs"] for node in nodes],
+        outputs=outputs,
         inputs=inputs,
         consumers=consumers,
         preds_count=preds_count,
@@ -220,6 +235,52 @@ def compile_view(
         device=device,
         link=link,
     )
+
+
+_VARIABLE_SOURCES = frozenset({"VarHandleOp", "VariableV2", "Variable", "_Recv", "_HostRecv"})
+
+
+def _removable_identity_n(nodes, data_inputs, i) -> bool:
+    """Grappler's rule (``SafeToRemoveIdentity``) for an IdentityN of several inputs."""
+    node = nodes[i]
+    return (
+        node["type"] == "IdentityN"
+        and not node["tflms"]
+        and len(data_inputs) > 1
+        and all(nodes[p]["type"] not in _VARIABLE_SOURCES for p, _, _ in data_inputs)
+    )
+
+
+def _bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs) -> None:
+    """Rewire the data consumers of node ``i`` (an IdentityN) to its inputs' producers.
+
+    The node keeps its place in the schedule (control successors still wait for it)
+    but reads and holds nothing: its outputs weigh 0 bytes.
+    """
+    source = {in_idx: (p, k) for p, k, in_idx in inputs[i]}
+    preds_of = {}
+    for j in list(succs[i]):
+        reads = [(pos, t) for pos, t in enumerate(inputs[j]) if t[0] == i]
+        if not reads:
+            continue
+        for pos, (_, out_idx, in_idx) in reads:
+            p, k = source[out_idx]
+            inputs[j][pos] = (p, k, in_idx)
+            consumers.setdefault((p, k), []).append(j)
+            known = preds_of.setdefault(j, {index[q] for q in view.pred[names[j]]})
+            if p not in known:
+                known.add(p)
+                succs[p].append(j)
+                preds_count[j] += 1
+        if not view.edges[names[i], names[j]].get("control"):
+            succs[i].remove(j)
+            preds_count[j] -= 1
+    for out_idx in range(len(outputs[i])):
+        consumers.pop((i, out_idx), None)
+    for p, k, _ in inputs[i]:
+        consumers[(p, k)] = [c for c in consumers.get((p, k), ()) if c != i]
+    inputs[i] = []
+    outputs[i] = tuple(info._replace(bytes=0) for info in outputs[i])
 
 
 def _copy_kind(node: dict, data_inputs, spaces) -> str | None:

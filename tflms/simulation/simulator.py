@@ -346,7 +346,9 @@ def _replace(result: SimulationResult, **changes) -> SimulationResult:
 
 
 def _run(view: nx.DiGraph, device, link, accounting, allocator, order=None) -> SimulationResult:
-    graph = compile_view(view, device=device, link=link)
+    graph = compile_view(
+        view, device=device, link=link, bypass_identity_n=accounting == "tensorflow"
+    )
     schedule = first_ready(graph) if order is None else replayed(graph, order)
     memory = trace_memory(graph, schedule, accounting=accounting, allocator=allocator)
     names = graph.names

@@ -160,7 +160,10 @@ def order_edges(
     Returns:
         An :class:`OrderResult`; ``edges`` is empty when no order helps.
     """
-    graph = _Graph(compile_view(view, device=device, link=link), accounting)
+    compiled = compile_view(
+        view, device=device, link=link, bypass_identity_n=accounting == "tensorflow"
+    )
+    graph = _Graph(compiled, accounting)
     g = graph.g
     concern = _addn_concerns(graph)
     schedule, memory = graph.simulate()
