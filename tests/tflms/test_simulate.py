@@ -19,6 +19,8 @@ from tflms.errors import ConfigError
 from tflms.graph.view import TensorInfo, assign_levels
 from tflms.hardware import LinkModel, get_device
 from tflms.plan.swap_plan import Swap, SwapIn, SwapPlan
+from tflms.simulation.memory import trace_memory
+from tflms.simulation.schedule import compile_view, first_ready
 
 A = 4 << 20  # one activation: 4 MiB, so every op lasts a few microseconds
 
@@ -258,6 +260,34 @@ def test_identity_and_reshape_share_their_input_buffer():
 
     assert simulate(view, link="ideal").device_peak_bytes == 2 * A
     assert simulate(view, link="ideal", accounting="grappler").device_peak_bytes > 2 * A
+
+
+def identity_n_view():
+    """Two gradients through one IdentityN to their updates; g1 is ready long before g2."""
+    view = make_view(
+        [("g1", A), ("x1", A), ("x2", A), ("g2", A), ("idn", A, "IdentityN"), ("u1", A), ("u2", A)],
+        [("g1", "x1", 0), ("x1", "x2", 0), ("x2", "g2", 0), ("g1", "idn", 0), ("g2", "idn", 1)],
+    )
+    view.nodes["idn"]["outputs"] = (tensor("idn", A), tensor("idn", A)._replace(index=1))
+    view.add_edge("idn", "u1", tensors=[(0, 0)], control=False)
+    view.add_edge("idn", "u2", tensors=[(1, 0)], control=False)
+    assign_levels(view)
+    return view
+
+
+def test_identity_n_is_bypassed_as_grappler_removes_it():
+    view = identity_n_view()
+    bypassed = compile_view(view, device="V100-16GB", link="ideal")
+    kept = compile_view(view, device="V100-16GB", link="ideal", bypass_identity_n=False)
+    for graph, u1_before_g2 in ((bypassed, True), (kept, False)):
+        start = first_ready(graph).start
+        at = {name: start[i] for i, name in enumerate(graph.names)}
+        assert (at["u1"] < at["g2"]) is u1_before_g2
+    assert bypassed.inputs[bypassed.names.index("idn")] == []
+    # u1 frees g1 at once instead of holding it while the chain up to g2 runs
+    assert simulate(view, link="ideal").device_peak_bytes == 2 * A
+    held = trace_memory(kept, first_ready(kept), accounting="tensorflow")
+    assert held.device_peak == 3 * A
 
 
 def test_an_elementwise_op_writes_into_its_dying_input():
