@@ -14,12 +14,12 @@ from tflms.plan.recompute import MAX_CHAIN_OPS, plan_recomputes, worth_rerunning
 WIDTH, BATCH, LAYERS = 256, 512, 6
 
 
-def mlp_graph():
+def mlp_graph(batch=BATCH):
     """Six matmul + relu layers, a loss and its gradient: a long backward pass."""
     g = tf.Graph()
     rng = np.random.default_rng(3)
     with g.as_default():
-        h = x = tf.compat.v1.placeholder(tf.float32, [BATCH, WIDTH], name="x")
+        h = x = tf.compat.v1.placeholder(tf.float32, [batch, WIDTH], name="x")
         for i in range(LAYERS):
             w = tf.constant(rng.standard_normal((WIDTH, WIDTH)).astype("float32") * 0.05)
             h = tf.nn.relu(tf.linalg.matmul(h, w, name=f"mm{i}"), name=f"act{i}")
@@ -129,3 +129,16 @@ def test_plans_without_the_option_still_load():
     loaded = tflms.SwapPlan.from_dict(data)
     assert loaded.recomputes == plan.recomputes
     assert LMSConfig.from_dict(loaded.config).recompute_dense == 0.0
+
+
+def test_autotune_reruns_matmuls_over_a_slow_link_only():
+    view = tflms.build_view(mlp_graph(batch=8 * BATCH))  # activations outweigh the weights
+    plain = tflms.simulate(view).device_peak_bytes
+    budget = int(plain * 0.8)
+    slow = tflms.autotune(view, budget, safety_margin=0, link="pcie3")
+    fast = tflms.autotune(view, budget, safety_margin=0, link="ideal")
+    assert slow.lms_needed and slow.result.device_peak_bytes <= budget
+    assert slow.config.recompute_dense > 0, slow.summary()
+    assert "MatMul" in _types(view, slow.plan)
+    assert fast.config.recompute_dense == 0  # no copy is slow enough to lose to a re-run
+    assert any(c.options["recompute_dense"] for c in slow.candidates)
