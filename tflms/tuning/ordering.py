@@ -84,15 +84,22 @@ class OrderResult:
 
 
 class _Graph:
-    """A compiled graph plus extra control edges, re-simulated cheaply."""
+    """A compiled graph plus extra control edges, re-simulated cheaply.
 
-    def __init__(self, compiled: CompiledGraph, accounting: str):
+    ``written`` holds the dependencies of the graph as it is written (``IdentityN``
+    nodes kept), which ancestry checks use: the simulation may bypass those nodes as
+    Grappler does at run time, but an order edge must not close a cycle through them
+    in the graph tflms rewrites.
+    """
+
+    def __init__(self, compiled: CompiledGraph, accounting: str, written: CompiledGraph):
         self.g = compiled
         self.accounting = accounting
         self.base_preds = list(compiled.preds_count)
         self.base_succs = [list(s) for s in compiled.succs]
+        self.written_succs = [list(s) for s in written.succs]
         self.preds: list[list[int]] = [[] for _ in range(len(compiled))]
-        for i, succ in enumerate(self.base_succs):
+        for i, succ in enumerate(self.written_succs):
             for j in succ:
                 self.preds[j].append(i)
 
@@ -109,6 +116,7 @@ class _Graph:
     def add(self, edges) -> None:
         for a, b in edges:
             self.base_succs[a].append(b)
+            self.written_succs[a].append(b)
             self.base_preds[b] += 1
             self.preds[b].append(a)
         for a, _ in edges:
@@ -126,7 +134,7 @@ class _Graph:
     def descendants(self, node: int) -> set[int]:
         seen, stack = {node}, [node]
         while stack:
-            for s in self.base_succs[stack.pop()]:
+            for s in self.written_succs[stack.pop()]:
                 if s not in seen:
                     seen.add(s)
                     stack.append(s)
@@ -160,10 +168,10 @@ def order_edges(
     Returns:
         An :class:`OrderResult`; ``edges`` is empty when no order helps.
     """
-    compiled = compile_view(
-        view, device=device, link=link, bypass_identity_n=accounting == "tensorflow"
-    )
-    graph = _Graph(compiled, accounting)
+    bypass = accounting == "tensorflow"  # as Grappler runs it; ancestry as written
+    compiled = compile_view(view, device=device, link=link, bypass_identity_n=bypass)
+    written = compile_view(view, device=device, link=link, bypass_identity_n=False)
+    graph = _Graph(compiled, accounting, written if bypass else compiled)
     g = graph.g
     concern = _addn_concerns(graph)
     schedule, memory = graph.simulate()
