@@ -232,11 +232,14 @@ def test_simulate_predicts_the_traced_step_with_and_without_the_plan(devices):
     with tf.device(devices.compute):
         model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[callback])
     result = callback.simulate(device="V100-16GB", link="nvlink2")
-    assert (
-        result.baseline is not None
-        and result.device_peak_bytes <= result.baseline.device_peak_bytes
-    )
-    assert result.bytes_swapped_out == callback.plan.bytes_swapped
+    hardware = dict(device="V100-16GB", link="nvlink2")
+    plain = tflms.simulate(callback.view, **hardware)
+    assert result.baseline is not None
+    assert result.baseline.device_peak_bytes == plain.device_peak_bytes
+    with_plan = tflms.simulate(callback.view, callback.plan, **hardware)
+    assert result.device_peak_bytes == with_plan.device_peak_bytes
+    assert result.bytes_swapped_out == callback.plan.bytes_swapped > 0
+    assert result.swap_outs == len(callback.plan.swaps)
 
 
 def test_the_swap_ops_check_sees_a_rewritten_train_function(devices):

@@ -22,6 +22,7 @@ import networkx as nx
 
 from tflms.config import LMSConfig
 from tflms.devices import device_type as tf_device_type
+from tflms.graph.grappler_rules import removed_at_run_time
 
 __all__ = [
     "ARITHMETIC_CHAIN",
@@ -220,6 +221,11 @@ def veto(view: nx.DiGraph, producer: str, info, uses, far) -> str | None:
             or cnode["tflms"] not in (None, "recompute")  # a recompute clone may read a swap-in
         ):
             return f"a far consumer ({cnode['type']}) is in control flow or off the compute device"
+        if removed_at_run_time(view, c):
+            return (
+                f"a far consumer ({cnode['type']}) is removed by Grappler before the step runs: "
+                "the ops behind it read the tensor as soon as it exists"
+            )
         if node["type"] in ARITHMETIC_CHAIN and cnode["type"] in ARITHMETIC_CHAIN:
             return (
                 f"{node['type']} -> {cnode['type']} may be folded by Grappler's arithmetic "

@@ -67,9 +67,11 @@ import networkx as nx
 
 from tflms.config import LMSConfig
 from tflms.cost import DENSE_OPS
+from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.graph.view import consumers as tensor_consumers
 from tflms.hardware import DEVICES, DeviceModel, get_device, get_link
 from tflms.plan.candidates import (
+    ARITHMETIC_CHAIN,
     CPU_PAIRED_INPUTS,
     NAME_SENSITIVE,
     NEVER_SWAP_PRODUCERS,
@@ -160,6 +162,11 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
             return f"rerouting would let Grappler fold {op}:{k} into its one remaining consumer"
         for c, i in far:
             ctype = view.nodes[c]["type"]
+            if removed_at_run_time(view, c):
+                return f"a far consumer ({ctype}) is removed by Grappler before the step runs"
+            if view.nodes[op]["type"] in ARITHMETIC_CHAIN and ctype in ARITHMETIC_CHAIN:
+                # the clone is kept from Grappler's arithmetic optimizer, the original is not
+                return f"Grappler may fold {op} into its far consumer {c}, but not a clone"
             if k and ctype in NAME_SENSITIVE:
                 return f"a far consumer ({ctype}) of output {k} is commutative"
             if (

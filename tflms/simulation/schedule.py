@@ -57,7 +57,9 @@ import networkx as nx
 
 from tflms.cost import MIN_SECONDS, op_cost
 from tflms.errors import UnsupportedGraphError
+from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.hardware import HOST, DeviceModel, LinkModel, get_device, get_link
+from tflms.simulation.bypass import bypass
 
 __all__ = ["CompiledGraph", "Schedule", "compile_view", "first_ready", "replayed", "LANES"]
 
@@ -196,8 +198,8 @@ def compile_view(
     outputs = [node["outputs"] for node in nodes]
     if bypass_identity_n:
         for i in range(n):
-            if _removable_identity_n(nodes, inputs[i], i):
-                _bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs)
+            if removed_at_run_time(view, names[i]):
+                bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs)
     for lst in inputs:
         lst.sort(key=lambda t: t[2])
     for lst in succs:
@@ -235,52 +237,6 @@ def compile_view(
         device=device,
         link=link,
     )
-
-
-_VARIABLE_SOURCES = frozenset({"VarHandleOp", "VariableV2", "Variable", "_Recv", "_HostRecv"})
-
-
-def _removable_identity_n(nodes, data_inputs, i) -> bool:
-    """Grappler's rule (``SafeToRemoveIdentity``) for an IdentityN of several inputs."""
-    node = nodes[i]
-    return (
-        node["type"] == "IdentityN"
-        and not node["tflms"]
-        and len(data_inputs) > 1
-        and all(nodes[p]["type"] not in _VARIABLE_SOURCES for p, _, _ in data_inputs)
-    )
-
-
-def _bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs) -> None:
-    """Rewire the data consumers of node ``i`` (an IdentityN) to its inputs' producers.
-
-    The node keeps its place in the schedule (control successors still wait for it)
-    but reads and holds nothing: its outputs weigh 0 bytes.
-    """
-    source = {in_idx: (p, k) for p, k, in_idx in inputs[i]}
-    preds_of = {}
-    for j in list(succs[i]):
-        reads = [(pos, t) for pos, t in enumerate(inputs[j]) if t[0] == i]
-        if not reads:
-            continue
-        for pos, (_, out_idx, in_idx) in reads:
-            p, k = source[out_idx]
-            inputs[j][pos] = (p, k, in_idx)
-            consumers.setdefault((p, k), []).append(j)
-            known = preds_of.setdefault(j, {index[q] for q in view.pred[names[j]]})
-            if p not in known:
-                known.add(p)
-                succs[p].append(j)
-                preds_count[j] += 1
-        if not view.edges[names[i], names[j]].get("control"):
-            succs[i].remove(j)
-            preds_count[j] -= 1
-    for out_idx in range(len(outputs[i])):
-        consumers.pop((i, out_idx), None)
-    for p, k, _ in inputs[i]:
-        consumers[(p, k)] = [c for c in consumers.get((p, k), ()) if c != i]
-    inputs[i] = []
-    outputs[i] = tuple(info._replace(bytes=0) for info in outputs[i])
 
 
 def _copy_kind(node: dict, data_inputs, spaces) -> str | None:
