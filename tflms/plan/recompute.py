@@ -38,7 +38,6 @@ bitwise identical.
 Example:
     >>> import networkx as nx
     >>> from tflms.config import LMSConfig
-from tflms.cost import DENSE_OPS
     >>> from tflms.graph.view import TensorInfo, assign_levels
     >>> v = nx.DiGraph(name="chain")
     >>> def op(name, kind, nbytes, *ins):
