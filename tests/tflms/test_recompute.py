@@ -142,3 +142,30 @@ def test_autotune_reruns_matmuls_over_a_slow_link_only():
     assert "MatMul" in _types(view, slow.plan)
     assert fast.config.recompute_dense == 0  # no copy is slow enough to lose to a re-run
     assert any(c.options["recompute_dense"] for c in slow.candidates)
+
+
+@pytest.mark.slow
+def test_a_budget_over_pcie3_reruns_convolutions_and_training_is_bitwise_identical(devices):
+    """End to end: LMSCallback(memory_budget=...) tunes recompute_dense in, and the weights
+    after three steps equal those of plain training."""
+    from tflms import zoo
+
+    batch, steps = 256, 3
+    plain_peak = tflms.simulate(tflms.analyze(zoo.resnet(), batch_size=batch)).device_peak_bytes
+    weights = []
+    for callbacks in ([], "lms"):
+        model = zoo.resnet()
+        x, y = zoo.synthetic_data(model, batch * steps)
+        if callbacks:
+            lms = tflms.LMSCallback(
+                memory_budget=int(plain_peak * 0.7), safety_margin=0, link="pcie3"
+            )
+            callbacks = [lms]
+        with tf.device(devices.compute):
+            model.fit(x, y, batch_size=batch, shuffle=False, verbose=0, callbacks=callbacks)
+        weights.append(model.get_weights())
+    tuned = lms.tunings[0]
+    assert tuned.lms_needed and tuned.config.recompute_dense > 0, tuned.summary()
+    assert {"Conv2D", "MatMul"} & _types(lms.view, lms.plan), lms.plan.summary()
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_array_equal(a, b)
