@@ -144,11 +144,12 @@ class LMSConfig:
 
     recompute_dense: float = 0.0
     """With ``recompute``, also re-run convolutions and matmuls whose predicted
-    time is at most this fraction of the time ``link`` takes to copy their
-    outputs to the host once, and chain the groups that feed each other (the
-    clones read clones, so only the tensors at the chain's start are kept or
-    swapped). Recomputing what the link cannot hide in time; ``0.0``: only
-    cheap ops. With ``memory_budget`` the auto-tuner decides."""
+    time is at most this multiple of the time ``link`` takes to copy their
+    outputs to the host once (0.25: a quarter of it), and chain the groups that
+    feed each other (the clones read clones, so mostly the tensors at a chain's
+    start are kept or swapped). Recomputing what the link cannot hide in time;
+    ``0.0``: only cheap ops; no effect with ``link="ideal"`` (no copy takes
+    time). With ``memory_budget`` the auto-tuner decides."""
 
     reorder: bool = False
     """Add control edges that order the ops whose interleaving makes the

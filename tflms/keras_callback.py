@@ -279,6 +279,6 @@ class LMSCallback(keras.callbacks.Callback):
         if self.verbose > 0:
             text = trace.plan.summary()
             if trace.tuning is not None:
-                text = trace.tuning.summary() + ("\n" + text if trace.plan.swaps else "")
+                text = trace.tuning.summary() + ("" if trace.plan.empty else "\n" + text)
             sys.stdout.write(text + "\n")
             sys.stdout.flush()

@@ -81,7 +81,7 @@ def test_measures_peaks_and_the_executor_order(measured):
     assert m["nodes"] / 3 < m["seen"] <= m["nodes"]
 
 
-def test_simulated_peak_in_the_measured_order_is_within_15_percent(measured):
+def test_simulated_peak_in_the_measured_order_is_close_to_the_allocators(measured):
     # Exact sizes: within 3.2% in six processes (three per optimizer) when this was written.
     exact = measured["replayed"]["exact"] / measured["profiled_peak_bytes"] - 1
     assert abs(exact) <= 0.15, measured

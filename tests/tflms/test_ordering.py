@@ -11,7 +11,6 @@ import pytest
 import tflms
 from tflms import zoo
 from tflms.apply.core import apply_to_view
-from tflms.tuning.ordering import order_edges
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +32,3 @@ def test_order_edges_never_close_a_cycle_through_identity_n(mlp_view):
     assert plan.order  # ordering found something to do here
     rewritten = apply_to_view(mlp_view, plan)  # raises on a cycle
     tflms.validate(rewritten, plan)
-
-
-def test_the_simulated_peak_falls_with_the_edges(mlp_view):
-    found = order_edges(mlp_view, link="ideal")
-    assert found.peak_after <= found.peak_before
-    if found.edges:
-        assert found.peak_after < found.peak_before

@@ -16,9 +16,11 @@ from tflms import simulate
 from tflms.apply.core import apply_to_view
 from tflms.cost import op_cost
 from tflms.errors import ConfigError
+from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.graph.view import TensorInfo, assign_levels
 from tflms.hardware import LinkModel, get_device
 from tflms.plan.swap_plan import Swap, SwapIn, SwapPlan
+from tflms.plan.triggers import trigger_filter
 from tflms.simulation.memory import trace_memory
 from tflms.simulation.schedule import compile_view, first_ready
 
@@ -288,6 +290,41 @@ def test_identity_n_is_bypassed_as_grappler_removes_it():
     assert simulate(view, link="ideal").device_peak_bytes == 2 * A
     held = trace_memory(kept, first_ready(kept), accounting="tensorflow")
     assert held.device_peak == 3 * A
+
+
+def test_identity_n_with_a_control_edge_or_behind_another_is_handled():
+    # a control edge into the node: Grappler may keep it, so the simulator keeps it too
+    view = identity_n_view()
+    view.add_node("late", **{**view.nodes["x2"], "outputs": (tensor("late", A),)})
+    view.add_edge("x2", "late", tensors=[(0, 0)], control=False)
+    view.add_edge("late", "idn", tensors=[], control=True)
+    assign_levels(view)
+    assert not removed_at_run_time(view, "idn")
+    kept = compile_view(view, device="V100-16GB", link="ideal")
+    assert kept.inputs[kept.names.index("idn")] != []
+    # an IdentityN reading another IdentityN, the outer one compiled first: both
+    # bypassed, u1 reads g1 directly
+    view = make_view(
+        [("g1", A), ("x1", A), ("x2", A), ("g2", A), ("outer", A, "IdentityN")]
+        + [("inner", A, "IdentityN"), ("u1", A), ("u2", A)],
+        [("g1", "x1", 0), ("x1", "x2", 0), ("x2", "g2", 0), ("g1", "inner", 0), ("g2", "inner", 1)],
+    )
+    for name in ("outer", "inner"):
+        view.nodes[name]["outputs"] = (tensor(name, A), tensor(name, A)._replace(index=1))
+    view.add_edge("inner", "outer", tensors=[(0, 0), (1, 1)], control=False)
+    view.add_edge("outer", "u1", tensors=[(0, 0)], control=False)
+    view.add_edge("outer", "u2", tensors=[(1, 0)], control=False)
+    assign_levels(view)
+    graph = compile_view(view, device="V100-16GB", link="ideal")
+    u1 = graph.names.index("u1")
+    assert [graph.names[p] for p, _, _ in graph.inputs[u1]] == ["g1"]
+    assert simulate(view, link="ideal").device_peak_bytes == 2 * A
+
+
+def test_an_identity_n_grappler_removes_never_triggers_a_swap_in():
+    view = identity_n_view()
+    assert not trigger_filter(view)("idn")
+    assert trigger_filter(view)("x2")
 
 
 def test_an_elementwise_op_writes_into_its_dying_input():

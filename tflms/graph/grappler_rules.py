@@ -18,7 +18,7 @@ Example:
     >>> import networkx as nx
     >>> v = nx.DiGraph()
     >>> for name, kind in (("g1", "MatMul"), ("g2", "MatMul"), ("ids", "IdentityN")):
-    ...     v.add_node(name, type=kind, tflms=None)
+    ...     v.add_node(name, type=kind, tflms=None, placement="compute")
     >>> v.add_edge("g1", "ids", tensors=[(0, 0)], control=False)
     >>> v.add_edge("g2", "ids", tensors=[(0, 1)], control=False)
     >>> removed_at_run_time(v, "ids"), removed_at_run_time(v, "g1")
@@ -32,6 +32,7 @@ import networkx as nx
 __all__ = ["removed_at_run_time"]
 
 _VARIABLE_SOURCES = frozenset({"VarHandleOp", "VariableV2", "Variable", "_Recv", "_HostRecv"})
+_KEEPING_CONSUMERS = frozenset({"_Retval", "Merge", "RefMerge"})
 
 
 def removed_at_run_time(view: nx.DiGraph, name: str) -> bool:
@@ -43,11 +44,22 @@ def removed_at_run_time(view: nx.DiGraph, name: str) -> bool:
 
     Returns:
         True for an ``IdentityN`` of several data inputs, none from a variable or a
-        ``_Recv``, that tflms did not insert.
+        ``_Recv``, that tflms did not insert, with no control edge in or out, no
+        ``Merge``/``_Retval`` consumer and its producers and consumers placed where it
+        is (tflms keeps the node whenever Grappler might: a stricter rule than
+        Grappler's own edge count).
     """
     node = view.nodes[name]
     if node["type"] != "IdentityN" or node.get("tflms"):
         return False
-    sources = [src for src, edge in view.pred[name].items() if edge.get("tensors")]
-    inputs = sum(len(view.pred[name][src]["tensors"]) for src in sources)
-    return inputs > 1 and all(view.nodes[src]["type"] not in _VARIABLE_SOURCES for src in sources)
+    preds, succs = view.pred[name], view.succ[name]
+    if any(edge.get("control") for edge in (*preds.values(), *succs.values())):
+        return False  # Grappler counts forwarded control edges and may keep the node
+    inputs = sum(len(edge.get("tensors", ())) for edge in preds.values())
+    placement = node.get("placement")
+    return (
+        inputs > 1
+        and all(view.nodes[src]["type"] not in _VARIABLE_SOURCES for src in preds)
+        and all(view.nodes[c]["type"] not in _KEEPING_CONSUMERS for c in succs)
+        and all(view.nodes[n].get("placement") == placement for n in (*preds, *succs))
+    )

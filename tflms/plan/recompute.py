@@ -27,8 +27,10 @@ A recomputation *group* is grown from a tensor with far consumers (a
 With ``recompute_dense``, a group that reads a tensor another group
 recomputes (or shares an op with it) absorbs that group, up to
 :data:`MAX_CHAIN_OPS` ops: the clones read clones, so the tensors between them
-are neither kept nor swapped - checkpointing between the tensors the chain
-starts from. A ResNet bottleneck then keeps its input and its first
+need not be kept or swapped - checkpointing between the tensors the chain
+starts from. (An original op that was a far consumer of an absorbed group and
+is now a member reads the original tensor again, which the swap planner then
+keeps or swaps for it.) A ResNet bottleneck then keeps its input and its first
 convolution's output; the rest is re-run before its backward pass.
 
 Rewrites that would change Grappler's arithmetic rewrites or TensorFlow's
@@ -99,7 +101,7 @@ MAX_GROUP_OPS = 8
 
 MAX_CHAIN_OPS = 32
 """With ``recompute_dense``, groups that feed each other are merged into one
-(the clones read clones, so the tensors between them are neither kept nor
+(the clones read clones, so the tensors between them need not be kept or
 swapped) while the merged group has at most this many ops."""
 
 _ADDS = frozenset({"Add", "AddV2", "AddN"})

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import networkx as nx
 
 from tflms.config import LMSConfig
+from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.plan.swap_plan import SwapIn
 
 __all__ = ["group_consumers", "plan_swap_in", "find_trigger", "other_inputs", "trigger_filter"]
@@ -39,12 +40,18 @@ def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
 
     Returns:
         A function of an op name that is True for ops placed on the compute
-        device, outside control flow and not inserted by tflms.
+        device, outside control flow, not inserted by tflms and not removed by
+        Grappler before the step runs.
     """
 
     def ok(name: str) -> bool:
         node = view.nodes[name]
-        return node["placement"] == "compute" and not node["control_flow"] and not node["tflms"]
+        return (
+            node["placement"] == "compute"
+            and not node["control_flow"]
+            and not node["tflms"]
+            and not removed_at_run_time(view, name)  # a control edge out of it would keep it
+        )
 
     return ok
 

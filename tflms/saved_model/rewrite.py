@@ -262,7 +262,8 @@ def rewrite_model(analysis: ModelAnalysis, *, progress=None) -> Model:
 
     Args:
         analysis: The model's analysis, with a plan per training graph;
-            graphs whose plan swaps nothing are left untouched.
+            graphs whose plan changes nothing (no swap, recompute or order
+            edge) are left untouched.
         progress: Optional object with a ``stage(text)`` method, told about
             each graph being rewritten; None for silence.
 

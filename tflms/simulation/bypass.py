@@ -43,7 +43,8 @@ def bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs
                 known.add(p)
                 succs[p].append(j)
                 preds_count[j] += 1
-        if not view.edges[names[i], names[j]].get("control"):
+        # j may succeed i only through an IdentityN bypassed before (no edge in the view)
+        if not (view.get_edge_data(names[i], names[j]) or {}).get("control"):
             succs[i].remove(j)
             preds_count[j] -= 1
     for out_idx in range(len(outputs[i])):

@@ -12,14 +12,17 @@ whose predicted step time is lowest:
 3. swap-in triggers chosen by simulated time rather than level distance
    (:func:`tflms.tuning.retime.retime_triggers`), with a few slacks;
 4. ``recompute=True`` on the most promising settings: cheap activations
-   re-run instead of kept or swapped (their compute time is charged);
+   re-run instead of kept or swapped (their compute time is charged), and
+   over a finite link ``recompute_dense`` 0.05 / 0.1 / 0.25 on the best of
+   those: convolutions re-run where their copies cannot be hidden;
 5. ``reorder=True`` on the best plans so far: control edges that stop
    sibling branches from piling up at the peak (no time cost when the
    simulator finds no slowdown);
 6. only if nothing fits yet: ``sync_mode`` 1-3, ``serialization`` of the
    levels around the peak, and ``min_tensor_bytes=0``;
 7. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
-   traffic, less overhead.
+   traffic, less overhead - for the best plan, the best plan that re-runs
+   dense ops and the best that does not.
 
 Among the plans that fit, the one with the lowest predicted step time wins.
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.hardware import DeviceModel, LinkModel
 from tflms.plan.candidates import ORDER_SENSITIVE
 from tflms.simulation.memory import trace_memory
@@ -92,16 +93,21 @@ class _Graph:
     in the graph tflms rewrites.
     """
 
-    def __init__(self, compiled: CompiledGraph, accounting: str, written: CompiledGraph):
+    def __init__(
+        self, compiled: CompiledGraph, accounting: str, written: CompiledGraph, fixed=frozenset()
+    ):
         self.g = compiled
         self.accounting = accounting
         self.base_preds = list(compiled.preds_count)
         self.base_succs = [list(s) for s in compiled.succs]
         self.written_succs = [list(s) for s in written.succs]
         self.preds: list[list[int]] = [[] for _ in range(len(compiled))]
-        for i, succ in enumerate(self.written_succs):
-            for j in succ:
-                self.preds[j].append(i)
+        self.run_preds: list[list[int]] = [[] for _ in range(len(compiled))]
+        for preds, succs in ((self.preds, self.written_succs), (self.run_preds, compiled.succs)):
+            for i, succ in enumerate(succs):
+                for j in succ:
+                    preds[j].append(i)
+        self.fixed = fixed  # ops Grappler removes: an order edge would make Grappler keep them
 
     def simulate(self, extra=()):
         g = self.g
@@ -119,13 +125,17 @@ class _Graph:
             self.written_succs[a].append(b)
             self.base_preds[b] += 1
             self.preds[b].append(a)
+            self.run_preds[b].append(a)
         for a, _ in edges:
             self.base_succs[a].sort(key=lambda j: self.g.names[j])
 
-    def ancestors(self, node: int) -> set[int]:
+    def ancestors(self, node: int, *, run_time: bool = False) -> set[int]:
+        """``node`` and its ancestors in the graph as written (``run_time``: as Grappler
+        runs it, bypassed nodes removed)."""
+        preds = self.run_preds if run_time else self.preds
         seen, stack = {node}, [node]
         while stack:
-            for p in self.preds[stack.pop()]:
+            for p in preds[stack.pop()]:
                 if p not in seen:
                     seen.add(p)
                     stack.append(p)
@@ -171,7 +181,8 @@ def order_edges(
     bypass = accounting == "tensorflow"  # as Grappler runs it; ancestry as written
     compiled = compile_view(view, device=device, link=link, bypass_identity_n=bypass)
     written = compile_view(view, device=device, link=link, bypass_identity_n=False)
-    graph = _Graph(compiled, accounting, written if bypass else compiled)
+    removed = {i for i, name in enumerate(compiled.names) if removed_at_run_time(view, name)}
+    graph = _Graph(compiled, accounting, written if bypass else compiled, removed)
     g = graph.g
     concern = _addn_concerns(graph)
     schedule, memory = graph.simulate()
@@ -181,6 +192,8 @@ def order_edges(
     for done in range(1, rounds + 1):  # noqa: B007 - reported
         best = None
         for edges in _candidates(graph, schedule, memory, min_buffer_fraction):
+            if graph.fixed.intersection(op for edge in edges for op in edge):
+                continue
             if not _safe(graph, edges, concern):
                 continue
             s, m = graph.simulate(edges)
@@ -323,10 +336,10 @@ def _addn_concerns(graph: _Graph) -> list[tuple[int, int]]:
     for i, kind in enumerate(g.types):
         if kind not in ORDER_SENSITIVE or len(g.inputs[i]) < 3:
             continue
-        ancestors = graph.ancestors(i)
+        ancestors = graph.ancestors(i, run_time=True)  # unordered once Grappler bypasses
         for p, k, _ in g.inputs[i]:
             for c in g.consumers.get((p, k), ()):
-                if c != i and c not in ancestors and i not in graph.ancestors(c):
+                if c != i and c not in ancestors and i not in graph.ancestors(c, run_time=True):
                     pairs.append((i, c))
     return pairs
 

@@ -3,7 +3,8 @@
 :class:`Search` memoizes ``make_plan`` + :func:`tflms.simulate` over option
 settings and walks them in the order documented in :mod:`tflms.tuning.autotuner`:
 the threshold ladder, ``swapin_ahead`` for the most promising thresholds,
-``swapin_groupby``, simulated-time triggers, the rescue options (sync modes,
+``swapin_groupby``, simulated-time triggers, recomputation (cheap, then
+dense over a finite link), ordering, the rescue options (sync modes,
 serialization, ``min_tensor_bytes=0``) when nothing fits, and finally the
 fewest swaps that still fit. Every simulated plan is kept as a
 :class:`Candidate` for the report.
