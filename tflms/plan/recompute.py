@@ -208,7 +208,7 @@ def plan_recomputes(
                 memo[node] = worth_rerunning(view, node, device, link, config.recompute_dense)
         return memo[node][0]
 
-    planned: dict[int, tuple[list[str], Recompute]] = {}
+    planned: dict[int, Recompute] = {}
     owner: dict[str, int] = {}
     for producer in nx.topological_sort(view):
         node = view.nodes[producer]
@@ -228,9 +228,9 @@ def plan_recomputes(
             group = _grow(view, producer, far, levels, config, eligible)
             if group is None:
                 continue
-            absorbed = _feeding_groups(view, group, owner, levels)
             if config.recompute_dense:  # chain through earlier groups instead of keeping
-                merged = set(group).union(*(planned[g][0] for g in absorbed))
+                absorbed = _feeding_groups(view, group, owner)
+                merged = set(group).union(*(planned[g].ops for g in absorbed))
                 if absorbed and len(merged) <= MAX_CHAIN_OPS:
                     entry = _make_group(
                         view, _by_level(merged, levels), levels, config, trigger_ok, memo
@@ -238,31 +238,31 @@ def plan_recomputes(
                     if entry is not None:
                         for g in absorbed:
                             del planned[g]
-                        _claim(planned, owner, list(entry.ops), entry)
+                        _claim(planned, owner, entry)
                         continue
             if any(op in owner for op in group):
                 continue
             entry = _make_group(view, group, levels, config, trigger_ok, memo)
             if entry is not None:
-                _claim(planned, owner, group, entry)
-    groups = sorted((entry for _, entry in planned.values()), key=lambda g: (-g.bytes, g.ops))
+                _claim(planned, owner, entry)
+    groups = sorted(planned.values(), key=lambda g: (-g.bytes, g.ops))
     logger.debug(
         "planned %d recompute groups (%d bytes)", len(groups), sum(g.bytes for g in groups)
     )
     return tuple(groups)
 
 
-def _claim(planned, owner, ops, entry) -> None:
+def _claim(planned, owner, entry) -> None:
     key = max(planned, default=-1) + 1
-    planned[key] = (list(ops), entry)
-    owner.update((op, key) for op in ops)
+    planned[key] = entry
+    owner.update((op, key) for op in entry.ops)
 
 
 def _by_level(ops, levels) -> list[str]:
     return sorted(ops, key=lambda op: (levels[op], op))
 
 
-def _feeding_groups(view, group, owner, levels) -> list[int]:
+def _feeding_groups(view, group, owner) -> list[int]:
     """Earlier groups that recompute an op of ``group`` or a tensor it reads."""
     members = set(group)
     found = {owner[op] for op in group if op in owner}

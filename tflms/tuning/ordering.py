@@ -180,9 +180,13 @@ def order_edges(
     """
     bypass = accounting == "tensorflow"  # as Grappler runs it; ancestry as written
     compiled = compile_view(view, device=device, link=link, bypass_identity_n=bypass)
-    written = compile_view(view, device=device, link=link, bypass_identity_n=False)
+    written = (
+        compile_view(view, device=device, link=link, bypass_identity_n=False)
+        if bypass
+        else compiled
+    )
     removed = {i for i, name in enumerate(compiled.names) if removed_at_run_time(view, name)}
-    graph = _Graph(compiled, accounting, written if bypass else compiled, removed)
+    graph = _Graph(compiled, accounting, written, removed)
     g = graph.g
     concern = _addn_concerns(graph)
     schedule, memory = graph.simulate()
