@@ -14,7 +14,7 @@ Example:
     >>> from ddl_tf.cluster.spec import ClusterSpec
     >>> spec = ClusterSpec(nodes=2, prefix="ddlcdemo")
     >>> print(" ".join(mpirun_command(spec, ["python", "t.py"], ranks_per_node=2, mpirun="mpirun")))
-    mpirun -np 4 --host node0:2,node1:2 --bind-to none --map-by slot --mca plm_rsh_agent /run/ddl_tf_cluster/ddlcdemo/agent.sh --mca btl self,sm,tcp --mca btl_tcp_if_include 10.213.0.0/24 --mca oob_tcp_if_include 10.213.0.0/24 --mca btl_tcp_links 4 --mca mpi_yield_when_idle 1 python t.py
+    mpirun -np 4 --host node0:2,node1:2 --bind-to none --map-by slot --mca plm_rsh_agent /run/ddl_tf_cluster/ddlcdemo/agent.sh --mca btl self,sm,tcp --mca btl_tcp_if_include 10.213.0.0/24 --mca oob_tcp_if_include 10.213.0.0/24 --mca btl_tcp_links 4 --mca mpi_yield_when_idle 1 --mca btl_tcp_eager_limit 33619968 --mca btl_tcp_rndv_eager_limit 33619968 --mca btl_tcp_max_send_size 33619968 python t.py
 """
 
 from __future__ import annotations
@@ -27,7 +27,39 @@ from ddl_tf import env as ddl_env
 from ddl_tf.cluster.spec import ClusterSpec
 from ddl_tf.launch.command import find_mpirun
 
-__all__ = ["agent_script", "mca_arguments", "mpirun_command", "job_environment", "host_list"]
+__all__ = [
+    "TCP_EAGER_BYTES",
+    "agent_script",
+    "eager_arguments",
+    "mca_arguments",
+    "mpirun_command",
+    "job_environment",
+    "host_list",
+]
+
+TCP_EAGER_BYTES = (32 << 20) + (64 << 10)
+"""Eager limit (and largest fragment) of Open MPI's TCP transport in the cluster.
+
+Above its eager limit (64 KiB by default) Open MPI sends a message by
+rendezvous: a first fragment, an acknowledgement from the receiver, then the
+rest. When two ranks exchange large messages (every allreduce step between
+two nodes does) and both directions share one TCP connection, each side's
+acknowledgement is queued behind that side's own bulk data: one direction
+waits for the other to finish, and the exchange takes up to twice as long.
+Whether the two directions share a connection is decided when connections
+open, so whole jobs were slow or fast: a 16 MiB hierarchical allreduce on
+2 nodes x 2 ranks at 62.5 Mbit/s took 1.09-1.16x of the link bound in some
+jobs and 1.27-1.6x in others (``ss`` inside the namespaces showed the slow
+pair's one connection alternating directions). Sent eagerly, no message
+waits for an acknowledgement: with an 8 MiB limit 6 of 6 jobs took
+1.085-1.11x, MPI_Allreduce too (1.55x before); a 64 MiB allreduce (larger
+messages) still had one slow job in 3 at 8 MiB and none in 3 at 32 MiB
+(1.10-1.12x). Each rank's peak memory grows by about the limit (99 -> 107
+MiB with 8 MiB for a 16 MiB buffer; 243 -> 275 MiB with 32 MiB for 64 MiB).
+Messages above the limit still use the rendezvous protocol. (Scratch runs
+measured while choosing the value; the cluster benchmark's JSON has the
+figures the docs quote.)
+"""
 
 
 def agent_script(spec: ClusterSpec, tools) -> str:
@@ -85,6 +117,9 @@ def mca_arguments(spec: ClusterSpec) -> list[str]:
     Python socket carried 0.93 each way; with 2 or 4 links it reached 0.9.
     ``mpi_yield_when_idle`` makes waiting ranks yield the CPU: with more ranks
     than cores, busy-polling ranks otherwise starve the ones doing the work.
+    The three TCP fragment limits are raised to :data:`TCP_EAGER_BYTES`, so
+    messages up to 32 MiB go out eagerly, without the rendezvous handshake
+    (see that constant for what the handshake cost).
 
     Args:
         spec: The cluster (its agent script path and subnet).
@@ -111,7 +146,30 @@ def mca_arguments(spec: ClusterSpec) -> list[str]:
         "--mca",
         "mpi_yield_when_idle",
         "1",
+        *eager_arguments(),
     ]
+
+
+def eager_arguments(limit: int = TCP_EAGER_BYTES) -> list[str]:
+    """``--mca`` options sending TCP messages of up to ``limit`` bytes eagerly.
+
+    Open MPI's limits count the fragment's protocol header, so ``limit``
+    should exceed the largest message by a little (:data:`TCP_EAGER_BYTES`
+    adds 64 KiB). The eager limit may not exceed the largest fragment, so
+    all three are set together.
+
+    Args:
+        limit: Bytes per eager fragment.
+
+    Returns:
+        ``--mca NAME VALUE`` triples, flattened.
+
+    Example:
+        >>> eager_arguments(1 << 20)[:3]
+        ['--mca', 'btl_tcp_eager_limit', '1048576']
+    """
+    names = ("btl_tcp_eager_limit", "btl_tcp_rndv_eager_limit", "btl_tcp_max_send_size")
+    return [part for name in names for part in ("--mca", name, str(limit))]
 
 
 def mpirun_command(

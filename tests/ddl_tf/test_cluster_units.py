@@ -19,7 +19,7 @@ from ddl_tf.cluster.counters import (
     parse_ip_link,
     read_local,
 )
-from ddl_tf.cluster.mpi import agent_script, mpirun_command
+from ddl_tf.cluster.mpi import TCP_EAGER_BYTES, agent_script, mpirun_command
 from ddl_tf.cluster.netns import Tools, hosts_file, setup_commands
 from ddl_tf.cluster.probe import LINK_BOUND_RATIO, halving_ratios, link_bound_rate
 from ddl_tf.cluster.rehearse import rehearsal_hosts
@@ -142,6 +142,19 @@ def test_mpirun_command_restricts_tcp_to_the_cluster_subnet():
     assert "--mca oob_tcp_if_include 10.99.0.0/24" in text
     assert "--mca plm_rsh_agent /run/ddl_tf_cluster/ddlctest/agent.sh" in text
     assert cmd[-2:] == ["python", "t.py"]
+
+
+def test_tcp_messages_up_to_32_mib_go_eagerly():
+    # the eager limit may not exceed the largest fragment: all three move together
+    cmd = mpirun_command(ClusterSpec(nodes=2), ["true"], mpirun="mpirun")
+    limits = {
+        cmd[i + 1]: int(cmd[i + 2])
+        for i, part in enumerate(cmd[:-2])
+        if part == "--mca" and cmd[i + 1].startswith("btl_tcp_") and cmd[i + 2].isdigit()
+    }
+    eager = ("btl_tcp_eager_limit", "btl_tcp_rndv_eager_limit", "btl_tcp_max_send_size")
+    assert {limits[name] for name in eager} == {TCP_EAGER_BYTES}
+    assert TCP_EAGER_BYTES > 32 << 20  # room for the protocol header of a 32 MiB message
 
 
 def test_bandwidth_lower_bound():
