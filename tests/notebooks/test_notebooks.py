@@ -16,7 +16,10 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks():
-    assert [p.name for p in NOTEBOOKS] == ["01_large_model_support.ipynb", "02_distributed_training.ipynb"]
+    assert [p.name for p in NOTEBOOKS] == [
+        "01_large_model_support.ipynb",
+        "02_distributed_training.ipynb",
+    ]
 
 
 @pytest.mark.slow
@@ -24,7 +27,10 @@ def test_there_are_notebooks():
 def test_notebook_runs_top_to_bottom(path):
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute()  # raises CellExecutionError, naming the cell, on the first failure
     errors = [
