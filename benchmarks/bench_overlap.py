@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -45,12 +46,6 @@ from ddl_tf.cluster import Cluster, ClusterSpec, unavailable_reason  # noqa: E40
 
 RESULTS = HERE / "results"
 MiB = 1 << 20
-
-
-def median(values: list[float]) -> float:
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
 
 
 def summarize(row: dict) -> dict:
