@@ -24,8 +24,8 @@ issue's targets are judged on.
 With fp16/bf16 compression the timed region includes the float32 -> half
 conversion before and the half -> float32 conversion after the transfer,
 made the way the engine makes them (``ddl_tf.core.halfconv.cast_into``,
-compiled: about 1 ms each way for 16 MiB of float32 here, where numpy's
-``astype`` took about 10 ms);
+compiled: 1.6-2.3 ms each way for 16 MiB of float32 here, where numpy's
+``astype`` took 9.6-17 ms);
 compressed rows cover the reducing algorithms (flat, ring, asa, auto; only
 flat and auto from 64 MiB on, to keep the whole run near 10 minutes).
 """
