@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-EXTRAS ?= cpu,mpi,dev
+EXTRAS ?= lms,ddl,cpu,mpi,dev
 PYTEST_ARGS ?=
 
 export TF_CPP_MIN_LOG_LEVEL ?= 3

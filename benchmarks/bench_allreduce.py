@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "layouts": layouts,
         "derived_auto_policy": policy,
     }
-    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+    from tflms.utils.files import write_json  # here: importing tflms still imports TensorFlow
 
     write_json(Path(args.out), report)
     write_json(Path(args.out).with_name("auto_policy.json"), policy)

@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "layouts": layouts,
         "learned_policy": policy,
     }
-    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+    from tflms.utils.files import write_json  # here: importing tflms still imports TensorFlow
 
     write_json(out, report)
     write_json(out.with_name("cluster_auto_policy.json"), policy)

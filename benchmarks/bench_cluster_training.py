@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     out = Path(args.out)
-    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+    from tflms.utils.files import write_json  # here: importing tflms still imports TensorFlow
 
     write_json(out, report)
     for v in variants:

@@ -347,7 +347,7 @@ def write_report(
         "skipped": skipped,
         "incomplete": [n for n in names if n not in done],
     }
-    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+    from tflms.utils.files import write_json  # here: importing tflms still imports TensorFlow
 
     write_json(out, report)
 

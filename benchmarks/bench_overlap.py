@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": rows,
     }
     out = Path(args.out)
-    from tflms.files import write_json  # here: importing tflms still imports TensorFlow
+    from tflms.utils.files import write_json  # here: importing tflms still imports TensorFlow
 
     write_json(out, report)
     print(json.dumps({k: report[k] for k in ("step_seconds", "targets")}, indent=1))

@@ -46,7 +46,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import tflms  # noqa: E402
-from tflms.files import write_json  # noqa: E402
+from tflms.utils.files import write_json  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 HOST, COMPUTE = "/device:CPU:0", "/device:CPU:1"

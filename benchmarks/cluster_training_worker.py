@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ddl_tf.keras as hvd
-from ddl_tf import basics
+from ddl_tf.core import basics
 
 BATCH, IMAGE, CLASSES = 32, 32, 10
 

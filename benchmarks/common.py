@@ -14,9 +14,9 @@ if str(REPO) not in sys.path:
 
 import tensorflow as tf  # noqa: E402
 
-from tflms.files import write_json  # noqa: E402
 from tflms.simulation.grappler import SIMULATOR as GRAPPLER  # noqa: E402
 from tflms.simulation.simulator import SIMULATOR as TFLMS  # noqa: E402
+from tflms.utils.files import write_json  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 GIB = 1 << 30

@@ -57,7 +57,7 @@ class DDLConfig:
             tensor larger than this travels alone; ``0`` disables fusion.
         overlap: Overlap the gradient allreduce with backprop inside graphs:
             one collective per bucket, in the order gradients are produced
-            (see :mod:`ddl_tf.overlap`). ``False``: one fused allreduce after
+            (see :mod:`ddl_tf.tensorflow.overlap`). ``False``: one fused allreduce after
             the backward pass.
         bucket_bytes: Gradient bytes per overlapped bucket; ``0`` gives every
             gradient its own bucket.

@@ -10,7 +10,7 @@ Where Horovod raises a Python built-in, the ddl_tf class subclasses it too
 :class:`CollectiveArgumentError` a ``ValueError``), so ``except`` clauses
 written for Horovod keep working. The TensorFlow-typed variants
 (``tf.errors.FailedPreconditionError``, ``tf.errors.InvalidArgumentError``)
-live in :mod:`ddl_tf.tf_errors`, which the TensorFlow layer raises.
+live in :mod:`ddl_tf.tensorflow.tf_errors`, which the TensorFlow layer raises.
 
 Example:
     >>> from ddl_tf.errors import CollectiveMismatchError, DDLError

@@ -9,17 +9,25 @@ For each package (``tflms``, ``ddl_tf``):
   dependency from the import-time graph, not from the design.
 * No module uses another module's private names: neither
   ``from pkg.x import _y`` nor ``x._y`` on an imported module of the package.
-* No module is longer than :data:`MAX_LINES` lines.
+* No module has more than :data:`FAIL_CODE_LINES` lines of code (docstrings,
+  comments and blank lines not counted); past :data:`WARN_CODE_LINES` a
+  warning asks whether it still holds one concept. Modules are split by
+  meaning, not by a line count.
 
 Then what each package's layering promises: tflms' pipeline stages depend
-only on earlier stages; ddl_tf's launch library sits below the rehearsal
-cluster and ``ddlrun``.
+only on earlier stages, on base modules below them, and front ends sit above
+them; ddl_tf's layers go core -> tensorflow -> keras, and its launch library
+sits apart, below the rehearsal cluster and ``ddlrun``. Neither package
+imports the other.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import io
+import tokenize
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -30,7 +38,29 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("tflms", "ddl_tf")
-MAX_LINES = 400
+WARN_CODE_LINES = 400
+FAIL_CODE_LINES = 600
+
+
+def code_lines(source: str) -> int:
+    """Lines holding code: docstrings (any string statement), comments and blanks excluded.
+
+    Example:
+        >>> code_lines("'Doc.'\\n\\n# note\\nx = 1  # why\\ndef f():\\n    'Doc.'\\n    return x\\n")
+        3
+    """
+    strings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            if isinstance(node.value.value, str):
+                strings.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in skip or token.type == tokenize.ENDMARKER:
+            continue
+        lines.update(n for n in range(token.start[0], token.end[0] + 1) if n not in strings)
+    return len(lines)
 
 
 def _is_private(name: str) -> bool:
@@ -209,16 +239,34 @@ def test_no_module_uses_another_modules_private_names(scan):
     )
 
 
-def test_no_module_is_over_the_line_budget(scan):
-    long = {
-        str(path.relative_to(REPO)): n
-        for path in scan.modules.values()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert not long, (
-        f"modules over {MAX_LINES} lines: {long}; split each into modules of one concept "
-        "(see /work/shared/CONVENTIONS.md, rule 1)."
+def test_no_module_is_over_the_code_line_budget(scan):
+    sizes = {str(p.relative_to(REPO)): code_lines(p.read_text()) for p in scan.modules.values()}
+    large = {path: n for path, n in sizes.items() if WARN_CODE_LINES < n <= FAIL_CODE_LINES}
+    if large:
+        warnings.warn(
+            f"modules over {WARN_CODE_LINES} lines of code: {large}; do they still hold one "
+            "concept? (/work/shared/CONVENTIONS.md, rule 1)",
+            stacklevel=1,
+        )
+    too_long = {path: n for path, n in sizes.items() if n > FAIL_CODE_LINES}
+    assert not too_long, (
+        f"modules over {FAIL_CODE_LINES} lines of code: {too_long}; split each into modules "
+        "of one concept (see /work/shared/CONVENTIONS.md, rule 1)."
     )
+
+
+def test_the_packages_stand_alone(scan):
+    other = ({"tflms", "ddl_tf"} - {scan.package}).pop()
+    found = []
+    for module, tree in scan.trees.items():
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            found += [scan.where(module, node.lineno) for n in names if n.split(".")[0] == other]
+    assert not found, f"{scan.package} imports {other} (each must install alone): {found}"
 
 
 TFLMS_STAGES = ("graph", "plan", "apply", "simulation", "tuning", "saved_model", "cli")
@@ -232,10 +280,46 @@ def test_the_tflms_pipeline_is_visible_and_flows_one_way():
     for i, early in enumerate(TFLMS_STAGES):
         for late in TFLMS_STAGES[i + 1 :]:
             assert not nx.has_path(graph, f"tflms.{early}", f"tflms.{late}"), (early, late)
-    for base in ("tflms.config", "tflms.errors", "tflms.units", "tflms.devices", "tflms.hardware"):
-        assert not any(nx.has_path(graph, base, f"tflms.{stage}") for stage in TFLMS_STAGES), (
-            f"{base} is a base module; it must not depend on a pipeline stage"
+    above = ("tflms.frontends", "tflms.keras")
+    for base in ("tflms.config", "tflms.errors", "tflms.utils", "tflms.cost"):
+        for later in (*(f"tflms.{stage}" for stage in TFLMS_STAGES), *above):
+            assert not nx.has_path(graph, base, later), (
+                f"{base} is a base module; it must not depend on {later}"
+            )
+    for stage in TFLMS_STAGES:
+        for front in above:
+            assert not nx.has_path(graph, f"tflms.{stage}", front), (
+                f"the pipeline stage tflms.{stage} must not depend on the front end {front}"
+            )
+    assert not nx.has_path(graph, "tflms.frontends", "tflms.keras"), "keras builds on frontends"
+
+
+DDL_TF_LAYERS = ("core", "tensorflow", "keras")
+"""ddl_tf's training layers, in order: a layer may use earlier ones, never later ones."""
+
+
+def test_the_ddl_tf_layers_are_visible_and_flow_one_way():
+    scan = Scan("ddl_tf")
+    assert {*DDL_TF_LAYERS, "launch", "cluster"} <= scan.subpackages, "ls ddl_tf shows the layers"
+    graph = scan.unit_graph
+    launching = ("ddl_tf.launch", "ddl_tf.cluster", "ddl_tf.ddlrun")
+    for i, early in enumerate(DDL_TF_LAYERS):
+        for late in (*(f"ddl_tf.{layer}" for layer in DDL_TF_LAYERS[i + 1 :]), *launching):
+            assert not nx.has_path(graph, f"ddl_tf.{early}", late), (early, late)
+    for layer in DDL_TF_LAYERS[1:]:
+        assert not nx.has_path(graph, "ddl_tf.launch", f"ddl_tf.{layer}"), (
+            f"the launch library must not need TensorFlow (ddl_tf.{layer})"
         )
+    loose = {m for m in scan.modules if m.count(".") == 1} - {
+        f"ddl_tf.{p}" for p in scan.subpackages
+    }
+    assert loose <= {
+        "ddl_tf.config",
+        "ddl_tf.env",
+        "ddl_tf.errors",
+        "ddl_tf.exports",
+        "ddl_tf.ddlrun",
+    }
 
 
 def test_the_ddl_tf_launch_library_sits_below_the_cluster_and_ddlrun():

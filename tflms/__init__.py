@@ -12,10 +12,14 @@ the backward pass needs them. The pipeline, one sub-package per stage:
 * :mod:`tflms.tuning` - the plan that fits a memory budget;
 * :mod:`tflms.saved_model` and :mod:`tflms.cli` - the ``tflms`` command.
 
-Three front ends use them: :class:`LMSCallback` (Keras ``fit``),
-:func:`function` (custom loops) and :class:`LMS` (``tf.compat.v1`` graphs);
-:func:`analyze` gives the view of a compiled Keras model's training step, and
-:mod:`tflms.zoo` holds the models the tests, benchmarks and demo use.
+Below the pipeline: :mod:`tflms.config` and :mod:`tflms.errors`,
+:mod:`tflms.cost` (device and link presets, per-op cost) and
+:mod:`tflms.utils` (units, device strings, files, lazy exports). Above it,
+the front ends: :mod:`tflms.frontends` (:class:`LMS` for ``tf.compat.v1``
+graphs, :func:`function` for custom loops) and :mod:`tflms.keras`
+(:class:`LMSCallback` for Keras ``fit``; :func:`analyze` gives the view of a
+compiled Keras model's training step). :mod:`tflms.zoo` holds the models the
+tests, benchmarks and demo use.
 The names below load on first use, so ``import tflms`` is cheap; it still
 fails at once, saying what to install, when TensorFlow is missing.
 
@@ -26,7 +30,7 @@ Logging goes through ``logging.getLogger("tflms...")``; configure the
 import importlib.util as _importlib_util
 from importlib import metadata as _metadata
 
-from tflms.exports import lazy_exports as _lazy_exports
+from tflms.utils.exports import lazy_exports as _lazy_exports
 
 try:
     _tf_spec = _importlib_util.find_spec("tensorflow")
@@ -35,8 +39,8 @@ except ValueError:  # a half-imported tensorflow module
 if _tf_spec is None:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "tflms needs TensorFlow 2.21, which could not be imported (No module named "
-        "'tensorflow'). Install the extra for your machine: pip install 'tflms-ddl[cpu]' "
-        "(CPU only) or 'tflms-ddl[gpu]' (NVIDIA GPU)."
+        "'tensorflow'). Install the extra for your machine: pip install 'tflms-ddl[lms,cpu]' "
+        "(CPU only) or 'tflms-ddl[lms,gpu]' (NVIDIA GPU)."
     )
 
 from tflms import errors  # noqa: E402 - after the TensorFlow check
@@ -49,8 +53,8 @@ except _metadata.PackageNotFoundError:  # running from a source tree
 __getattr__, __dir__, _exported = _lazy_exports(
     __name__,
     {
-        "LMS": "tflms.lms",
-        "LMSCallback": "tflms.keras_callback",
+        "LMS": "tflms.frontends.lms",
+        "LMSCallback": "tflms.keras.callback",
         "LMSConfig": "tflms.config",
         "Swap": "tflms.plan.swap_plan",
         "SwapIn": "tflms.plan.swap_plan",
@@ -60,14 +64,14 @@ __getattr__, __dir__, _exported = _lazy_exports(
         "autotune": "tflms.tuning.autotuner",
         "AutotuneResult": "tflms.tuning.autotuner",
         "build_view": "tflms.graph.view",
-        "function": "tflms.lms_function",
-        "LMSFunction": "tflms.lms_function",
+        "function": "tflms.frontends.decorator",
+        "LMSFunction": "tflms.frontends.decorator",
         "make_plan": "tflms.tuning.compose",
         "simulate": "tflms.simulation.simulator",
         "SimulationResult": "tflms.simulation.simulator",
         "validate": "tflms.apply.validation",
-        "analyze": "tflms.keras_step",
-        "train_step_graph": "tflms.keras_step",
+        "analyze": "tflms.keras.step",
+        "train_step_graph": "tflms.keras.step",
     },
 )
 

@@ -27,10 +27,10 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from tflms.devices import check_device_string, same_device
+from tflms.cost.hardware import DEVICES, LINKS
 from tflms.errors import ConfigError
-from tflms.hardware import DEVICES, LINKS
-from tflms.units import parse_bytes
+from tflms.utils.devices import check_device_string, same_device
+from tflms.utils.units import parse_bytes
 
 __all__ = ["LMSConfig", "SYNC_MODES"]
 
@@ -122,7 +122,7 @@ class LMSConfig:
     above are *searched* (:func:`tflms.autotune`) for the plan that fits with
     the lowest predicted overhead, and no plan is made when the step fits
     without one. Bytes, a string such as ``"16GiB"``, or a device preset
-    (``"V100-16GB"``, ``"A100-80GB"``, ...; see ``tflms.hardware.DEVICES``)
+    (``"V100-16GB"``, ``"A100-80GB"``, ...; see ``tflms.cost.hardware.DEVICES``)
     whose memory and speed are then used. ``None``: plan with the options as
     given."""
 

@@ -2,22 +2,21 @@
 
 Nothing in this package imports TensorFlow or Keras, and nothing imports
 ``mpi4py.MPI`` at module level (that would initialize MPI on import); MPI is
-loaded by :func:`ddl_tf.core.mpi.load` when ``init()`` runs. (One exception
-until ``import tflms`` stops importing TensorFlow: with a timeline, rank 0's
-:func:`~ddl_tf.core.timeline.merge_traces` writes through :mod:`tflms.files`
-at shutdown.)
+loaded by :func:`ddl_tf.core.mpi.load` when ``init()`` runs.
 
-Modules, in data-flow order: :mod:`~ddl_tf.core.topology` and
+Modules, in data-flow order: :mod:`~ddl_tf.core.basics` (``init()``, rank
+queries, the running engine), :mod:`~ddl_tf.core.process_sets`,
+:mod:`~ddl_tf.core.topology` and
 :mod:`~ddl_tf.core.topology_file` (who is where), :mod:`~ddl_tf.core.comms`
 (finding nodes through MPI, sub-communicators), :mod:`~ddl_tf.core.mpi`
 (dtype and reduction tables), :mod:`~ddl_tf.core.algorithms` (flat, ring,
 hierarchical, asa), :mod:`~ddl_tf.core.selection` (``auto``) and
 :mod:`~ddl_tf.core.policy_fit` (learning its tables from benchmark timings),
-:mod:`~ddl_tf.core.fusion` (buckets), :mod:`~ddl_tf.core.compression`,
+:mod:`~ddl_tf.core.fusion` (fusion and gradient buckets), :mod:`~ddl_tf.core.compression`,
 :mod:`~ddl_tf.core.movement` (gather, broadcast, alltoall),
 :mod:`~ddl_tf.core.negotiation` (mismatch and stall detection),
-:mod:`~ddl_tf.core.timeline`, :mod:`~ddl_tf.core.guard` (each collective's
-critical section), and :mod:`~ddl_tf.core.engine`, which ties them into
+:mod:`~ddl_tf.core.timeline`, :mod:`~ddl_tf.core.guard` (the engine's
+runtime state and each collective's critical section), and :mod:`~ddl_tf.core.engine`, which ties them into
 collectives on numpy arrays.
 """
 

@@ -1,6 +1,19 @@
 """Tensor fusion: pack many small tensors into few buckets, in the same order on every rank.
 
-A bucket holds tensors of one wire dtype, at most ``threshold`` bytes (a
+Two bucket plans, both pure functions of values every rank has checked to be
+identical, so all ranks run the same collectives in the same order (MPI would
+deadlock otherwise; the negotiation turns a difference into a
+:class:`~ddl_tf.errors.CollectiveMismatchError`):
+
+* :func:`plan_buckets`: one fused collective's tensors, by wire dtype, into
+  contiguous buffers (:func:`pack`, :func:`unpack`);
+* :func:`plan_gradient_buckets`: for overlap, consecutive gradients in the
+  order the backward pass produces them
+  (:func:`ddl_tf.tensorflow.overlap.production_order` reads it off a
+  TensorFlow graph), each bucket reduced as soon as its last gradient is
+  ready.
+
+A fusion bucket holds tensors of one wire dtype, at most ``threshold`` bytes (a
 larger tensor gets a bucket of its own). Tensors keep the order they were
 given in, grouped by dtype in order of first appearance: the plan is a pure
 function of the (dtype, size) list, which every rank has checked to be
@@ -19,6 +32,16 @@ Example:
     [(0, 2), (3,), (1,)]
     >>> plan_buckets((f4, f4), (10, 10), 128)[0].offsets  # element offsets: 64 bytes apart
     (0, 16)
+
+A gradient bucket closes when the next gradient would take it past
+``bucket_bytes``; a gradient larger than that gets a bucket of its own, and so
+does a gradient marked ``alone`` (``tf.IndexedSlices``: allgathered, not fused)
+or of unknown size:
+
+    >>> [b.members for b in plan_gradient_buckets([2, 0, 1, 3], [40, 40, 40, 40], 80)]
+    [(2, 0), (1, 3)]
+    >>> [b.members for b in plan_gradient_buckets([0, 1, 2], [10, None, 10], 80)]
+    [(0,), (1,), (2,)]
 """
 
 from __future__ import annotations
@@ -31,8 +54,9 @@ import numpy as np
 
 from ddl_tf.core.aligned import align_up, aligned_empty
 from ddl_tf.core.halfconv import cast_into
+from ddl_tf.errors import ConfigError
 
-__all__ = ["Bucket", "plan_buckets", "pack", "unpack"]
+__all__ = ["Bucket", "plan_buckets", "pack", "unpack", "GradientBucket", "plan_gradient_buckets"]
 
 
 @dataclass(frozen=True)
@@ -155,3 +179,73 @@ def unpack(bucket: Bucket, buf: np.ndarray, shapes: Sequence[tuple[int, ...]]) -
         index: buf[offset : offset + size].reshape(shapes[index])
         for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True)
     }
+
+
+@dataclass(frozen=True)
+class GradientBucket:
+    """Gradients reduced by one collective.
+
+    Attributes:
+        members: Indices into the caller's gradient list, in production order.
+        nbytes: Their bytes (0 when a member's size is unknown).
+    """
+
+    members: tuple[int, ...]
+    nbytes: int
+
+
+def plan_gradient_buckets(
+    order: Sequence[int],
+    nbytes: Sequence[int | None],
+    bucket_bytes: int,
+    *,
+    alone: Sequence[bool] = (),
+) -> tuple[GradientBucket, ...]:
+    """Cut gradients, taken in ``order``, into buckets of at most ``bucket_bytes``.
+
+    Args:
+        order: Gradient indices in the order they are produced (each once).
+        nbytes: Bytes of each gradient (indexed like the caller's list);
+            ``None`` for an unknown size, which gets a bucket of its own.
+        bucket_bytes: Largest bucket in bytes; ``0`` puts every gradient alone.
+        alone: Per gradient, whether it must travel in a bucket of its own.
+
+    Returns:
+        The buckets, in the order their collectives must be issued.
+
+    Raises:
+        ConfigError: ``order`` is not a permutation of the gradient indices,
+            or ``bucket_bytes`` is negative.
+    """
+    if sorted(order) != list(range(len(nbytes))):
+        raise ConfigError(
+            f"order must list every gradient index once. Received order={list(order)!r} for "
+            f"{len(nbytes)} gradients."
+        )
+    if bucket_bytes < 0:
+        raise ConfigError(
+            f"bucket_bytes must be >= 0. Received bucket_bytes={bucket_bytes!r} "
+            "(e.g. DDL_BUCKET_BYTES=2097152)."
+        )
+    buckets: list[GradientBucket] = []
+    current: list[int] = []
+    current_bytes = 0
+
+    def close() -> None:
+        nonlocal current, current_bytes
+        if current:
+            buckets.append(GradientBucket(tuple(current), current_bytes))
+            current, current_bytes = [], 0
+
+    for index in order:
+        size = nbytes[index]
+        if size is None or (alone and alone[index]):
+            close()
+            buckets.append(GradientBucket((index,), size or 0))
+            continue
+        if current and current_bytes + size > bucket_bytes:
+            close()
+        current.append(index)
+        current_bytes += size
+    close()
+    return tuple(buckets)

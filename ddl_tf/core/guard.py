@@ -1,6 +1,8 @@
-"""The critical section every collective runs in: lock, negotiate, trace, failure state.
+"""The engine's runtime state and the critical section every collective runs in.
 
-One :class:`CollectiveGuard` per call (a plain class, not a generator-based
+:class:`EngineState` is what a collective may change about the engine: its
+lock, the failure that left the ranks out of step, and whether it was shut
+down. One :class:`CollectiveGuard` per call (a plain class, not a generator-based
 context manager: this is on every collective's path). It takes the engine
 lock, refuses to run after an unrecoverable failure or a shutdown, opens the
 timeline phase, negotiates the collective's descriptor across ranks, and on
@@ -20,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +31,7 @@ import numpy as np
 
 from ddl_tf.errors import DDLError, StallError
 
-__all__ = ["CollectiveGuard", "CollectiveStats", "layout_text"]
+__all__ = ["CollectiveGuard", "CollectiveStats", "EngineState", "layout_text"]
 
 
 class CollectiveStats:
@@ -67,6 +70,53 @@ class CollectiveStats:
         self._seconds.clear()
 
 
+class EngineState:
+    """The engine's runtime state: one lock, a failure, a shutdown flag.
+
+    Collectives run one at a time under :attr:`lock` (re-entrant: shutdown
+    runs a collective while holding it). After an MPI or data error escaped a
+    collective (:attr:`failure`), the ranks may no longer be in step, so every
+    later collective is refused; after :meth:`close`, likewise.
+
+    Example:
+        >>> state = EngineState()
+        >>> state.mark_failed(RuntimeError("lost rank 1"))
+        >>> state.check_usable("allreduce")
+        Traceback (most recent call last):
+        ...
+        ddl_tf.errors.DDLError: ddl_tf cannot run allreduce after an earlier failure (RuntimeError('lost rank 1')); the ranks are no longer in step. Restart the job.
+    """
+
+    __slots__ = ("lock", "failure", "closed")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.failure: BaseException | None = None
+        self.closed = False
+
+    def mark_failed(self, error: BaseException) -> None:
+        """Record that ``error`` left the ranks out of step; later collectives are refused."""
+        self.failure = error
+
+    def close(self) -> None:
+        """Record the shutdown; later collectives are refused until ``init()`` runs again."""
+        self.closed = True
+
+    def check_usable(self, kind: str) -> None:
+        """Raise when a collective of ``kind`` may not run (a failure or a shutdown).
+
+        Raises:
+            DDLError: after a failure or a shutdown, naming what to do.
+        """
+        if self.failure is not None:
+            raise DDLError(
+                f"ddl_tf cannot run {kind} after an earlier failure "
+                f"({self.failure!r}); the ranks are no longer in step. Restart the job."
+            )
+        if self.closed:
+            raise DDLError(f"ddl_tf was shut down; cannot run {kind}. Call init() again.")
+
+
 class CollectiveGuard:
     """One collective's critical section (a plain class: this is on every call's path)."""
 
@@ -88,23 +138,17 @@ class CollectiveGuard:
 
     def __enter__(self) -> CollectiveGuard:
         engine = self.engine
-        engine._lock.acquire()
+        engine.state.lock.acquire()
         self.start = time.perf_counter()
         try:
-            if engine._failed is not None:
-                raise DDLError(
-                    f"ddl_tf cannot run {self.kind} after an earlier failure "
-                    f"({engine._failed!r}); the ranks are no longer in step. Restart the job."
-                )
-            if engine._closed:
-                raise DDLError(f"ddl_tf was shut down; cannot run {self.kind}. Call init() again.")
+            engine.state.check_usable(self.kind)
             timeline = engine.timeline
             if timeline.enabled:
                 label = f"{self.kind} {self.name!r}" if self.name else self.kind
                 self.phase = timeline.phase(label, kind=self.kind)
                 self.phase.__enter__()
             if engine.negotiator is not None:
-                descriptor = engine._descriptor(
+                descriptor = engine.descriptor(
                     self.kind, self.name, self.fields, self.summary, self.error
                 )
                 if timeline.enabled:
@@ -116,7 +160,7 @@ class CollectiveGuard:
                 raise self.error
         except BaseException as err:
             if isinstance(err, StallError):
-                engine._failed = err
+                engine.state.mark_failed(err)
             self.__exit__(type(err), err, err.__traceback__, entered=False)
             raise
         return self
@@ -125,14 +169,14 @@ class CollectiveGuard:
         engine = self.engine
         if entered and exc is not None and isinstance(exc, Exception):
             if not isinstance(exc, DDLError):  # an MPI or data error mid-collective
-                engine._failed = exc
+                engine.state.mark_failed(exc)
         try:
             if entered:
                 engine.stats.record(self.kind, time.perf_counter() - self.start)
             if self.phase is not None:
                 self.phase.__exit__(exc_type, exc, tb)
         finally:
-            engine._lock.release()
+            engine.state.lock.release()
         return False
 
 

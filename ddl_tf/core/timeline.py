@@ -13,7 +13,7 @@ Phases: the collective itself (``allreduce 'name'``), and inside it
 ``alltoall`` / ``local_reduce`` / ``allreduce`` / ``allgather`` steps (with
 the level and algorithm in ``args``), ``decompress`` and ``unpack``, on
 thread 0. Instant events (``"ph": "i"``) mark moments, e.g. ``gradients
-ready`` for each overlapped bucket (:mod:`ddl_tf.overlap`) on thread 1
+ready`` for each overlapped bucket (:mod:`ddl_tf.tensorflow.overlap`) on thread 1
 ("gradients"). Events may come from several TensorFlow threads at once;
 writes are serialized.
 
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -223,12 +225,24 @@ def merge_traces(path: str | Path, per_rank_events: list[list[dict]]) -> None:
     Raises:
         OSError: ``path`` cannot be written; it is then left as it was.
     """
-    # lazily: `import tflms` still imports TensorFlow, and ddl_tf.core must not at import time
-    from tflms.files import write_atomic
-
     path = Path(path)
     events = [event for rank_events in per_rank_events for event in rank_events]
-    write_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    _replace_file(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     for rank in range(len(per_rank_events)):
         with contextlib.suppress(FileNotFoundError):
             rank_path(path, rank).unlink()
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` through a synced temporary file in its folder (atomic)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

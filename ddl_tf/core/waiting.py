@@ -2,7 +2,7 @@
 
 Open MPI's blocking calls (``Sendrecv``, ``Wait``) poll the network at 100%
 of a core until the data has moved. That is harmless when a collective runs
-alone, but an overlapped bucket (:mod:`ddl_tf.overlap`) waits *while* the
+alone, but an overlapped bucket (:mod:`ddl_tf.tensorflow.overlap`) waits *while* the
 backward pass computes on the same processor: on a 2-core machine one
 spinning rank took about 0.7 of the 1 s it waited away from the compute of
 both ranks (measured with ``tf.numpy_function`` waiting next to matmuls).

@@ -30,12 +30,7 @@ from typing import Any
 
 import keras
 
-from ddl_tf import broadcasts as _broadcasts
-from ddl_tf import collectives as _collectives
-from ddl_tf import exchange as _exchange
-from ddl_tf import scatter as _scatter
-from ddl_tf.api_names import BASICS
-from ddl_tf.basics import (
+from ddl_tf.core.basics import (
     ccl_built,
     collective_stats,
     cross_rank,
@@ -60,21 +55,22 @@ from ddl_tf.basics import (
     start_timeline,
     stop_timeline,
 )
-from ddl_tf.broadcasts import broadcast_global_variables
-from ddl_tf.collectives import barrier
-from ddl_tf.core.reduce_ops import Adasum, Average, Max, Min, Product, Sum
-from ddl_tf.errors import ConfigError
-from ddl_tf.functions import allgather_object, broadcast_object, broadcast_variables
-from ddl_tf.keras import callbacks, elastic
-from ddl_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
-from ddl_tf.process_sets import (
+from ddl_tf.core.process_sets import (
     ProcessSet,
     add_process_set,
     global_process_set,
     remove_process_set,
 )
-from ddl_tf.tape import DistributedGradientTape
-from ddl_tf.tensor_compression import Compression
+from ddl_tf.core.reduce_ops import Adasum, Average, Max, Min, Product, Sum
+from ddl_tf.errors import ConfigError
+from ddl_tf.keras import callbacks, elastic
+from ddl_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from ddl_tf.tensorflow import BASICS, allgather_ops, allreduce_ops, broadcast_ops, reducescatter_ops
+from ddl_tf.tensorflow.allreduce_ops import barrier
+from ddl_tf.tensorflow.broadcast_ops import broadcast_global_variables
+from ddl_tf.tensorflow.compression import Compression
+from ddl_tf.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from ddl_tf.tensorflow.gradient_tape import DistributedGradientTape
 
 __all__ = [
     *BASICS,
@@ -130,7 +126,7 @@ def allreduce(
     Returns:
         The reduced tensor, same shape as ``value``.
     """
-    return _collectives.allreduce(
+    return allreduce_ops.allreduce(
         keras.ops.convert_to_tensor(value),
         average=average,
         op=op,
@@ -151,7 +147,7 @@ def allgather(value, name: str | None = None):
     Returns:
         The concatenation, in rank order.
     """
-    return _exchange.allgather(keras.ops.convert_to_tensor(value), name=name)
+    return allgather_ops.allgather(keras.ops.convert_to_tensor(value), name=name)
 
 
 def broadcast(value, root_rank: int, name: str | None = None):
@@ -165,7 +161,7 @@ def broadcast(value, root_rank: int, name: str | None = None):
     Returns:
         A tensor equal to ``root_rank``'s value.
     """
-    return _broadcasts.broadcast(keras.ops.convert_to_tensor(value), root_rank, name=name)
+    return broadcast_ops.broadcast(keras.ops.convert_to_tensor(value), root_rank, name=name)
 
 
 def reducescatter(value, name: str | None = None, op=Average):
@@ -179,7 +175,7 @@ def reducescatter(value, name: str | None = None, op=Average):
     Returns:
         This rank's slice of the reduced value along the first dimension.
     """
-    return _scatter.reducescatter(keras.ops.convert_to_tensor(value), op=op, name=name)
+    return reducescatter_ops.reducescatter(keras.ops.convert_to_tensor(value), op=op, name=name)
 
 
 def load_model(

@@ -33,10 +33,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ddl_tf import basics
+from ddl_tf.core import basics
 from ddl_tf.errors import ConfigError
-from ddl_tf.functions import broadcast_variables
 from ddl_tf.keras.optimizer import unwrap_optimizer
+from ddl_tf.tensorflow.functions import broadcast_variables
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",

@@ -1,6 +1,6 @@
 """``hvd.elastic`` for Keras 3: the model state object and the callbacks that keep it current.
 
-Fixed-size jobs only (see :mod:`ddl_tf.elastic`): the state is synced at the
+Fixed-size jobs only (see :mod:`ddl_tf.tensorflow.elastic`): the state is synced at the
 start, committed as training goes, and can be restored; nobody joins or
 leaves.
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import keras
 
-from ddl_tf.elastic import TensorFlowKerasState, run
 from ddl_tf.errors import ConfigError
+from ddl_tf.tensorflow.elastic import TensorFlowKerasState, run
 
 __all__ = [
     "KerasState",

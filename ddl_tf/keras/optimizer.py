@@ -10,7 +10,7 @@ its own variables, learning rate and update rule. Inside the Keras train
 function (a graph) the gradients are reduced in buckets, in the order
 backprop produces them, each bucket one ordinary graph op that starts as soon
 as its gradients exist, so communication overlaps the rest of the backward
-pass (:mod:`ddl_tf.overlap`; ``overlap=False`` or ``DDL_OVERLAP=0``: one fused
+pass (:mod:`ddl_tf.tensorflow.overlap`; ``overlap=False`` or ``DDL_OVERLAP=0``: one fused
 collective after the backward pass, as eagerly).
 
 With ``backward_passes_per_step=N`` gradients are summed locally for ``N``
@@ -39,12 +39,12 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from ddl_tf import basics
+from ddl_tf.core import basics
 from ddl_tf.core.compression import Compression, Compressor
+from ddl_tf.core.process_sets import check_process_set
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
-from ddl_tf.functions import allreduce_gradients
-from ddl_tf.process_sets import check_process_set
+from ddl_tf.tensorflow.functions import allreduce_gradients
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "unwrap_optimizer"]
 

@@ -142,5 +142,5 @@ def check_python(
             raise LaunchError(
                 f"ddlrun: the ranks' Python ({python}) on {where} cannot run ddl_tf: "
                 f"{' / '.join(detail) or 'exit code ' + str(out.returncode)}. Install it there "
-                "(pip install 'tflms-ddl[cpu,mpi]') or set PYTHONPATH, then e.g. " + EXAMPLE
+                "(pip install 'tflms-ddl[ddl,cpu,mpi]') or set PYTHONPATH, then e.g. " + EXAMPLE
             )

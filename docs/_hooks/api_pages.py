@@ -5,7 +5,7 @@ tools such as griffe cannot follow. So the pages are written here, after
 importing each package for real: for every name in ``__all__`` the module
 that *defines* it is found, and the page gets a mkdocstrings block for that
 module's object under the public name (``tflms.LMSCallback`` documented
-from ``tflms.keras_callback.LMSCallback``). A name added to ``__all__``
+from ``tflms.keras.callback.LMSCallback``). A name added to ``__all__``
 appears in the reference at the next build; a name that cannot be located
 fails the build.
 """

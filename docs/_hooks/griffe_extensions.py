@@ -1,14 +1,15 @@
 """Griffe extensions for the API reference: starred ``__all__`` items, ``Example:`` sections.
 
 :class:`LiteralNameExports`: ``__all__ = [*NAMES, ...]`` where ``NAMES`` is a
-tuple of strings. ddl_tf keeps the Horovod names it exports in one place
-(``ddl_tf/api_names.py``: ``BASICS = ("init", "shutdown", ...)``) and builds
-``__all__`` from them. Griffe reads ``__all__`` statically and only knows how
+tuple of strings. ddl_tf keeps the Horovod names a module defines in one
+place (``ddl_tf/tensorflow/__init__.py``: ``BASICS = ("init", "shutdown", ...)``)
+and builds ``__all__`` from them; the packages build it from the lazy-export
+list (``*_exported``). Griffe reads ``__all__`` statically and only knows how
 to expand ``*module.__all__``; it warns about any other starred name, and the
 strict docs build stops. This extension replaces such an item, as soon as the
 module is visited, by the strings the name holds at run time, when it is a
-tuple or list of strings (``ddl_tf.api_names`` imports nothing, so importing
-it is cheap) - which is what Python itself computes for ``__all__``.
+tuple or list of strings (the modules named import neither TensorFlow nor
+MPI, so importing them is cheap) - which is what Python itself computes for ``__all__``.
 
 :class:`SingularExampleSection`: the project's docstrings (Google style, see
 CONVENTIONS) head their doctests ``Example:``; griffe's Google parser knows

@@ -8,7 +8,7 @@ A page asks for one with ``{{ source NAME [ARG ...] }}`` on a line of its own:
 * ``lms_config_table``: every field of :class:`tflms.LMSConfig` with its
   command-line option, default and docstring;
 * ``hardware_table``: the simulator's device and link presets
-  (:mod:`tflms.hardware`);
+  (:mod:`tflms.cost.hardware`);
 * ``module_tree PACKAGE``: every module of a package with the first line
   of its docstring;
 * ``constant MODULE NAME [FORMAT]``: a constant of the code, inline (the
@@ -194,7 +194,7 @@ def _lms_config_table() -> str:
 
 
 def _hardware_table() -> str:
-    from tflms.hardware import DEVICES, LINKS
+    from tflms.cost.hardware import DEVICES, LINKS
 
     devices = [
         [

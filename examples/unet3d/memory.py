@@ -12,7 +12,7 @@ import tflms
 from tflms import zoo
 from tflms.errors import PlanInfeasibleError
 from tflms.simulation.simulator import SIMULATOR
-from tflms.units import parse_bytes
+from tflms.utils.units import parse_bytes
 
 __all__ = ["train_step_view", "simulate_size", "describe"]
 

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tflms.units import format_bytes  # noqa: E402
+from tflms.utils.units import format_bytes  # noqa: E402
 
 from .data import CLASS_NAMES  # noqa: E402
 

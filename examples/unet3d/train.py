@@ -150,7 +150,7 @@ def main(argv=None) -> int:
 
     import tflms
     from tflms import zoo
-    from tflms.files import write_json
+    from tflms.utils.files import write_json
 
     from .callbacks import EpochStats
     from .memory import describe, simulate_size

@@ -8,11 +8,11 @@ import tensorflow as tf
 
 import ddl_tf as hvd
 from ddl_tf.config import DEFAULT_BUCKET_BYTES, DDLConfig
-from ddl_tf.core.buckets import plan_gradient_buckets
+from ddl_tf.core.fusion import plan_gradient_buckets
 from ddl_tf.core.timeline import Timeline, merge_traces
 from ddl_tf.errors import ConfigError
-from ddl_tf.functions import allreduce_gradients
-from ddl_tf.overlap import production_levels, production_order, resolve
+from ddl_tf.tensorflow.functions import allreduce_gradients
+from ddl_tf.tensorflow.overlap import production_levels, production_order, resolve
 
 
 def members(buckets):

@@ -9,9 +9,10 @@ import pytest
 import tensorflow as tf
 
 import ddl_tf as hvd
-from ddl_tf import bridge, errors, tf_errors
+from ddl_tf import errors
 from ddl_tf.core.negotiation import REFUSALS, Descriptor
 from ddl_tf.core.scaling import postscale_factor, scale
+from ddl_tf.tensorflow import bridge, tf_errors
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The Horovod API in one process (MPI singleton): semantics, graph structure, Keras pieces."""
 
+import importlib
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import tensorflow as tf
 
 import ddl_tf as hvd
 import ddl_tf.keras as hvd_keras
-from ddl_tf import basics, bridge
+from ddl_tf.core import basics
 from ddl_tf.core.aligned import BufferPool, aligned_empty
 from ddl_tf.errors import ConfigError, NotInitializedError
 from ddl_tf.keras.callbacks import (
@@ -19,6 +20,7 @@ from ddl_tf.keras.callbacks import (
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
+from ddl_tf.tensorflow import bridge
 
 
 @pytest.fixture
@@ -306,3 +308,12 @@ def test_keras_module_mirrors_horovod_names():
         assert hasattr(hvd_keras, name), name
     with pytest.raises(RuntimeError, match="BroadcastGlobalVariablesCallback"):
         hvd_keras.broadcast_global_variables(0)  # eagerly a RuntimeError, as in Horovod
+
+
+def test_the_api_table_lists_exactly_what_basics_defines():
+    import ddl_tf.tensorflow
+    from ddl_tf.core import basics
+
+    assert set(ddl_tf.tensorflow.BASICS) == set(basics.__all__) - {"engine", "topology"}
+    for name, module in ddl_tf.tensorflow.API.items():
+        assert name in importlib.import_module(module).__all__ or module.endswith(f".{name}"), name

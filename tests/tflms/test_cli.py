@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from tests.tflms import saved_models as sm
+from examples import saved_models as sm
 from tflms.cli import commands as cli_commands
 from tflms.cli.app import ExitCode, main
 from tflms.cli.progress import Progress

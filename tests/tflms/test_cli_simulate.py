@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.tflms import saved_models as sm
+from examples import saved_models as sm
 from tflms.cli.app import ExitCode, main
 
 pytest.importorskip(

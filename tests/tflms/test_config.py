@@ -104,7 +104,7 @@ def test_numpy_integers_are_accepted_as_plain_ints():
 def test_device_parser_agrees_with_tensorflow(spec):
     import tensorflow as tf
 
-    from tflms.devices import canonical
+    from tflms.utils.devices import canonical
 
     assert canonical(spec) == tf.DeviceSpec.from_string(spec).to_string()
 
@@ -113,7 +113,7 @@ def test_device_parser_agrees_with_tensorflow(spec):
 def test_device_parser_refuses_what_tensorflow_refuses(spec):
     import tensorflow as tf
 
-    from tflms.devices import parse_device
+    from tflms.utils.devices import parse_device
 
     with pytest.raises(ValueError):
         tf.DeviceSpec.from_string(spec)

@@ -9,7 +9,7 @@ import tflms
 from tests.tflms.keras_models import BATCH, cnn_bn, mlp, swap_ops_in
 from tflms import zoo
 from tflms.errors import ConfigError, PlanInfeasibleError
-from tflms.keras_session import GuardedTrainFunction
+from tflms.keras.session import GuardedTrainFunction
 
 OPTIONS = dict(batch_size=BATCH, swapout_threshold=8, swapin_ahead=3, min_tensor_bytes=1024)
 

@@ -7,8 +7,8 @@ import tensorflow as tf
 
 import tflms
 from tflms import LMSConfig
+from tflms.cost.hardware import get_device, get_link
 from tflms.errors import ConfigError
-from tflms.hardware import get_device, get_link
 from tflms.plan.recompute import MAX_CHAIN_OPS, plan_recomputes, worth_rerunning
 
 WIDTH, BATCH, LAYERS = 256, 512, 6

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import fingerprint_pb2
 from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 
-from tests.tflms import saved_models as sm
+from examples import saved_models as sm
 from tflms import LMSConfig
 from tflms.errors import ConfigError
 from tflms.saved_model.read import read_model

@@ -14,11 +14,11 @@ import pytest
 
 from tflms import simulate
 from tflms.apply.core import apply_to_view
-from tflms.cost import op_cost
+from tflms.cost.hardware import LinkModel, get_device
+from tflms.cost.ops import op_cost
 from tflms.errors import ConfigError
 from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.graph.view import TensorInfo, assign_levels
-from tflms.hardware import LinkModel, get_device
 from tflms.plan.swap_plan import Swap, SwapIn, SwapPlan
 from tflms.plan.triggers import trigger_filter
 from tflms.simulation.memory import trace_memory
@@ -99,7 +99,7 @@ def swap_f1(view, trigger: str) -> SwapPlan:
         device="",
         swap_ins=(swap_in,),
     )
-    return SwapPlan(swaps=(swap,), graph_name=view.graph["name"], config={})
+    return SwapPlan(swaps=(swap,), graph_name=view.graph["name"])
 
 
 # --------------------------------------------------------------------------- chains
@@ -353,7 +353,6 @@ def test_buffers_are_reused_only_when_size_dtype_and_readers_allow():
     view = make_view(nodes, [("x", "a", 0), ("a", "b", 0), ("b", "c", 0), ("a", "c", 1)])
     plan = SwapPlan(
         swaps=(Swap("a:0", "a", 0, A, "float32", 1, "", (SwapIn((("c", 1),), trigger="b"),)),),
-        config={},
     )
     fast = simulate(view, plan, link="ideal", baseline=False)
     slowed = simulate(view, plan, link=slow, baseline=False)

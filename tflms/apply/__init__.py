@@ -8,7 +8,7 @@ representation gets the same rewrite: a live ``tf.Graph``/``FuncGraph``
 rewritten graph must satisfy.
 """
 
-from tflms.exports import lazy_exports
+from tflms.utils.exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,

@@ -30,8 +30,8 @@ from itertools import pairwise
 from typing import Protocol
 
 from tflms.errors import AlreadyRewrittenError, ValidationError
-from tflms.gc_pause import gc_paused
 from tflms.plan.swap_plan import SwapPlan
+from tflms.utils.gc_pause import gc_paused
 
 __all__ = ["Editor", "apply_with", "apply_plan", "apply_to_view"]
 
@@ -167,7 +167,7 @@ def apply_with(editor: Editor, plan: SwapPlan) -> int:
             "Plan and apply on the original graph (re-trace the function or reload the model)."
         )
     _check_plan_matches(editor, plan)
-    host = plan.config.get("host_device", "/device:CPU:0")
+    host = plan.config.host_device
     with editor.editing(), gc_paused():
         inserted = _edit(editor, plan, host)
     logger.info(
@@ -295,6 +295,6 @@ def apply_to_view(view, plan: SwapPlan):
     """
     from tflms.apply.view_editor import ViewEditor
 
-    editor = ViewEditor(view, host_device=plan.config.get("host_device", "/device:CPU:0"))
+    editor = ViewEditor(view, host_device=plan.config.host_device)
     apply_with(editor, plan)
     return editor.finish()

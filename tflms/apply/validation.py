@@ -18,11 +18,12 @@ from itertools import pairwise
 
 import networkx as nx
 
-from tflms.devices import same_device
+from tflms.config import LMSConfig
 from tflms.errors import UnsupportedGraphError, ValidationError
 from tflms.graph.view import assign_levels, build_view
 from tflms.plan.entries import SCOPE
 from tflms.plan.swap_plan import SwapPlan
+from tflms.utils.devices import same_device
 
 __all__ = ["validate"]
 
@@ -55,7 +56,7 @@ def validate(graph, plan: SwapPlan | None = None, *, host_device: str | None = N
             view = build_view(graph)
         except UnsupportedGraphError as err:
             raise ValidationError(str(err)) from err
-    host = host_device or (plan.config.get("host_device") if plan else None) or "/device:CPU:0"
+    host = host_device or (plan.config.host_device if plan else LMSConfig().host_device)
     problems = _structural(view, host)
     if plan is not None:
         problems.extend(_against_plan(view, plan))

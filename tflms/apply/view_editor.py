@@ -11,8 +11,8 @@ import contextlib
 
 import networkx as nx
 
-from tflms.devices import DeviceMatcher
 from tflms.graph.view import TensorInfo, assign_levels
+from tflms.utils.devices import DeviceMatcher
 
 __all__ = ["ViewEditor"]
 

@@ -28,7 +28,7 @@ from tflms.cli.report import (
     simulation_text,
 )
 from tflms.errors import ConfigError, ModelNotFoundError, OutputError, TFLMSError
-from tflms.units import format_bytes
+from tflms.utils.units import format_bytes
 
 __all__ = ["ExitCode", "EXAMPLES", "COMMANDS"]
 

@@ -6,9 +6,11 @@ a plan file. Every simulated figure is labelled with the simulator that
 produced it.
 
 Example:
-    >>> plans_from_json({"format_version": 1, "swaps": [], "graph_name": "f", "serialization": [],
-    ...                  "config": {}, "skipped": [], "notes": [], "batch_size": None})
-    {'f': SwapPlan(swaps=(), graph_name='f', serialization=(), config={}, skipped=(), notes=(), batch_size=None, recomputes=(), order=())}
+    >>> plans = plans_from_json({"format_version": 1, "swaps": [], "graph_name": "f",
+    ...     "serialization": [], "config": {"swapin_ahead": 2}, "skipped": [], "notes": [],
+    ...     "batch_size": None})
+    >>> plans["f"].swaps, plans["f"].config.swapin_ahead
+    ((), 2)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 
 from tflms.errors import ConfigError
 from tflms.plan.swap_plan import SwapPlan
-from tflms.units import format_bytes
+from tflms.utils.units import format_bytes
 
 __all__ = [
     "analysis_dict",

@@ -7,7 +7,7 @@ dtypes of ``NodeDef`` protobufs, :mod:`~tflms.graph.graph_def` imports
 ``GraphDef``/``FunctionDef`` protobufs into graphs for analysis.
 """
 
-from tflms.exports import lazy_exports
+from tflms.utils.exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,

@@ -45,9 +45,9 @@ import networkx as nx
 import tensorflow as tf
 
 from tflms.config import LMSConfig
-from tflms.devices import DeviceMatcher, default_compute_type
 from tflms.errors import ConfigError, UnsupportedGraphError
-from tflms.gc_pause import gc_paused
+from tflms.utils.devices import DeviceMatcher, default_compute_type
+from tflms.utils.gc_pause import gc_paused
 
 __all__ = [
     "TensorInfo",

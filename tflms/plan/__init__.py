@@ -9,7 +9,7 @@ completion starts each swap-in); :func:`plan_recomputes`
 touches TensorFlow; :func:`tflms.make_plan` combines the levers.
 """
 
-from tflms.exports import lazy_exports
+from tflms.utils.exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,

@@ -21,8 +21,8 @@ from __future__ import annotations
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.devices import device_type as tf_device_type
 from tflms.graph.grappler_rules import removed_at_run_time
+from tflms.utils.devices import device_type as tf_device_type
 
 __all__ = [
     "ARITHMETIC_CHAIN",

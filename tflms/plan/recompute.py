@@ -67,10 +67,10 @@ import logging
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.cost import DENSE_OPS
+from tflms.cost.hardware import DEVICES, DeviceModel, get_device, get_link
+from tflms.cost.ops import DENSE_OPS
 from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.graph.view import consumers as tensor_consumers
-from tflms.hardware import DEVICES, DeviceModel, get_device, get_link
 from tflms.plan.candidates import (
     ARITHMETIC_CHAIN,
     CPU_PAIRED_INPUTS,

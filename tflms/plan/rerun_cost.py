@@ -2,7 +2,7 @@
 
 An op may be cloned when it is stateless, on the compute device, outside
 control flow, not a constant/variable/placeholder and its outputs are of a
-swappable dtype. Among those, the cost model (:mod:`tflms.cost`) decides:
+swappable dtype. Among those, the cost model (:mod:`tflms.cost.ops`) decides:
 
 * *cheap* ops (:func:`cheap`) are not dense kernels and do at most
   :data:`CHEAP_INTENSITY` FLOPs per byte they move - elementwise ops,
@@ -16,7 +16,7 @@ swappable dtype. Among those, the cost model (:mod:`tflms.cost`) decides:
 Example:
     >>> import networkx as nx
     >>> from tflms.graph.view import TensorInfo
-    >>> from tflms.hardware import get_device, get_link
+    >>> from tflms.cost.hardware import get_device, get_link
     >>> v = nx.DiGraph()
     >>> def op(name, kind, shape, *ins):
     ...     out = TensorInfo(f"{name}:0", 0, "float32", shape, 4 * shape[0] * shape[1])
@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from tflms.cost import op_cost
-from tflms.hardware import DeviceModel, LinkModel
+from tflms.cost.hardware import DeviceModel, LinkModel
+from tflms.cost.ops import op_cost
 from tflms.plan.candidates import NEVER_SWAP_DTYPES, NEVER_SWAP_PRODUCERS
 
 __all__ = ["cheap", "worth_rerunning", "data_inputs", "CHEAP_INTENSITY"]

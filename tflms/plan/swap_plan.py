@@ -40,9 +40,10 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.plan.entries import Recompute, Swap, SwapIn
-from tflms.units import format_bytes
+from tflms.utils.units import format_bytes
 
 __all__ = ["SwapIn", "Swap", "Recompute", "SwapPlan", "PLAN_FORMAT_VERSION"]
 
@@ -59,7 +60,7 @@ class SwapPlan:
         graph_name: name of the graph it was made for.
         serialization: chains of ops to run one after the other (each chain
             is linked by control edges in order).
-        config: the options it was made with (``LMSConfig.to_dict()``).
+        config: the options it was made with.
         skipped: ``(tensor, reason)`` for large tensors that were considered
             and not swapped.
         notes: facts the user should know (control flow left alone, unknown
@@ -73,7 +74,7 @@ class SwapPlan:
     swaps: tuple[Swap, ...] = ()
     graph_name: str = ""
     serialization: tuple[tuple[str, ...], ...] = ()
-    config: dict = field(default_factory=dict, compare=False)
+    config: LMSConfig = field(default_factory=LMSConfig, compare=False)
     skipped: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     batch_size: int | None = None
@@ -186,6 +187,7 @@ class SwapPlan:
     def to_dict(self) -> dict:
         """The plan as plain JSON-ready values, with ``format_version``."""
         data = asdict(self)
+        data["config"] = self.config.to_dict()
         data["format_version"] = PLAN_FORMAT_VERSION
         return data
 
@@ -225,7 +227,7 @@ class SwapPlan:
                 swaps=tuple(_swap(s) for s in data["swaps"]),
                 graph_name=data["graph_name"],
                 serialization=tuple(tuple(chain) for chain in data["serialization"]),
-                config=dict(data["config"]),
+                config=LMSConfig.from_dict(dict(data["config"])),
                 skipped=tuple((t, r) for t, r in data["skipped"]),
                 notes=tuple(data["notes"]),
                 batch_size=data["batch_size"],

@@ -7,7 +7,7 @@ editor), :func:`write_model` (:mod:`~tflms.saved_model.write`, atomic). The
 source is only ever read.
 """
 
-from tflms.exports import lazy_exports
+from tflms.utils.exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,

@@ -243,7 +243,7 @@ def analyze_model(
         view = build_view(target.import_graph(), config=config)
         view.graph["name"] = target.name
         if not plan:
-            empty = SwapPlan(graph_name=target.name, config=config.to_dict())
+            empty = SwapPlan(graph_name=target.name, config=config)
             analysis.training.append(TargetAnalysis(target, view, empty, None))
             continue
         require_batch_size(view, fix="--batch-size N (LMSConfig(batch_size=N))")

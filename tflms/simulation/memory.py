@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tflms.cost import ALIAS_OPS
+from tflms.cost.ops import ALIAS_OPS
 from tflms.errors import ConfigError
 from tflms.simulation.allocator import BufferReplay, check_allocator
 from tflms.simulation.schedule import CompiledGraph, Schedule

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 
-from tflms.units import format_bytes
+from tflms.utils.units import format_bytes
 
 __all__ = ["plot_result"]
 

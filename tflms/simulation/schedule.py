@@ -28,7 +28,7 @@ kernels of one stream in the order they were enqueued. On a single compute
 stream FirstReady reduces to "first in, first out by readiness": the order of
 a training step's forward and backward ops does not depend on the op
 durations, except among ops that become ready at the same instant (name
-order, as in Grappler). Our op times (a roofline, :mod:`tflms.cost`)
+order, as in Grappler). Our op times (a roofline, :mod:`tflms.cost.ops`)
 differ from Grappler's analytical ones, yet the order - which decides the
 memory peak - stays the same; the durations only decide how copies overlap.
 
@@ -55,10 +55,10 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from tflms.cost import MIN_SECONDS, op_cost
+from tflms.cost.hardware import HOST, DeviceModel, LinkModel, get_device, get_link
+from tflms.cost.ops import MIN_SECONDS, op_cost
 from tflms.errors import UnsupportedGraphError
 from tflms.graph.grappler_rules import removed_at_run_time
-from tflms.hardware import HOST, DeviceModel, LinkModel, get_device, get_link
 from tflms.simulation.bypass import bypass
 
 __all__ = ["CompiledGraph", "Schedule", "compile_view", "first_ready", "replayed", "LANES"]
@@ -163,8 +163,8 @@ def compile_view(
 
     Args:
         view: an analysis view, with or without swap ops.
-        device: a :class:`~tflms.hardware.DeviceModel` or preset name.
-        link: a :class:`~tflms.hardware.LinkModel` or preset name.
+        device: a :class:`~tflms.cost.hardware.DeviceModel` or preset name.
+        link: a :class:`~tflms.cost.hardware.LinkModel` or preset name.
         bypass_identity_n: consumers of an ``IdentityN`` of several inputs read
             its inputs directly, as after Grappler's dependency optimizer, which
             removes such nodes before TensorFlow runs a graph: Keras' optimizers

@@ -7,7 +7,7 @@ own module:
 
 * schedule (:mod:`tflms.simulation.schedule`): Grappler's FirstReady order on a
   compute stream, with swap copies on one stream per link direction;
-* time (:mod:`tflms.cost`, :mod:`tflms.hardware`): a roofline per op
+* time (:mod:`tflms.cost.ops`, :mod:`tflms.cost.hardware`): a roofline per op
   on a device preset (V100-16GB, A100-80GB, ...), copies at the link's
   bandwidth (pcie3, nvlink2, ...); a consumer waits for its swap-in;
 * memory (:mod:`tflms.simulation.memory`): resident variables, a buffer per output
@@ -45,14 +45,14 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from tflms.apply.core import apply_to_view
+from tflms.cost.hardware import DeviceModel, LinkModel, get_device, get_link
 from tflms.errors import ConfigError
-from tflms.files import write_atomic
-from tflms.hardware import DeviceModel, LinkModel, get_device, get_link
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.allocator import check_allocator
 from tflms.simulation.memory import ACCOUNTINGS, LiveBuffer, trace_memory
 from tflms.simulation.schedule import compile_view, first_ready, replayed
-from tflms.units import format_bytes
+from tflms.utils.files import write_atomic
+from tflms.utils.units import format_bytes
 
 __all__ = ["simulate", "SimulationResult", "SIMULATOR"]
 
@@ -266,9 +266,9 @@ def simulate(
             swap ops; tensors are sized with its batch size.
         plan: a swap plan to apply (to a copy) before simulating.
         device: a device preset name (``"V100-16GB"``, ``"A100-80GB"``,
-            ``"H100-80GB"``...) or a :class:`~tflms.hardware.DeviceModel`.
+            ``"H100-80GB"``...) or a :class:`~tflms.cost.hardware.DeviceModel`.
         link: a link preset name (``"pcie3"``, ``"pcie4"``, ``"nvlink2"``,
-            ``"ideal"``...) or a :class:`~tflms.hardware.LinkModel`.
+            ``"ideal"``...) or a :class:`~tflms.cost.hardware.LinkModel`.
         accounting: ``"tensorflow"`` (resident variables, as on a GPU) or
             ``"grappler"`` (Grappler's conventions, to compare with it).
         allocator: ``"exact"`` (the bytes of the live tensors, the least any

@@ -7,7 +7,7 @@ lower a simulated peak; :func:`retime_triggers` re-triggers swap-ins by
 simulated time instead of level distance.
 """
 
-from tflms.exports import lazy_exports
+from tflms.utils.exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,

@@ -62,13 +62,13 @@ import networkx as nx
 import tensorflow as tf
 
 from tflms.config import LMSConfig
+from tflms.cost.hardware import DEVICES, LINKS, DeviceModel, LinkModel, get_device, get_link
 from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
-from tflms.hardware import DEVICES, LINKS, DeviceModel, LinkModel, get_device, get_link
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.simulator import SimulationResult
 from tflms.tuning.search import TUNED_OPTIONS, Candidate, Search
-from tflms.units import format_bytes, parse_bytes
+from tflms.utils.units import format_bytes, parse_bytes
 
 __all__ = ["autotune", "AutotuneResult", "Candidate", "resolve_budget", "TUNED_OPTIONS"]
 
@@ -273,7 +273,7 @@ def autotune(
     if search.baseline.device_peak_bytes <= usable:
         plan = SwapPlan(
             graph_name=str(view.graph.get("name", "")),
-            config=config.to_dict(),
+            config=config,
             notes=(
                 f"LMS not needed: the step peaks at {format_bytes(search.baseline.device_peak_bytes)}"
                 f" without swaps, within {format_bytes(usable)}",

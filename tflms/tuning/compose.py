@@ -41,11 +41,11 @@ import networkx as nx
 
 from tflms.apply.core import apply_to_view
 from tflms.config import LMSConfig
-from tflms.hardware import DEVICES, get_device
+from tflms.cost.hardware import DEVICES, get_device
 from tflms.plan.planner import plan_swaps
 from tflms.plan.recompute import plan_recomputes
 from tflms.plan.swap_plan import SwapPlan
-from tflms.units import format_bytes
+from tflms.utils.units import format_bytes
 
 __all__ = ["make_plan"]
 
@@ -67,7 +67,7 @@ def make_plan(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
     device = get_device(config.memory_budget if config.memory_budget in DEVICES else "V100-16GB")
     recomputes = plan_recomputes(view, config, device=device) if config.recompute else ()
     staged = (
-        apply_to_view(view, SwapPlan(recomputes=recomputes, config=config.to_dict()))
+        apply_to_view(view, SwapPlan(recomputes=recomputes, config=config))
         if recomputes
         else view
     )

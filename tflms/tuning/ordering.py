@@ -50,8 +50,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from tflms.cost.hardware import DeviceModel, LinkModel
 from tflms.graph.grappler_rules import removed_at_run_time
-from tflms.hardware import DeviceModel, LinkModel
 from tflms.plan.candidates import ORDER_SENSITIVE
 from tflms.simulation.memory import trace_memory
 from tflms.simulation.schedule import CompiledGraph, compile_view, first_ready

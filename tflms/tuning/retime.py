@@ -34,7 +34,7 @@ import logging
 
 import networkx as nx
 
-from tflms.hardware import DeviceModel, LinkModel, get_link
+from tflms.cost.hardware import DeviceModel, LinkModel, get_link
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.schedule import compile_view, first_ready
 

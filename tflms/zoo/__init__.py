@@ -26,7 +26,7 @@ Example:
 """
 
 from tflms.errors import ConfigError
-from tflms.exports import lazy_exports
+from tflms.utils.exports import lazy_exports
 
 __getattr__, __dir__, _exported = lazy_exports(
     __name__,

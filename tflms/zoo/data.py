@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from tflms.keras_step import input_specs, target_specs
+from tflms.keras.step import input_specs, target_specs
 
 __all__ = ["synthetic_data"]
 
 
 def synthetic_data(model, n: int, *, seed: int = 0):
-    """``(x, y)`` numpy arrays of ``n`` samples for ``model`` (see :func:`tflms.keras_step.target_specs`).
+    """``(x, y)`` numpy arrays of ``n`` samples for ``model`` (see :func:`tflms.keras.step.target_specs`).
 
     Inputs are standard normal; sparse targets are uniform class indices in
     ``[0, classes)``, dense targets standard normal.

@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 import ddl_tf as hvd
-from ddl_tf import basics
+from ddl_tf.core import basics
 from ddl_tf.core.algorithms import make_allreduce
 from ddl_tf.core.reduce_ops import ReduceOp
 from tests.parallel.workers.common import report

@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ddl_tf as hvd
-from ddl_tf import basics
+from ddl_tf.core import basics
 from ddl_tf.core.reduce_ops import ReduceOp
 from tests.parallel.workers.common import report
 

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 import ddl_tf.keras as hvd
 import tflms
-from ddl_tf import bridge
+from ddl_tf.tensorflow import bridge
 from tests.parallel.workers.common import report
 
 FEATURES, LR = 32, 0.05

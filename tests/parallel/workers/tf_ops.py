@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 import ddl_tf as hvd
-from ddl_tf import bridge
 from ddl_tf.errors import ConfigError
+from ddl_tf.tensorflow import bridge
 from tests.parallel.workers.common import report
 
 tf.config.threading.set_inter_op_parallelism_threads(4)

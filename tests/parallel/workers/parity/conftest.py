@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import ddl_tf as hvd
-from ddl_tf import basics
+from ddl_tf.core import basics
 from ddl_tf.errors import CollectiveMismatchError, DDLError
 
 ALIGN_SECONDS = 90.0

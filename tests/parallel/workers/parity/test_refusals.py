@@ -15,7 +15,8 @@ import pytest
 import tensorflow as tf
 
 import ddl_tf as hvd
-from ddl_tf import errors, tf_errors
+from ddl_tf import errors
+from ddl_tf.tensorflow import tf_errors
 
 LIMIT = 30.0  # seconds: "finishes on all ranks with the same error within 30 s"
 

@@ -1,20 +1,14 @@
-"""Horovod's gather and exchange collectives on ``tf.Tensor``s: allgather, grouped_allgather
-and alltoall, eager and inside ``tf.function``.
+"""Horovod's allgather on ``tf.Tensor``s: allgather and grouped_allgather, eager and inside
+``tf.function`` (alltoall, which moves rows the same way, is :mod:`.alltoall_ops`).
 
 The first dimension may differ per rank; every other dimension and the dtype
 must match (else every rank raises
-:class:`~ddl_tf.tf_errors.CollectiveMismatchError`, a
-``tf.errors.FailedPreconditionError``). ``alltoall`` without ``splits``
-sends the first dimension in equal parts, so it must be a multiple of the
-number of ranks; bad or uneven splits on any rank raise
-:class:`~ddl_tf.tf_errors.CollectiveArgumentError` (a
-``tf.errors.InvalidArgumentError``) on every rank.
+:class:`~ddl_tf.tensorflow.tf_errors.CollectiveMismatchError`, a
+``tf.errors.FailedPreconditionError``).
 
-Gradients (as Horovod 0.28.1):
-
-* allgather: the **average** over ranks of the upstream gradient, this rank's
-  rows of it (a gradient that is the same on every rank passes through);
-* alltoall: the alltoall of the upstream gradient with the received splits.
+Gradient (as Horovod 0.28.1): the **average** over ranks of the upstream
+gradient, this rank's rows of it (a gradient that is the same on every rank
+passes through).
 
 Example (one process):
     >>> import tensorflow as tf
@@ -34,14 +28,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf import basics, bridge
+from ddl_tf.core import basics
+from ddl_tf.core.process_sets import check_process_set
 from ddl_tf.core.reduce_ops import ReduceOp
-from ddl_tf.process_sets import check_process_set
+from ddl_tf.tensorflow import bridge
 
-__all__ = ["allgather", "grouped_allgather", "alltoall"]
+__all__ = ["allgather", "grouped_allgather", "gathered_shape"]
 
 
-def _gathered_shape(x: tf.Tensor) -> tf.TensorShape | None:
+def gathered_shape(x: tf.Tensor) -> tf.TensorShape | None:
     return tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else None
 
 
@@ -51,7 +46,7 @@ def _raw_gather(tensors: list[tf.Tensor], name: str | None) -> list[tf.Tensor]:
         lambda *arrays: engine.grouped_allgather(arrays, name=name),
         tensors,
         [t.dtype for t in tensors],
-        [_gathered_shape(t) for t in tensors],
+        [gathered_shape(t) for t in tensors],
         name=bridge.op_name("Allgather", name),
     )
 
@@ -129,62 +124,3 @@ def allgather(
         Every rank's rows, concatenated in rank order.
     """
     return grouped_allgather([tensor], name=name, process_set=process_set)[0]
-
-
-def alltoall(
-    tensor,
-    splits=None,
-    name: str | None = None,
-    ignore_name_scope: bool = False,
-    process_set: Any = None,
-):
-    """Send row slices to every rank; returns the received rows (and splits, if given).
-
-    Args:
-        tensor: Rows to distribute (slices of the first dimension).
-        splits: Rows for each rank, in rank order; None sends equal parts
-            (the first dimension must then be a multiple of the number of ranks).
-        name: Optional name, compared across ranks.
-        ignore_name_scope: Accepted for compatibility.
-        process_set: Only the global process set is supported.
-
-    Returns:
-        The rows received from every rank, in rank order; with ``splits``,
-        also the number of rows received from each rank.
-    """
-    check_process_set(process_set)
-    tensor = tf.convert_to_tensor(tensor)
-    engine = basics.engine()
-    extra = [] if splits is None else [tf.convert_to_tensor(splits, tf.int32)]
-
-    def exchange(*arrays):
-        received, rsplits = engine.alltoall(
-            arrays[0], None if splits is None else arrays[1], name=name, even=True
-        )
-        return [received, rsplits]
-
-    @tf.custom_gradient
-    def op(x):
-        received, rsplits = bridge.run(
-            exchange,
-            [x, *extra],
-            [x.dtype, tf.int32],
-            [_gathered_shape(x), tf.TensorShape([engine.size])],
-            name=bridge.op_name("Alltoall", name),
-        )
-
-        def grad(dy, *unused):
-            dy = tf.zeros_like(received) if dy is None else dy
-            back, _ = bridge.run(
-                lambda d, s: list(engine.alltoall(d, s)),
-                [dy, rsplits],
-                [dy.dtype, tf.int32],
-                [x.shape, None],
-                name=bridge.op_name("AlltoallGrad", None),
-            )
-            return back
-
-        return (received, rsplits), grad
-
-    received, rsplits = op(tensor)
-    return received if splits is None else (received, rsplits)

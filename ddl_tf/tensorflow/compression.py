@@ -11,7 +11,7 @@ before.
 
 Example:
     >>> import tensorflow as tf
-    >>> from ddl_tf.tensor_compression import Compression
+    >>> from ddl_tf.tensorflow.compression import Compression
     >>> wire, ctx = Compression.fp16.compress(tf.ones([2], tf.float32))
     >>> wire.dtype, Compression.fp16.decompress(wire, ctx).dtype
     (tf.float16, tf.float32)

@@ -38,8 +38,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf import basics, bridge
-from ddl_tf.functions import broadcast_object, broadcast_variables
+from ddl_tf.core import basics
+from ddl_tf.tensorflow import bridge
+from ddl_tf.tensorflow.functions import broadcast_object, broadcast_variables
 
 __all__ = ["State", "ObjectState", "TensorFlowState", "TensorFlowKerasState", "run"]
 

@@ -19,12 +19,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf import basics, bridge
-from ddl_tf.collectives import grouped_allreduce
+from ddl_tf.core import basics
+from ddl_tf.core.process_sets import check_process_set
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
-from ddl_tf.overlap import reduce_in_buckets, resolve
-from ddl_tf.process_sets import check_process_set
+from ddl_tf.tensorflow import bridge
+from ddl_tf.tensorflow.allreduce_ops import grouped_allreduce
+from ddl_tf.tensorflow.overlap import reduce_in_buckets, resolve
 
 __all__ = [
     "broadcast_variables",
@@ -162,7 +163,7 @@ def allreduce_gradients(
     fused collective. Inside a graph with overlap on, they travel in buckets
     in the order backprop produces them, each bucket's collective depending
     only on its own gradients, so reducing overlaps with the rest of the
-    backward pass (see :mod:`ddl_tf.overlap`).
+    backward pass (see :mod:`ddl_tf.tensorflow.overlap`).
 
     Args:
         grads: Gradients (tensors, ``tf.IndexedSlices`` or None).

@@ -41,7 +41,7 @@ from tensorflow.python.util import tf_decorator
 
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
-from tflms.lms import LMS, resolve_config
+from tflms.frontends.lms import LMS, resolve_config
 from tflms.plan.swap_plan import SwapPlan
 
 __all__ = ["function", "LMSFunction"]

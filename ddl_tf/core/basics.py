@@ -25,7 +25,6 @@ import sys
 import threading
 from typing import Any
 
-from ddl_tf.api_names import BASICS
 from ddl_tf.config import DDLConfig
 from ddl_tf.core import comms, mpi
 from ddl_tf.core.engine import Engine
@@ -33,7 +32,33 @@ from ddl_tf.core.selection import load_policy
 from ddl_tf.core.topology import Topology
 from ddl_tf.errors import ConfigError, DDLError, NotInitializedError
 
-__all__ = ["engine", "topology", *BASICS]
+__all__ = [
+    "engine",
+    "topology",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "size",
+    "rank",
+    "local_size",
+    "local_rank",
+    "cross_size",
+    "cross_rank",
+    "is_homogeneous",
+    "mpi_threads_supported",
+    "mpi_enabled",
+    "mpi_built",
+    "gloo_enabled",
+    "gloo_built",
+    "nccl_built",
+    "ddl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "start_timeline",
+    "stop_timeline",
+    "collective_stats",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``import tflms`` and ``import tflms.<stage>`` stay cheap: TensorFlow, keras
 and networkx load only when a name that needs them is used, so the ``tflms``
-command answers ``--help`` at once and light modules (``tflms.units``,
+command answers ``--help`` at once and light modules (``tflms.utils.units``,
 ``tflms.plan.swap_plan``) import without TensorFlow.
 
 Example:
@@ -29,7 +29,8 @@ def lazy_exports(
 
     Args:
         package: the ``__name__`` of the package exporting the names.
-        exports: ``{name: module}``: where each exported name is defined.
+        exports: ``{name: module}``: where each exported name is defined
+            (``{name: f"{module}.{name}"}`` exports the module itself).
 
     Returns:
         ``(__getattr__, __dir__, __all__)`` to assign at the package's top level.
@@ -39,14 +40,15 @@ def lazy_exports(
         module_name = exports.get(name)
         if module_name is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module_name), name)
-        module = sys.modules.get(package)
-        if module is not None:
-            setattr(module, name, value)  # later look-ups skip this function
+        module = importlib.import_module(module_name)
+        value = module if module_name.rpartition(".")[2] == name else getattr(module, name)
+        owner = sys.modules.get(package)
+        if owner is not None:
+            setattr(owner, name, value)  # later look-ups skip this function
         return value
 
     def __dir__() -> list[str]:
-        module = sys.modules.get(package)
-        return sorted(set(vars(module) if module is not None else ()) | set(exports))
+        owner = sys.modules.get(package)
+        return sorted(set(vars(owner) if owner is not None else ()) | set(exports))
 
     return __getattr__, __dir__, list(exports)

@@ -3,7 +3,7 @@
 Each tensor is reduced across ranks (Average by default, as in Horovod) and
 rank ``r`` keeps its share of the first dimension: ``rows // size`` rows,
 plus one for the first ``rows % size`` ranks. Shapes and dtypes must match
-across ranks; a scalar raises :class:`~ddl_tf.tf_errors.CollectiveArgumentError`
+across ranks; a scalar raises :class:`~ddl_tf.tensorflow.tf_errors.CollectiveArgumentError`
 (a ``ValueError`` and ``tf.errors.InvalidArgumentError``) on every rank.
 Integer Average and scale factors follow :mod:`ddl_tf.core.scaling`.
 
@@ -27,11 +27,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf import basics, bridge
-from ddl_tf.collectives import split_compression
+from ddl_tf.core import basics
+from ddl_tf.core.process_sets import check_process_set
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
-from ddl_tf.exchange import grouped_allgather
-from ddl_tf.process_sets import check_process_set
+from ddl_tf.tensorflow import bridge
+from ddl_tf.tensorflow.allgather_ops import grouped_allgather
+from ddl_tf.tensorflow.allreduce_ops import split_compression
 
 __all__ = ["reducescatter", "grouped_reducescatter"]
 

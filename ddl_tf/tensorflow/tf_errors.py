@@ -13,12 +13,13 @@ Eagerly the typed error itself reaches the caller. Inside a graph
 any Python exception of an op into its own type by the exception's base
 class: ``ValueError`` -> ``InvalidArgumentError``, ``NotImplementedError`` ->
 ``UnimplementedError``, anything else -> ``UnknownError``. A mismatch
-therefore takes another road there (see :mod:`ddl_tf.bridge`) so that it
+therefore takes another road there (see :mod:`ddl_tf.tensorflow.bridge`) so that it
 still surfaces as ``FailedPreconditionError``.
 
 Example:
     >>> import tensorflow as tf
-    >>> from ddl_tf import errors, tf_errors
+    >>> from ddl_tf import errors
+    >>> from ddl_tf.tensorflow import tf_errors
     >>> err = tf_errors.typed(errors.CollectiveMismatchError("rank 1 sent float32[3]"))
     >>> isinstance(err, tf.errors.FailedPreconditionError), isinstance(err, errors.DDLError)
     (True, True)

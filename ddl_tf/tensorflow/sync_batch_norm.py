@@ -23,10 +23,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from ddl_tf import basics
-from ddl_tf.collectives import allreduce
+from ddl_tf.core import basics
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.errors import ConfigError
+from ddl_tf.tensorflow.allreduce_ops import allreduce
 
 __all__ = ["SyncBatchNormalization"]
 

@@ -6,7 +6,7 @@ function's own graph (a ``FuncGraph``) is analysed, planned, rewritten in
 place and validated, sized for the batch ``fit`` feeds. ``evaluate`` and
 ``predict`` are untouched. Whatever ends the ``fit`` - success, a plan that
 does not fit, an error in another callback or in validation, Ctrl-C - the
-model comes out as it went in (see :mod:`tflms.keras_session`), so a later
+model comes out as it went in (see :mod:`tflms.keras.session`), so a later
 ``fit`` without the callback trains without LMS.
 
 XLA clusters swallow device placement, so LMS cannot work inside them: a
@@ -25,11 +25,11 @@ import keras
 import tensorflow as tf
 
 from tflms.config import LMSConfig
-from tflms.devices import check_local_device
 from tflms.errors import ConfigError
-from tflms.keras_session import FitSession, check_xla, fit_batch_size, fit_frame
-from tflms.lms import LMS, resolve_config
+from tflms.frontends.lms import LMS, resolve_config
+from tflms.keras.session import FitSession, check_xla, fit_batch_size, fit_frame
 from tflms.plan.swap_plan import SwapPlan
+from tflms.utils.devices import check_local_device
 
 __all__ = ["LMSCallback", "Trace"]
 

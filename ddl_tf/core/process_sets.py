@@ -6,7 +6,7 @@ compatibility; any other set is refused with a message naming the fix, and
 :class:`~ddl_tf.errors.UnsupportedError` (a ``NotImplementedError``).
 
 Example:
-    >>> from ddl_tf.process_sets import global_process_set, check_process_set
+    >>> from ddl_tf.core.process_sets import global_process_set, check_process_set
     >>> check_process_set(global_process_set); global_process_set
     ProcessSet(global)
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddl_tf import basics
+from ddl_tf.core import basics
 from ddl_tf.errors import ConfigError, UnsupportedError
 
 __all__ = [

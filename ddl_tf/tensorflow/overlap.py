@@ -2,10 +2,10 @@
 
 One fused collective after the whole backward pass leaves the network idle
 while gradients are computed and the processor idle while they are reduced.
-Here the gradients are instead cut into buckets (:mod:`ddl_tf.core.buckets`)
+Here the gradients are instead cut into buckets (:mod:`ddl_tf.core.fusion`)
 *in the order backprop produces them* (last layer first), and each bucket
 becomes its own collective op that depends only on its own gradients. The
-bridge (:mod:`ddl_tf.bridge`) chains a graph's collectives in creation order;
+bridge (:mod:`ddl_tf.tensorflow.bridge`) chains a graph's collectives in creation order;
 creating the bucket ops in production order makes that chain follow
 dataflow, so TensorFlow's executor starts bucket ``k``'s allreduce as soon as
 bucket ``k``'s gradients exist (and bucket ``k - 1`` is done), while other
@@ -33,7 +33,7 @@ bucket's ``gradients ready`` overlapped with the backward pass.
 
 Example (the order of two tensors of a traced function):
     >>> import tensorflow as tf
-    >>> from ddl_tf.overlap import production_order
+    >>> from ddl_tf.tensorflow.overlap import production_order
     >>> captured = []
     >>> @tf.function
     ... def step(x):
@@ -54,8 +54,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from ddl_tf import basics
-from ddl_tf.core.buckets import GradientBucket, plan_gradient_buckets
+from ddl_tf.core import basics
+from ddl_tf.core.fusion import GradientBucket, plan_gradient_buckets
 from ddl_tf.errors import ConfigError
 
 __all__ = ["production_levels", "production_order", "resolve", "reduce_in_buckets"]
@@ -160,8 +160,8 @@ def reduce_in_buckets(
     Args:
         grads: Gradients of one graph (tensors or ``tf.IndexedSlices``).
         reduce: ``reduce(bucket_grads, bucket_name) -> reduced`` builds one
-            collective (e.g. :func:`ddl_tf.collectives.grouped_allreduce`).
-        bucket_bytes: Largest bucket in bytes (see :mod:`ddl_tf.core.buckets`).
+            collective (e.g. :func:`ddl_tf.tensorflow.allreduce_ops.grouped_allreduce`).
+        bucket_bytes: Largest bucket in bytes (see :mod:`ddl_tf.core.fusion`).
         name: Base name; bucket ``k`` is ``f"{name}_b{k}"``.
 
     Returns:

@@ -35,13 +35,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ddl_tf import basics, bridge
+from ddl_tf.core import basics
 from ddl_tf.core.compression import Compressor
+from ddl_tf.core.process_sets import check_process_set
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError, UnsupportedError
-from ddl_tf.exchange import grouped_allgather
-from ddl_tf.process_sets import check_process_set
-from ddl_tf.tensor_compression import Compression
+from ddl_tf.tensorflow import bridge
+from ddl_tf.tensorflow.allgather_ops import grouped_allgather
+from ddl_tf.tensorflow.compression import Compression
 
 __all__ = ["allreduce", "grouped_allreduce", "barrier", "split_compression"]
 

@@ -2,7 +2,7 @@
 and the ``tf.compat.v1`` session hook ``BroadcastGlobalVariablesHook``.
 
 Shapes, dtypes and the root must match across ranks, else every rank raises
-:class:`~ddl_tf.tf_errors.CollectiveMismatchError` (a
+:class:`~ddl_tf.tensorflow.tf_errors.CollectiveMismatchError` (a
 ``tf.errors.FailedPreconditionError``).
 
 Gradient of ``broadcast`` (as Horovod 0.28.1): on the root rank, the
@@ -29,11 +29,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf import basics, bridge
+from ddl_tf.core import basics
+from ddl_tf.core.process_sets import check_process_set
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.errors import ExecutionModeError
-from ddl_tf.functions import broadcast_variables
-from ddl_tf.process_sets import check_process_set
+from ddl_tf.tensorflow import bridge
+from ddl_tf.tensorflow.functions import broadcast_variables
 
 __all__ = [
     "broadcast",

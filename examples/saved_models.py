@@ -1,4 +1,4 @@
-"""Models exported to disk for the CLI and model-I/O tests, and how to train them.
+"""Small training models exported to disk, for the `tflms` quick start and the CLI tests.
 
 Every exporter writes a small training model in one of the formats ``tflms``
 reads, with activations large enough (``[32, 256]`` float32 = 32 KiB) to be
@@ -318,9 +318,9 @@ EXPORTERS = {
     "inference": export_tf2_inference,
 }
 
-if __name__ == "__main__":  # python -m tests.tflms.saved_models keras /tmp/keras_trainer
+if __name__ == "__main__":  # python examples/saved_models.py keras /tmp/keras_trainer
     import sys
 
     if len(sys.argv) != 3 or sys.argv[1] not in EXPORTERS:
-        sys.exit(f"usage: python -m tests.tflms.saved_models {{{','.join(EXPORTERS)}}} PATH")
+        sys.exit(f"usage: python examples/saved_models.py {{{','.join(EXPORTERS)}}} PATH")
     print(EXPORTERS[sys.argv[1]](Path(sys.argv[2])))

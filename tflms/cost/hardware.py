@@ -242,7 +242,7 @@ def get_device(device: str | DeviceModel) -> DeviceModel:
         return by_lower[device.lower()]
     raise ConfigError(
         f"Unknown device model {device!r}. Known presets: {', '.join(DEVICES)}; "
-        "or pass a tflms.hardware.DeviceModel(...)."
+        "or pass a tflms.cost.hardware.DeviceModel(...)."
     )
 
 
@@ -265,5 +265,5 @@ def get_link(link: str | LinkModel) -> LinkModel:
         return LINKS[link.lower()]
     raise ConfigError(
         f"Unknown link model {link!r}. Known presets: {', '.join(LINKS)}; "
-        "or pass a tflms.hardware.LinkModel(...)."
+        "or pass a tflms.cost.hardware.LinkModel(...)."
     )

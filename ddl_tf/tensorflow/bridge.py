@@ -2,7 +2,7 @@
 
 Eagerly, tensors become numpy arrays, the engine runs, and the results become
 tensors again; an engine error is re-raised as its TensorFlow-typed class
-(:func:`ddl_tf.tf_errors.typed`). Inside ``tf.function`` (Keras ``fit``,
+(:func:`ddl_tf.tensorflow.tf_errors.typed`). Inside ``tf.function`` (Keras ``fit``,
 custom loops) and ``tf.compat.v1`` graphs each collective is one
 ``tf.numpy_function`` op (a plain stateful ``PyFunc`` node that tolerates
 extra control inputs, e.g. from graph rewriters such as tflms).
@@ -40,7 +40,7 @@ type from its base class only (``ValueError`` -> ``InvalidArgumentError``,
 ``NotImplementedError`` -> ``UnimplementedError``, else ``UnknownError``).
 A mismatch between ranks must surface as ``FailedPreconditionError``, as in
 Horovod, so in graphs the op reports it as a status output instead: the
-details are logged on every rank (logger ``ddl_tf.bridge``), and a gate op
+details are logged on every rank (logger ``ddl_tf.tensorflow.bridge``), and a gate op
 fails the step with ``FailedPreconditionError`` before anything consumes the
 outputs. The next collective waits for the gate, so after a failure no rank
 starts another collective of that step.
@@ -60,9 +60,10 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from ddl_tf import basics, tf_errors
+from ddl_tf.core import basics
 from ddl_tf.core.aligned import is_aligned
 from ddl_tf.errors import CollectiveMismatchError, ConfigError, DDLError
+from ddl_tf.tensorflow import tf_errors
 
 __all__ = ["run", "refuse", "op_name", "collective_ops", "outside_chain"]
 
@@ -247,7 +248,7 @@ def _gate(status: tf.Tensor, outputs: list[tf.Tensor], name: str) -> list[tf.Ten
             shared_name=(
                 f"ddl_tf CollectiveMismatchError in {name}: ranks issued different collectives "
                 "(names, shapes, dtypes, ops or order differ); every rank logged the details "
-                "(logger ddl_tf.bridge). Make every rank issue the same collectives in the same "
+                "(logger ddl_tf.tensorflow.bridge). Make every rank issue the same collectives in the same "
                 "order"
             ),
         )

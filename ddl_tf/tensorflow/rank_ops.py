@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from ddl_tf import basics
+from ddl_tf.core import basics
 from ddl_tf.errors import UnsupportedError
 
 __all__ = ["rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op"]

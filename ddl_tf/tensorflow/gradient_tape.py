@@ -5,7 +5,7 @@ It wraps the user's tape by composition (Horovod clones the tape's class with
 to the wrapped tape; :meth:`DistributedGradientTape.gradient` computes local
 gradients and allreduces them: eagerly in one fused, negotiated collective;
 inside ``tf.function`` in buckets, in the order backprop produces them, so
-that reducing overlaps the rest of the backward pass (:mod:`ddl_tf.overlap`).
+that reducing overlaps the rest of the backward pass (:mod:`ddl_tf.tensorflow.overlap`).
 
 Example (one process):
     >>> import tensorflow as tf
@@ -26,11 +26,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf import basics
+from ddl_tf.core import basics
+from ddl_tf.core.process_sets import check_process_set
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
-from ddl_tf.functions import allreduce_gradients
-from ddl_tf.process_sets import check_process_set
+from ddl_tf.tensorflow.functions import allreduce_gradients
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -45,7 +45,7 @@ class DistributedGradientTape:
         compression: ``Compression.none`` (default), ``.fp16`` or ``.bf16``.
         sparse_as_dense: Densify ``tf.IndexedSlices`` gradients first.
         op: Average (default) or Sum.
-        gradient_predivide_factor: See :func:`ddl_tf.functions.allreduce_gradients`.
+        gradient_predivide_factor: See :func:`ddl_tf.tensorflow.functions.allreduce_gradients`.
         num_groups: Accepted for compatibility (ddl_tf always fuses into buckets).
         groups: Accepted for compatibility.
         process_set: Only the global process set is supported.

@@ -1,7 +1,7 @@
 """Time model of the simulator: a roofline per op, from FLOPs and bytes moved.
 
 ``seconds = kernel_overhead + max(flops / rate, bytes / bandwidth)`` on the
-op's :class:`~tflms.hardware.DeviceModel`, where
+op's :class:`~tflms.cost.hardware.DeviceModel`, where
 
 * ``flops`` is exact for convolutions (2D/3D, depthwise, and both of their
   gradients) and matmuls (``2 * outputs * K``; ``K`` is read off the input
@@ -25,7 +25,7 @@ need.
 
 Example:
     >>> from tflms.graph.view import TensorInfo
-    >>> from tflms.hardware import get_device
+    >>> from tflms.cost.hardware import get_device
     >>> x = TensorInfo("x:0", 0, "float32", (64, 1024), 64 * 1024 * 4)
     >>> w = TensorInfo("w:0", 0, "float32", (1024, 1024), 1024 * 1024 * 4)
     >>> cost = op_cost("MatMul", [x, w], [x], get_device("V100-16GB"))
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tflms.hardware import DeviceModel
+from tflms.cost.hardware import DeviceModel
 
 __all__ = ["OpCost", "op_cost", "FREE_OPS", "ALIAS_OPS", "DENSE_OPS", "dtype_size"]
 

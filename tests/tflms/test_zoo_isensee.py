@@ -1,0 +1,161 @@
+"""The isensee2017 zoo model: shapes, parameter count, instance norm, Dice loss, training, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tflms
+from tflms import zoo
+from tflms.errors import ConfigError
+from tflms.zoo.isensee import InstanceNormalization, WeightedDiceLoss, isensee2017
+
+SMALL = dict(edge=16, depth=3, base_filters=2, segmentation_levels=2)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return isensee2017(**SMALL)
+
+
+def conv(k: int, cin: int, cout: int) -> int:
+    return k**3 * cin * cout + cout
+
+
+def block(k: int, cin: int, cout: int) -> int:
+    """Conv3D + a per-channel normalization (gamma and beta)."""
+    return conv(k, cin, cout) + 2 * cout
+
+
+def expected_params(channels, base_filters, depth, labels, segmentation_levels) -> int:
+    f = [base_filters * 2**level for level in range(depth)]
+    total = 0
+    for level in range(depth):
+        cin = channels if level == 0 else f[level - 1]
+        total += block(3, cin, f[level])  # entry convolution (strided below level 0)
+        total += 2 * block(3, f[level], f[level])  # context module
+    for level in range(depth - 1):
+        total += block(3, f[level + 1], f[level])  # up-sampling module
+        total += block(3, 2 * f[level], f[level])  # localization, on the concatenation
+        total += block(1, f[level], f[level])
+    total += sum(conv(1, f[level], labels) for level in range(segmentation_levels))
+    return total
+
+
+def test_output_shape_and_sigmoid_range(small):
+    assert small.input_shape == (1, 16, 16, 16, 4)
+    assert small.output_shape == (1, 16, 16, 16, 3)
+    x = np.random.default_rng(0).standard_normal((1, 16, 16, 16, 4)).astype("float32") * 10
+    y = np.asarray(small.predict(x, verbose=0))
+    assert y.shape == (1, 16, 16, 16, 3)
+    assert np.all((y >= 0) & (y <= 1)) and y.std() > 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(channels=4, base_filters=2, depth=3, labels=3, segmentation_levels=2),
+        dict(channels=2, base_filters=3, depth=4, labels=2, segmentation_levels=3),
+        dict(channels=1, base_filters=2, depth=4, labels=1, segmentation_levels=1),
+    ],
+)
+def test_parameter_count_matches_the_architecture(options):
+    model = isensee2017(16, **options)
+    assert model.count_params() == expected_params(**options)
+    counts = {}
+    for layer in model.layers:
+        kind = type(layer).__name__
+        counts[kind] = counts.get(kind, 0) + 1
+    depth = options["depth"]
+    assert counts["InstanceNormalization"] == 3 * depth + 3 * (depth - 1)
+    assert counts["SpatialDropout3D"] == depth
+    assert counts["UpSampling3D"] == depth - 1 + options["segmentation_levels"] - 1
+
+
+def test_group_norm_has_the_same_parameters():
+    model = isensee2017(norm="group", **SMALL)
+    assert model.count_params() == expected_params(4, 2, 3, 3, 2)
+    assert not any(isinstance(layer, InstanceNormalization) for layer in model.layers)
+
+
+def keras_contrib_instance_norm(x, gamma, beta, epsilon):
+    axes = tuple(range(1, x.ndim - 1))
+    mean = x.mean(axis=axes, keepdims=True)
+    std = np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True)) + epsilon
+    return (x - mean) / std * gamma + beta
+
+
+@pytest.mark.parametrize("epsilon", [1e-3, 0.5])
+def test_instance_norm_matches_keras_contrib_arithmetic(epsilon):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((2, 3, 4, 5, 6)) * 0.2 + 3).astype("float32")
+    layer = InstanceNormalization(epsilon=epsilon)
+    layer.build(x.shape)
+    gamma = rng.uniform(0.5, 2, 6).astype("float32")
+    beta = rng.standard_normal(6).astype("float32")
+    layer.set_weights([gamma, beta])
+    out = np.asarray(layer(x))
+    ref = keras_contrib_instance_norm(x.astype("float64"), gamma, beta, epsilon)
+    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
+    # epsilon on the standard deviation: not sqrt(var + eps) as GroupNormalization does
+    var_eps = (x - x.mean(axis=(1, 2, 3), keepdims=True)) / np.sqrt(
+        x.var(axis=(1, 2, 3), keepdims=True) + epsilon
+    ) * gamma + beta
+    assert np.abs(out - var_eps).max() > 1e-3
+
+
+def test_dice_loss_perfect_disjoint_and_numpy():
+    loss = WeightedDiceLoss()
+    rng = np.random.default_rng(2)
+    y = (rng.random((2, 4, 4, 4, 3)) < 0.3).astype("float32")
+    assert float(loss(y, y)) == pytest.approx(-1.0, abs=1e-6)
+    assert float(loss(y, 1.0 - y)) == pytest.approx(0.0, abs=1e-6)
+    p = rng.random((2, 4, 4, 4, 3)).astype("float32")
+    inter = (y * p).sum(axis=(1, 2, 3))
+    dice = (2 * inter + 1e-5) / (y.sum(axis=(1, 2, 3)) + p.sum(axis=(1, 2, 3)) + 1e-5)
+    assert float(loss(y, p)) == pytest.approx(-dice.mean(), rel=1e-5)
+    np.testing.assert_allclose(np.asarray(loss.call(y, p)), -dice.mean(axis=-1), rtol=1e-5)
+    assert not loss.sparse_labels and loss.binary_labels
+
+
+def test_one_training_step(small):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 16, 16, 16, 4)).astype("float32")
+    y = (rng.random((1, 16, 16, 16, 3)) < 0.2).astype("float32")
+    history = small.fit(x, y, batch_size=1, epochs=1, verbose=0)
+    (value,) = history.history["loss"]
+    assert np.isfinite(value) and -1.0 <= value <= 0.0
+    assert float(small.optimizer.learning_rate) == pytest.approx(5e-4)
+    assert type(small.optimizer).__name__ == "Adam"
+
+
+def test_synthetic_data_has_the_target_shape(small):
+    # synthetic_data gives dense float targets of the output's shape (standard
+    # normal values: right for tracing, not {0, 1} maps for training)
+    x, y = zoo.synthetic_data(small, 2)
+    assert x.shape == (2, 16, 16, 16, 4) and y.shape == (2, 16, 16, 16, 3)
+    assert str(y.dtype) == "float32"
+
+
+def test_analyze_and_simulate(small):
+    view = tflms.analyze(small, batch_size=1)
+    assert view.graph["batch_size"] == 1
+    assert view.number_of_nodes() > 100
+    result = tflms.simulate(view)
+    assert result.device_peak_bytes > 16**3 * 3 * 4
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(edge=18, depth=3), r"multiple of 2\*\*\(depth-1\) = 4; e\.g\. edge=16"),
+        (dict(edge=16, depth=3, norm="batch"), r"norm must be one of \('instance', 'group'\)"),
+        (dict(edge=16, depth=3, segmentation_levels=4), r"use segmentation_levels=2"),
+        (dict(edge=16, depth=3, segmentation_levels=3), r"between 1 and depth-1 = 2"),
+        (dict(edge=16, depth=1), r"depth must be at least 2"),
+        (dict(edge=16, depth=3, segmentation_levels=2, dropout=1.0), r"dropout must be in"),
+    ],
+)
+def test_config_errors(options, match):
+    with pytest.raises(ConfigError, match=match):
+        isensee2017(**options)

@@ -1,0 +1,9 @@
+"""The cost model: what devices and links are like, and what each op costs on them.
+
+* :mod:`.hardware` - device and link presets (memory, FLOP/s, bandwidth,
+  latency), ``get_device``/``get_link``;
+* :mod:`.ops` - per-op time on a device: a roofline of FLOPs and bytes moved.
+
+Base layer: it depends on :mod:`tflms.errors` only, so the configuration and
+every pipeline stage may use it.
+"""

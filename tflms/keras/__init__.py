@@ -1,0 +1,12 @@
+"""The Keras 3 front end: :class:`~tflms.keras.callback.LMSCallback` for ``model.fit``.
+
+* :mod:`.callback` - the callback: plans on the traced train step, rewrites
+  it, and restores the model on any failure;
+* :mod:`.session` - what one ``fit`` call with the callback changes on the
+  model, and how it is undone;
+* :mod:`.step` - tracing a compiled model's train step into a graph
+  (:func:`tflms.analyze`, :func:`tflms.train_step_graph`).
+
+Everything here builds on :mod:`tflms.frontends` (the graph front end all
+front ends share) and the pipeline stages below it.
+"""
