@@ -1,5 +1,7 @@
 # Two commands matter: `make demo` (the main job) and `make test` (the suite, which
 # also builds the docs site); `make docs` builds the site alone into site/.
+# `make check` is the edit loop's fast tier (no slow, no multi-process tests);
+# `make lint` runs ruff and the type checker (mypy). CI (.ci/run) runs lint, then test.
 # Both create and use a project-local virtual environment in .venv.
 
 PYTHON ?= python3
@@ -11,7 +13,7 @@ PYTEST_ARGS ?=
 
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: install test demo bench docs lint clean
+.PHONY: install test check demo bench docs lint clean
 
 install: $(STAMP)
 
@@ -28,6 +30,11 @@ $(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/halfkernels.c
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The fast tier: single-process, not slow (under 3 minutes on 2 cores). Property tests
+# draw 100 examples here (the hypothesis profile "quick"), 2,000 under `make test`.
+check: install
+	HYPOTHESIS_PROFILE=quick $(PY) -m pytest -m "not slow and not parallel and not bench" $(PYTEST_ARGS)
 
 # The main job: a 3D U-Net with tflms.LMSCallback + ddl_tf on 2 MPI ranks.
 # Pass flags with DEMO_ARGS, e.g. make demo DEMO_ARGS="--epochs 5 --size 32".
@@ -55,6 +62,7 @@ docs: install
 lint: install
 	$(VENV)/bin/ruff check tflms ddl_tf tests benchmarks examples docs/_hooks
 	$(VENV)/bin/ruff format --check tflms ddl_tf tests benchmarks examples docs/_hooks
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis

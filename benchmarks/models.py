@@ -88,10 +88,11 @@ def vgg16(image: int = 224) -> TrainStep:
 
 
 def unet3d(size: int = 128, depth: int = 4, base: int = 32) -> TrainStep:
-    """The demo's 3D U-Net, widened as the seed paper's model, on ``size``^3 cubes."""
+    """The demo's 3D U-Net, widened as 3DUnetCNN's plain U-Net, on ``size``^3 cubes
+    (not the seed paper's model: that is :func:`isensee2017`)."""
     return TrainStep(
         "unet3d",
-        f"3D U-Net (the demo's, widened as Ellis' 3DUnetCNN: depth {depth}, {base} base "
+        f"3D U-Net (the demo's, widened as 3DUnetCNN's plain U-Net: depth {depth}, {base} base "
         "filters, 4 channels in, 4 classes), Adam",
         lambda shape: zoo.unet3d(
             size if shape is None else shape[0], depth=depth, base_filters=base, widen=True

@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ddl_tf import env
 from ddl_tf.errors import ConfigError
@@ -158,7 +158,9 @@ class DDLConfig:
             ConfigError: A variable holds a value that cannot be parsed; the
                 message names the variable and echoes the value.
         """
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # field values, checked by __post_init__
+        # get_first gives (name, value) or (None, None): a parser, which names the variable
+        # in its error, tests both so the type checker knows both are set
         name, value = env.get_first([env.DDL_ALLREDUCE_ALGO], environ)
         if value is not None:
             values["algorithm"] = value.lower()
@@ -168,13 +170,13 @@ class DDLConfig:
         name, value = env.get_first(
             [env.DDL_FUSION_THRESHOLD, env.HOROVOD_FUSION_THRESHOLD], environ
         )
-        if value is not None:
+        if name is not None and value is not None:
             values["fusion_threshold_bytes"] = _parse_int(name, value)
         name, value = env.get_first([env.DDL_OVERLAP], environ)
-        if value is not None:
+        if name is not None and value is not None:
             values["overlap"] = _parse_bool(name, value)
         name, value = env.get_first([env.DDL_BUCKET_BYTES], environ)
-        if value is not None:
+        if name is not None and value is not None:
             values["bucket_bytes"] = _parse_int(name, value)
         name, value = env.get_first([env.DDL_TIMELINE, env.HOROVOD_TIMELINE], environ)
         if value is not None:
@@ -182,18 +184,18 @@ class DDLConfig:
         name, value = env.get_first(
             [env.DDL_STALL_WARNING_SECONDS, env.HOROVOD_STALL_CHECK_TIME_SECONDS], environ
         )
-        if value is not None:
+        if name is not None and value is not None:
             values["stall_warning_seconds"] = _parse_float(name, value)
         name, value = env.get_first(
             [env.DDL_STALL_SHUTDOWN_SECONDS, env.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS], environ
         )
-        if value is not None:
+        if name is not None and value is not None:
             values["stall_shutdown_seconds"] = _parse_float(name, value)
         name, value = env.get_first([env.DDL_CHECK_COLLECTIVES], environ)
-        if value is not None:
+        if name is not None and value is not None:
             values["check_collectives"] = _parse_bool(name, value)
         name, value = env.get_first([env.DDL_ABORT_ON_ERROR], environ)
-        if value is not None:
+        if name is not None and value is not None:
             values["abort_on_error"] = _parse_bool(name, value)
         for field, var in (
             ("topology_file", env.DDL_TOPOLOGY_FILE),

@@ -50,14 +50,15 @@ _configure_logical_devices()
 try:
     from hypothesis import HealthCheck, settings
 
-    settings.register_profile(
-        "ci",
-        derandomize=True,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
+    # How many examples each property test draws is the profile's business, not the test's:
+    # `make test` (and CI, reproducibly) draws 2,000; `make check` draws 100 for the edit loop.
+    _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("ci", derandomize=True, max_examples=2000, **_common)
+    settings.register_profile("full", max_examples=2000, **_common)
+    settings.register_profile("quick", max_examples=100, **_common)
+    settings.load_profile(
+        os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "full")
     )
-    settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    settings.load_profile("ci" if os.environ.get("CI") else "dev")
 except ImportError:  # hypothesis is a dev extra; tests that need it import it themselves
     pass
 

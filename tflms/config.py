@@ -25,16 +25,19 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from tflms.cost.hardware import DEVICES, LINKS
 from tflms.errors import ConfigError
 from tflms.utils.devices import check_device_string, same_device
 from tflms.utils.units import parse_bytes
 
-__all__ = ["LMSConfig", "SYNC_MODES"]
+__all__ = ["LMSConfig", "SYNC_MODES", "SyncMode"]
 
-SYNC_MODES = {
+SyncMode: TypeAlias = Literal[0, 1, 2, 3]
+"""The values of ``LMSConfig.sync_mode`` (see :data:`SYNC_MODES`)."""
+
+SYNC_MODES: dict[SyncMode, str] = {
     0: "asynchronous: swap-outs and swap-ins overlap with compute",
     1: "the producer's other consumers wait until the swap-out is done",
     2: "each swap-in waits for the other inputs of its consumer (no prefetch)",
@@ -86,7 +89,7 @@ class LMSConfig:
     """Consumers of one tensor whose levels lie within this many levels of the
     group's first consumer share one swap-in."""
 
-    sync_mode: int = 0
+    sync_mode: SyncMode = 0
     """0-3, as in TFLMS v2; see ``SYNC_MODES``."""
 
     serialization: tuple[tuple[int, int], ...] = ()

@@ -343,6 +343,7 @@ class Cluster:
             ClusterError: The cluster was built unshaped, or ``tc`` failed.
         """
         self._check_running()
+        assert self.tools is not None
         new = dataclasses.replace(self.spec, link=shaping.require_shaped(self.spec, link))
         for node in range(new.nodes):
             for cmd in shaping.rate_commands(new, self.tools, node):

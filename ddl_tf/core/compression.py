@@ -110,7 +110,7 @@ class NoneCompressor(Compressor):
         """
         return array, None
 
-    def decompress(self, array: np.ndarray, ctx: None) -> np.ndarray:
+    def decompress(self, array: np.ndarray, ctx: np.dtype | None) -> np.ndarray:
         """Nothing to undo (see ``Compressor``).
 
         Args:

@@ -152,7 +152,7 @@ class Engine:
         chosen = self._choices.get(key)
         if chosen is not None:
             return chosen
-        name = self.config.algorithm
+        name: str = self.config.algorithm
         if name == "auto":
             name = self.policy.choose(
                 nbytes,
@@ -628,5 +628,6 @@ class Engine:
             return
         gathered = self.comms.data.gather(self.timeline.close(), root=0)
         if self.rank == 0:
+            assert self.config.timeline is not None  # an enabled timeline has a path
             merge_traces(self.config.timeline, gathered)
             logger.info("timeline of %d rank(s) written to %s", self.size, self.config.timeline)

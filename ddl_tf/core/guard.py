@@ -25,7 +25,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Literal
 
 import numpy as np
 
@@ -133,7 +134,7 @@ class CollectiveGuard:
             summary,
         )
         self.error = error
-        self.phase = None
+        self.phase: AbstractContextManager[Any] | None = None
         self.start = 0.0
 
     def __enter__(self) -> CollectiveGuard:
@@ -161,11 +162,11 @@ class CollectiveGuard:
         except BaseException as err:
             if isinstance(err, StallError):
                 engine.state.mark_failed(err)
-            self.__exit__(type(err), err, err.__traceback__, entered=False)
+            self.__exit__(type(err), err, err.__traceback__, False)  # entered=False
             raise
         return self
 
-    def __exit__(self, exc_type, exc, tb, entered: bool = True) -> bool:
+    def __exit__(self, exc_type, exc, tb, entered: bool = True) -> Literal[False]:
         engine = self.engine
         if entered and exc is not None and isinstance(exc, Exception):
             if not isinstance(exc, DDLError):  # an MPI or data error mid-collective

@@ -23,11 +23,14 @@ Example:
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 import ml_dtypes
 import numpy as np
 
-try:
-    from ddl_tf.core import halfkernels as _kernels
+try:  # a C extension: imported by name, as it has no Python source to type-check
+    _kernels: ModuleType | None = importlib.import_module("ddl_tf.core.halfkernels")
 except ImportError:  # built without a C compiler: numpy does the conversions
     _kernels = None
 

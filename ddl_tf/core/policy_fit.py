@@ -157,7 +157,7 @@ def choose_per_size(costs: Costs, margin: float = MARGIN) -> dict[int, str]:
         {1: 'flat', 2: 'ring', 4: 'ring', 8: 'flat'}
     """
     chosen: dict[int, str] = {}
-    previous = None
+    previous: str | None = None
     for size in sorted(costs):
         best = min(costs[size].values())
         tied = {a for a, c in costs[size].items() if c <= best * (1 + margin)}
@@ -166,7 +166,7 @@ def choose_per_size(costs: Costs, margin: float = MARGIN) -> dict[int, str]:
         elif "flat" in tied:
             algo = "flat"
         else:
-            algo = min(costs[size], key=costs[size].get)
+            algo = min(costs[size], key=costs[size].__getitem__)
         chosen[size] = previous = algo
     return chosen
 

@@ -127,8 +127,8 @@ class Topology:
         tables.append(node_ids)
         previous = node_ids
         for level in spec.levels[node_at + 1 :]:
-            keys = [spec.group_of_node(level, n) for n in names]
-            table = _canonical(keys)
+            group_names = [spec.group_of_node(level, n) for n in names]
+            table = _canonical(group_names)
             _check_nesting(previous, table, level, spec.source)
             tables.append(table)
             previous = table

@@ -265,6 +265,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             if batch == 0:
                 self._set_lr(self.initial_lr * self.multiplier(epoch))
         else:
+            assert self._steps is not None  # on_train_begin refuses a smooth schedule without it
             self._set_lr(self.initial_lr * self.multiplier(epoch + batch / self._steps))
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
@@ -327,6 +328,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         self.warmup_epochs = warmup_epochs
 
         def multiplier(epoch: float) -> float:
+            assert self._steps is not None  # known once training begins (smooth schedule)
             epoch += 1.0 / self._steps  # end each epoch on a round value, as Horovod does
             n = basics.size()
             return (epoch * (n - 1) / warmup_epochs + 1) / n
@@ -350,6 +352,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             logs: The metrics dict Keras passes (may be None).
         """
         super().on_epoch_end(epoch, logs)
+        assert self.end_epoch is not None  # set from warmup_epochs
         if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
             logger.info(
                 "epoch %d: finished learning-rate warmup at %.6g",

@@ -58,8 +58,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     Args:
         optimizer: The ``keras.optimizers.Optimizer`` (or its name) doing the updates.
         name: Optimizer name; defaults to ``"Distributed" + inner class name``.
-        device_dense: Accepted for Horovod compatibility (ignored).
-        device_sparse: Accepted for Horovod compatibility (ignored).
+        device_dense: Horovod's device for dense reductions; ignored (ddl_tf
+            reduces on the host), with a warning once when set.
+        device_sparse: As ``device_dense``, for sparse gradients.
         compression: ``Compression.none`` (default: the configured one), ``.fp16``, ``.bf16``.
         sparse_as_dense: Densify ``tf.IndexedSlices`` gradients before reducing.
         gradient_predivide_factor: With Average, scale by ``1/f`` before the sum
@@ -69,8 +70,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             before one reduction and update.
         average_aggregated_gradients: Divide accumulated gradients by
             ``backward_passes_per_step``.
-        num_groups: Accepted for compatibility (ddl_tf always fuses into buckets).
-        groups: Accepted for compatibility.
+        num_groups: Horovod's fusion groups; ignored (ddl_tf fuses gradients into
+            buckets of ``DDL_FUSION_THRESHOLD`` bytes, or ``bucket_bytes`` with
+            overlap), with a warning once when set.
+        groups: As ``num_groups``.
         process_set: Only the global process set is supported.
         scale_local_gradients: Divide the gradients of local variables
             (:meth:`register_local_var`) by the number of ranks, as Horovod does.
@@ -100,6 +103,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         bucket_bytes: int | None = None,
     ) -> None:
         check_process_set(process_set)
+        _warn_ignored(device_dense=device_dense, device_sparse=device_sparse)
+        _warn_ignored(num_groups=num_groups, groups=groups)
         inner = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
         if not isinstance(inner, keras.optimizers.Optimizer):
             raise ConfigError(
@@ -131,7 +136,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.bucket_bytes = bucket_bytes
         self._local_vars: set = set()
         self._accumulators: list = []
-        self._passes = None
+        self._accumulator_of: dict = {}
+        self._passes: keras.Variable | None = None  # built when backward_passes_per_step > 1
 
     def register_local_var(self, var) -> None:
         """Keep ``var``'s gradient on this rank: it is not reduced across ranks.
@@ -156,6 +162,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self._accumulators = [
                 self.add_variable_from_reference(v, name="ddl_accumulator") for v in var_list
             ]
+            self._accumulator_of = {
+                _key(v): slot for v, slot in zip(var_list, self._accumulators, strict=True)
+            }
             self._passes = self.add_variable((), initializer="zeros", dtype="int", name="passes")
 
     @property
@@ -267,9 +276,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def _accumulate(self, grads: list, variables: list) -> None:
         pairs = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
-        slots = [self._accumulators[self._get_variable_index(v)] for _, v in pairs]
+        slots = [self._accumulator_of[_key(v)] for _, v in pairs]
         for (g, _), slot in zip(pairs, slots, strict=True):
             slot.assign_add(tf.convert_to_tensor(g))
+        assert self._passes is not None  # build() made it: backward_passes_per_step > 1
         self._passes.assign_add(1)
         steps = self.backward_passes_per_step
 
@@ -298,6 +308,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "op": self.op.value,
             "backward_passes_per_step": self.backward_passes_per_step,
             "average_aggregated_gradients": self.average_aggregated_gradients,
+            "scale_local_gradients": self.scale_local_gradients,
             "overlap": self.overlap,
             "bucket_bytes": self.bucket_bytes,
         }
@@ -354,6 +365,29 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
         for variable in layer.trainable_weights:
             wrapped.register_local_var(variable)
     return wrapped
+
+
+_IGNORED_WARNED: set[str] = set()
+
+
+def _warn_ignored(**options: Any) -> None:
+    """Warn once per process for each Horovod option that is set but has no meaning here."""
+    set_options = [name for name, value in options.items() if value not in ("", 0, None)]
+    fresh = [name for name in set_options if name not in _IGNORED_WARNED]
+    if not fresh:
+        return
+    _IGNORED_WARNED.update(fresh)
+    why = (
+        "ddl_tf reduces on the host through MPI, so there is no device to choose"
+        if "device_dense" in options
+        else "ddl_tf fuses gradients into buckets by size (DDL_FUSION_THRESHOLD, or "
+        "bucket_bytes= with overlap); Horovod's groups have no equivalent"
+    )
+    logger.warning(
+        "DistributedOptimizer ignores %s (Horovod options): %s. Remove them to silence this.",
+        ", ".join(f"{name}={options[name]!r}" for name in fresh),
+        why,
+    )
 
 
 def _key(variable):

@@ -183,6 +183,7 @@ def _dense_allreduce(tensors, op, compression, name, pre, post) -> list[tf.Tenso
 
     results = list(reduce(*tensors))
     if tf_compressor is not None:
+        assert contexts is not None  # set with the compression above
         results = [tf_compressor.decompress(r, c) for r, c in zip(results, contexts, strict=True)]
     return results
 

@@ -154,7 +154,8 @@ class DistributedGradientTape:
         """
         sources = list(sources)
         grads = self.gradient(target, sources, output_gradients)
-        local, shared = [], []
+        local: list[tuple] = []
+        shared: list[tuple] = []
         for source, grad in zip(sources, grads, strict=True):
             (local if self._is_local(source) else shared).append((source, grad))
         return local, shared

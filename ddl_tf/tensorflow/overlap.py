@@ -62,6 +62,9 @@ __all__ = ["production_levels", "production_order", "resolve", "reduce_in_bucket
 
 logger = logging.getLogger(__name__)
 
+_BACK_EDGE_OPS = frozenset({"NextIteration", "RefNextIteration"})
+"""TF1 while loops: the op that carries a value back to the loop's ``Merge``."""
+
 
 def _op_of(value) -> tf.Operation:
     if isinstance(value, tf.IndexedSlices):
@@ -72,6 +75,11 @@ def _op_of(value) -> tf.Operation:
 def production_levels(tensors: Sequence) -> list[int]:
     """Longest-path level (data and control edges) of the op producing each tensor.
 
+    Loop back edges are not dependencies: a TF1 while loop feeds its
+    ``NextIteration`` back into its ``Merge``, and any edge to an op still on
+    the walk's path closes a cycle, so both are skipped (the walk would
+    otherwise never end).
+
     Args:
         tensors: Graph tensors or ``tf.IndexedSlices`` of one graph.
 
@@ -79,6 +87,7 @@ def production_levels(tensors: Sequence) -> list[int]:
         One level per tensor; sources (placeholders, constants) have level 0.
     """
     levels: dict[tf.Operation, int] = {}
+    on_path: set[tf.Operation] = set()
     for value in tensors:
         stack = [_op_of(value)]
         while stack:
@@ -86,12 +95,18 @@ def production_levels(tensors: Sequence) -> list[int]:
             if op in levels:
                 stack.pop()
                 continue
-            preds = [t.op for t in op.inputs] + list(op.control_inputs)
+            on_path.add(op)
+            preds = [
+                p
+                for p in [t.op for t in op.inputs] + list(op.control_inputs)
+                if p.type not in _BACK_EDGE_OPS and p not in on_path
+            ]
             missing = [p for p in preds if p not in levels]
             if missing:
                 stack.extend(missing)
                 continue
             levels[op] = 1 + max((levels[p] for p in preds), default=-1)
+            on_path.discard(op)
             stack.pop()
     return [levels[_op_of(value)] for value in tensors]
 

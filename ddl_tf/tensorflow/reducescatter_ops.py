@@ -103,6 +103,7 @@ def grouped_reducescatter(
 
     results = list(scatter(*tensors))
     if tf_compressor is not None:
+        assert contexts is not None  # set with the compression above
         results = [tf_compressor.decompress(r, c) for r, c in zip(results, contexts, strict=True)]
     return results
 

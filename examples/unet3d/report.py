@@ -39,16 +39,17 @@ def _mem_line(row: dict | None) -> str:
     if row is None:
         return "  demo size: trained without LMS (--no-lms), not simulated"
     without = format_bytes(row["peak_without_lms_bytes"])
+    label = f"  {row['size']}^3 ({row['model']})" if "model" in row else f"  {row['size']}^3"
     if row.get("fits_with_lms") is False:
         best = format_bytes(row["best_peak_with_lms_bytes"])
-        return f"  {row['size']}^3: without LMS {without}; with LMS no plan fits (best {best})"
+        return f"{label}: without LMS {without}; with LMS no plan fits (best {best})"
     if "peak_with_lms_bytes" not in row:
-        return f"  {row['size']}^3: {without}"
+        return f"{label}: {without}"
     with_lms = format_bytes(row["peak_with_lms_bytes"])
     note = " (LMS not needed)" if row.get("lms_needed") is False else ""
     swaps = f"{row['swaps']} swaps, " if "swaps" in row else ""
     return (
-        f"  {row['size']}^3, batch {row.get('batch', 1)}: without LMS {without}, with LMS {with_lms}{note}, "
+        f"{label}, batch {row.get('batch', 1)}: without LMS {without}, with LMS {with_lms}{note}, "
         f"{swaps}predicted overhead {100 * row.get('overhead', 0):.1f}%"
     )
 

@@ -69,17 +69,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--simulate-sizes",
-        default="144,192,240",
-        help="cube sizes to simulate on a 16 GiB GPU (default 144,192,240; the seed paper: 144 -> 192)",
+        default="144,176,208",
+        help="cube sizes of the seed paper's model to simulate on a V100-16GB "
+        "(default 144,176,208; the paper: 144 -> 192)",
     )
     p.add_argument(
-        "--sim-depth", type=int, default=4, help="U-Net depth for the simulated sizes (default 4)"
+        "--sim-depth",
+        type=int,
+        default=5,
+        help="isensee2017 depth for the simulated sizes (default 5, the paper's)",
     )
     p.add_argument(
         "--sim-base-filters",
         type=int,
-        default=32,
-        help="filters for the simulated sizes (default 32: with depth 4, the seed paper's model)",
+        default=16,
+        help="base filters for the simulated sizes (default 16, the paper's)",
     )
     p.add_argument(
         "--link", default="nvlink2", help="CPU-GPU link preset for overheads (default nvlink2)"
@@ -269,7 +273,7 @@ def main(argv=None) -> int:
         "weights_identical": len(set(digests)) == 1,
         "memory": {
             "simulated": True,
-            "budget": "16GiB",
+            "budget": "V100-16GB (realistic: tensors and what a TensorFlow GPU process holds)",
             "device": "V100-16GB",
             "link": args.link,
             "demo": memory[("demo", args.size)],

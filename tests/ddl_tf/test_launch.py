@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -138,11 +137,10 @@ def test_ddlrun_answers_at_once_without_tensorflow_or_mpi(argv, code):
     # the console script when installed (what users run), else the module
     script = Path(sys.executable).parent / "ddlrun"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "ddl_tf.ddlrun"]
-    start = time.monotonic()
+    # what makes it answer at once is what it does not import (checked below), not a
+    # wall-clock figure that a loaded machine would break
     out = subprocess.run([*command, *argv], capture_output=True, text=True, timeout=60)
-    elapsed = time.monotonic() - start
     assert out.returncode == code, out.stderr
-    assert elapsed < 1.5, f"ddlrun {' '.join(argv)} took {elapsed:.2f} s (want well under 1 s)"
     # and what it imported, module by module
     traced = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "ddl_tf.ddlrun", *argv],

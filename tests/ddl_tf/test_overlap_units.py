@@ -80,6 +80,26 @@ def test_ties_keep_list_order():
     assert captured["order"] == [0, 1]
 
 
+def test_production_levels_skip_the_back_edge_of_a_tf1_while_loop():
+    # A TF1 while loop (control flow v1: Enter/Merge/Switch/NextIteration/Exit) among a
+    # gradient's ancestors: Merge reads NextIteration, whose input depends on Merge.
+    tf.compat.v1.disable_control_flow_v2()
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [4], name="x")
+            _, looped = tf.compat.v1.while_loop(
+                lambda i, v: i < 3, lambda i, v: (i + 1, v * 2.0), [tf.constant(0), x]
+            )
+            grad = tf.gradients(tf.reduce_sum(looped * x), x)[0]
+    finally:
+        tf.compat.v1.enable_control_flow_v2()
+    types = {op.type for op in graph.get_operations()}
+    assert {"NextIteration", "Merge"} <= types  # the cycle is really there
+    level_x, level_loop, level_grad = production_levels([x, looped, grad])
+    assert level_x == 0 < level_loop < level_grad
+
+
 def test_settings_come_from_the_environment_and_are_validated():
     assert DDLConfig().overlap is True and DDLConfig().bucket_bytes == DEFAULT_BUCKET_BYTES
     cfg = DDLConfig.from_env({"DDL_OVERLAP": "0", "DDL_BUCKET_BYTES": "1024"})

@@ -176,6 +176,10 @@ def test_distributed_optimizer_config_round_trip_and_save_load(ddl, tmp_path):
     )
     clone = hvd_keras.DistributedOptimizer.from_config(opt.get_config())
     assert clone.backward_passes_per_step == 2 and clone.compression == "bf16"
+    kept = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(), scale_local_gradients=False)
+    assert (
+        hvd_keras.DistributedOptimizer.from_config(kept.get_config()).scale_local_gradients is False
+    )
     assert isinstance(clone.inner_optimizer, keras.optimizers.SGD)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
@@ -190,6 +194,23 @@ def test_distributed_optimizer_config_round_trip_and_save_load(ddl, tmp_path):
     wrapped = hvd_keras.load_model(tmp_path / "plain.keras")
     assert isinstance(wrapped.optimizer, hvd_keras.DistributedOptimizer)
     wrapped.fit(np.ones((4, 3)), np.ones((4, 2)), epochs=1, verbose=0)
+
+
+def test_ignored_horovod_options_warn_once_each(ddl, caplog):
+    from ddl_tf.keras import optimizer as optimizer_module
+
+    optimizer_module._IGNORED_WARNED.clear()
+    with caplog.at_level("WARNING", logger="ddl_tf.keras.optimizer"):
+        hvd_keras.DistributedOptimizer(keras.optimizers.SGD())  # Horovod's defaults: silent
+        assert not caplog.records
+        for _ in range(2):
+            hvd_keras.DistributedOptimizer(
+                keras.optimizers.SGD(), device_dense="/gpu:0", num_groups=2, groups=None
+            )
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages  # one per kind of option, not per optimizer
+    assert "device_dense='/gpu:0'" in messages[0] and "no device to choose" in messages[0]
+    assert "num_groups=2" in messages[1] and "groups=" not in messages[1].split("num_groups")[0]
 
 
 def test_distributed_optimizer_rejects_what_it_cannot_wrap(ddl):

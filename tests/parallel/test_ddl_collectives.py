@@ -35,6 +35,7 @@ def test_collectives_fused_small_buckets_with_timeline(mpirun, tmp_path):
     assert not list(tmp_path.glob("trace.rank*.json")), "per-rank streams were not merged"
 
 
+@pytest.mark.slow  # about 60 s on 2 cores
 def test_randomized_10000_collectives_on_4_ranks_2_pseudo_nodes(mpirun):
     """10,000 random collectives (mixed kinds, dtypes, shapes, ops, compression) under make test."""
     env = {"DDL_PSEUDO_NODES": "2", "DDL_FUSION_THRESHOLD": "65536"}

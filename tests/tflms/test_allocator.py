@@ -129,8 +129,8 @@ def test_unknown_allocator_and_bfc_under_grappler_accounting_are_refused():
         tf.nn.relu(x, name="y")
     view = tflms.build_view(g)
     with pytest.raises(ConfigError, match="allocator must be one of"):
-        tflms.simulate(view, allocator="tcmalloc")
-    with pytest.raises(ConfigError, match="accounting='tensorflow'"):
+        tflms.simulate(view, allocator="tcmalloc", accounting="tensors")
+    with pytest.raises(ConfigError, match="accounting='tensors'"):
         tflms.simulate(view, allocator="bfc", accounting="grappler")
     with pytest.raises(ConfigError, match="limit_bytes"):
         BFCModel(allow_growth=False)
@@ -144,8 +144,8 @@ def test_bfc_peak_counts_chunks_not_tensors():
         y = tf.math.sin(x, name="y")
         tf.add(tf.math.cos(x, name="z"), y, name="w")
     view = tflms.build_view(g)
-    exact = tflms.simulate(view)
-    bfc = tflms.simulate(view, allocator="bfc")
+    exact = tflms.simulate(view, accounting="tensors")
+    bfc = tflms.simulate(view, allocator="bfc", accounting="tensors")
     assert exact.allocator == "exact" and bfc.allocator == "bfc"
     assert exact.device_peak_bytes == 3 * 3 * MiB
     assert bfc.device_peak_bytes > exact.device_peak_bytes

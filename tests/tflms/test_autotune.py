@@ -24,7 +24,7 @@ BATCH, WIDTH, DEPTH = 4096, 64, 8  # activations of 1 MiB
 def chain():
     step = dense_chain_step(BATCH, WIDTH, DEPTH)
     view = tflms.build_view(step.graph)
-    return step, view, tflms.simulate(view).device_peak_bytes
+    return step, view, tflms.simulate(view, accounting="tensors").device_peak_bytes
 
 
 @pytest.mark.parametrize("link", ["pcie3", "nvlink2"])
@@ -173,7 +173,7 @@ def test_a_fit_never_depends_on_slow_copies(chain, link):
 
     tuned = tflms.autotune(view, budget, safety_margin=0, link=link)
 
-    instant = tflms.simulate(view, tuned.plan, link="ideal")
+    instant = tflms.simulate(view, tuned.plan, link="ideal", accounting="tensors")
     assert instant.device_peak_bytes <= budget
     chosen = [c for c in tuned.candidates if c.fits]
     assert all(c.instant_copies_peak_bytes <= budget for c in chosen)
@@ -193,8 +193,8 @@ def test_retimed_triggers_keep_the_graph_valid_and_hide_copies():
     for swap in retimed.swaps:
         for swap_in in swap.swap_ins:
             assert levels[swap_in.trigger] < swap_in.consumer_level  # edges go up: acyclic
-    before = tflms.simulate(view, plan, link="nvlink2")
-    after = tflms.simulate(view, retimed, link="nvlink2")
+    before = tflms.simulate(view, plan, link="nvlink2", accounting="tensors")
+    after = tflms.simulate(view, retimed, link="nvlink2", accounting="tensors")
     assert after.step_time_s <= before.step_time_s
     assert "simulated time" in retimed.notes[-1]
     tflms.apply_plan(step.graph, retimed)

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -326,9 +327,11 @@ def test_progress_is_drawn_only_on_a_terminal_after_the_delay():
     for stream in (terminal, pipe):
         with Progress(stream, delay=0, interval=0.01) as progress:
             progress.stage("analysing train")
-            import time
-
-            time.sleep(0.05)
+            # wait for the first draw on a terminal (bounded), never on a pipe
+            deadline = time.monotonic() + 10
+            while stream is terminal and "analysing" not in stream.getvalue():
+                assert time.monotonic() < deadline, "the progress line was never drawn"
+                time.sleep(0.005)
     assert "analysing train" in terminal.getvalue() and terminal.getvalue().endswith("\x1b[2K")
     assert pipe.getvalue() == ""
     quick = Terminal()

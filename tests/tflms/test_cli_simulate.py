@@ -29,11 +29,16 @@ def run(capsys, *argv):
 
 
 def baseline_peak(capsys, src) -> int:
+    """The tensors' peak: what a budget in bytes is compared with (a GPU preset budget is
+    compared with the realistic peak, which adds the process's own terms)."""
     code, out, _ = run(capsys, "simulate", src, "--json")
     assert code == ExitCode.OK
     (graph,) = json.loads(out)["graphs"].values()
-    assert graph["simulation"]["simulated"] is True
-    return graph["simulation"]["device_peak_bytes"]
+    simulation = graph["simulation"]
+    assert simulation["simulated"] is True and simulation["accounting"] == "realistic"
+    terms = simulation["memory_terms"]
+    assert sum(terms.values()) == simulation["device_peak_bytes"] > terms["tensors"]
+    return terms["tensors"]
 
 
 def test_simulate_reports_the_simulated_peak(capsys, models):

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tests.tflms.graphs import WIDTH, chain_with_skip, diamond, fan_out, long_chain
-from tflms import LMSConfig, SwapPlan, build_view, make_plan
+from tflms import LMSConfig, Swap, SwapIn, SwapPlan, build_view, make_plan
 
 
 def plan_of(graph, **options):
@@ -198,8 +198,13 @@ def test_secondary_outputs_are_not_rerouted_into_commutative_ops():
         tf.concat([end, tf.nn.relu(halves[1], name="late")], axis=1, name="joined")
     # `late` is created last, but only one level above split: not far. Force distance:
     plan2 = plan_of(g2, swapout_threshold=0)
-    names = {s.swapin_name(0) for s in plan2.swaps if s.tensor == "split:1"}
-    assert names <= {"split-lms/swapin_out1"}
+    # concat is not commutative, so split:1 is a candidate; its consumer `late` has no other
+    # input to wait for and no op can trigger its swap-in: kept, and the reason says so.
+    assert "split:1" not in {s.tensor for s in plan2.swaps}
+    assert "no swap-in trigger" in dict(plan2.skipped)["split:1"]
+    # a secondary output's swap ops are named after the output they carry
+    secondary = Swap("split:1", "split", 1, 4096, "float32", 1, "", (SwapIn((("late", 0),)),))
+    assert secondary.swapin_name(0) == "split-lms/swapin_out1"
 
 
 @pytest.mark.parametrize("device, swapped", [("/device:CPU:1", False), ("/device:GPU:0", True)])

@@ -62,9 +62,9 @@ def test_dense_groups_chain_through_matmuls_and_move_less():
     assert sum(op.startswith("mm") for op in longest.ops) >= 2
     # re-running costs less time than PCIe3 copies of the same tensors, and still saves memory
     assert dense.bytes_swapped < cheap.bytes_swapped
-    plain = tflms.simulate(view, link="pcie3")
-    with_cheap = tflms.simulate(view, cheap, link="pcie3", baseline=plain)
-    with_dense = tflms.simulate(view, dense, link="pcie3", baseline=plain)
+    plain = tflms.simulate(view, link="pcie3", accounting="tensors")
+    with_cheap = tflms.simulate(view, cheap, link="pcie3", baseline=plain, accounting="tensors")
+    with_dense = tflms.simulate(view, dense, link="pcie3", baseline=plain, accounting="tensors")
     assert with_dense.step_time_s < with_cheap.step_time_s
     assert with_dense.device_peak_bytes < plain.device_peak_bytes
     # the planner's groups are disjoint
@@ -128,12 +128,12 @@ def test_plans_without_the_option_still_load():
     data["config"].pop("recompute_dense")  # a plan written before the option existed
     loaded = tflms.SwapPlan.from_dict(data)
     assert loaded.recomputes == plan.recomputes
-    assert LMSConfig.from_dict(loaded.config).recompute_dense == 0.0
+    assert loaded.config.recompute_dense == 0.0
 
 
 def test_autotune_reruns_matmuls_over_a_slow_link_only():
     view = tflms.build_view(mlp_graph(batch=8 * BATCH))  # activations outweigh the weights
-    plain = tflms.simulate(view).device_peak_bytes
+    plain = tflms.simulate(view, accounting="tensors").device_peak_bytes
     budget = int(plain * 0.8)
     slow = tflms.autotune(view, budget, safety_margin=0, link="pcie3")
     fast = tflms.autotune(view, budget, safety_margin=0, link="ideal")
@@ -151,7 +151,9 @@ def test_a_budget_over_pcie3_reruns_convolutions_and_training_is_bitwise_identic
     from tflms import zoo
 
     batch, steps = 256, 3
-    plain_peak = tflms.simulate(tflms.analyze(zoo.resnet(), batch_size=batch)).device_peak_bytes
+    plain_peak = tflms.simulate(
+        tflms.analyze(zoo.resnet(), batch_size=batch), accounting="tensors"
+    ).device_peak_bytes
     weights = []
     for callbacks in ([], "lms"):
         model = zoo.resnet()

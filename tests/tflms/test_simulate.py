@@ -106,7 +106,7 @@ def swap_f1(view, trigger: str) -> SwapPlan:
 
 
 def test_chain_peaks_at_two_tensors():
-    result = simulate(make_view(*chain(6)), link="ideal")
+    result = simulate(make_view(*chain(6)), link="ideal", accounting="tensors")
 
     # op_i runs with its input alive and its output allocated: 2 A, first reached by op1.
     assert result.device_peak_bytes == 2 * A
@@ -120,7 +120,7 @@ def test_chain_with_a_long_skip_keeps_the_skipped_tensor():
     nodes, edges = chain(6)
     edges.append(("op1", "op5", 1))
 
-    result = simulate(make_view(nodes, edges), link="ideal")
+    result = simulate(make_view(nodes, edges), link="ideal", accounting="tensors")
 
     assert result.device_peak_bytes == 3 * A  # op1 lives until op5 ends
     assert result.peak_op == "op3"
@@ -141,7 +141,7 @@ def test_diamond_peak_is_the_widest_cut():
         [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 1)],
     )
 
-    result = simulate(view, link="ideal")
+    result = simulate(view, link="ideal", accounting="tensors")
 
     # FirstReady runs b before c (name order); a dies with c; at d: b, c and d.
     assert [n for n in result.timeline_ops] == ["a", "b", "c", "d"]
@@ -155,7 +155,7 @@ def test_diamond_with_the_wide_branch_first():
         [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 1)],
     )
 
-    result = simulate(view, link="ideal")
+    result = simulate(view, link="ideal", accounting="tensors")
 
     assert result.device_peak_bytes == 4 * A + A + A  # a, b and c while c runs
     assert result.peak_op == "c"
@@ -166,7 +166,7 @@ def test_diamond_with_the_wide_branch_first():
 
 @pytest.mark.parametrize("layers", [4, 6])
 def test_training_chain_keeps_every_activation(layers):
-    result = simulate(training_chain(layers), link="ideal")
+    result = simulate(training_chain(layers), link="ideal", accounting="tensors")
 
     # At b_L: f1..fL (all still needed) and b_L: (L + 1) A.
     assert result.device_peak_bytes == (layers + 1) * A
@@ -178,7 +178,7 @@ def test_swapping_the_first_activation_saves_it(layers):
     view = training_chain(layers)
     plan = swap_f1(view, trigger="b3")
 
-    result = simulate(view, plan, link="ideal")
+    result = simulate(view, plan, link="ideal", accounting="tensors")
 
     # f1 leaves the device once f2 and the swap-out are done: L A at b_L; it
     # comes back when b3 has finished (4 A at b2: f1', f2, b3, b2).
@@ -193,7 +193,7 @@ def test_swapping_the_first_activation_saves_it(layers):
 def test_swap_in_without_a_late_trigger_saves_nothing():
     view = training_chain(4)
     # Triggered by f2, the swap-in runs right away in the forward pass.
-    result = simulate(view, swap_f1(view, trigger="f2"), link="ideal")
+    result = simulate(view, swap_f1(view, trigger="f2"), link="ideal", accounting="tensors")
 
     assert result.device_peak_bytes == 5 * A
 
@@ -203,7 +203,7 @@ def test_slow_link_delays_frees_and_consumers():
     slow = LinkModel("slow", bandwidth=A / 0.5, latency_s=0.0)  # 0.5 s per copy
     plan = swap_f1(view, trigger="b3")
 
-    result = simulate(view, plan, link=slow)
+    result = simulate(view, plan, link=slow, accounting="tensors")
 
     # The swap-out is still copying while the forward pass ends: f1 stays on
     # the device until it is done, so nothing is saved; b1 waits for the
@@ -218,10 +218,10 @@ def test_slow_link_delays_frees_and_consumers():
 def test_copies_overlap_with_compute():
     view = training_chain(6)
     plan = swap_f1(view, trigger="b5")
-    compute = simulate(view, link="ideal").step_time_s
+    compute = simulate(view, link="ideal", accounting="tensors").step_time_s
     link = LinkModel("fast-enough", bandwidth=A / (compute / 10), latency_s=0.0)
 
-    result = simulate(view, plan, link=link)
+    result = simulate(view, plan, link=link, accounting="tensors")
 
     assert result.step_time_s == pytest.approx(compute, rel=1e-4)  # fully hidden
 
@@ -230,9 +230,12 @@ def test_a_rewritten_view_simulates_as_the_plan():
     view = training_chain(4)
     plan = swap_f1(view, trigger="b3")
 
-    direct = simulate(apply_to_view(view, plan), link="ideal")
+    direct = simulate(apply_to_view(view, plan), link="ideal", accounting="tensors")
 
-    assert direct.device_peak_bytes == simulate(view, plan, link="ideal").device_peak_bytes
+    assert (
+        direct.device_peak_bytes
+        == simulate(view, plan, link="ideal", accounting="tensors").device_peak_bytes
+    )
     assert direct.baseline is None and direct.overhead == 0.0
 
 
@@ -247,7 +250,7 @@ def test_variables_are_resident_and_reads_alias_them():
         [("w", "read", 0), ("x", "mm", 0), ("read", "mm", 1), ("mm", "out", 0)],
     )
 
-    result = simulate(view, link="ideal")
+    result = simulate(view, link="ideal", accounting="tensors")
 
     assert result.variable_bytes == w
     assert result.device_peak_bytes == w + 2 * A  # x and mm at mm, mm and out at out
@@ -260,7 +263,7 @@ def test_identity_and_reshape_share_their_input_buffer():
         [("a", "ident", 0), ("ident", "shaped", 0), ("shaped", "b", 0)],
     )
 
-    assert simulate(view, link="ideal").device_peak_bytes == 2 * A
+    assert simulate(view, link="ideal", accounting="tensors").device_peak_bytes == 2 * A
     assert simulate(view, link="ideal", accounting="grappler").device_peak_bytes > 2 * A
 
 
@@ -287,7 +290,7 @@ def test_identity_n_is_bypassed_as_grappler_removes_it():
         assert (at["u1"] < at["g2"]) is u1_before_g2
     assert bypassed.inputs[bypassed.names.index("idn")] == []
     # u1 frees g1 at once instead of holding it while the chain up to g2 runs
-    assert simulate(view, link="ideal").device_peak_bytes == 2 * A
+    assert simulate(view, link="ideal", accounting="tensors").device_peak_bytes == 2 * A
     held = trace_memory(kept, first_ready(kept), accounting="tensorflow")
     assert held.device_peak == 3 * A
 
@@ -318,7 +321,7 @@ def test_identity_n_with_a_control_edge_or_behind_another_is_handled():
     graph = compile_view(view, device="V100-16GB", link="ideal")
     u1 = graph.names.index("u1")
     assert [graph.names[p] for p, _, _ in graph.inputs[u1]] == ["g1"]
-    assert simulate(view, link="ideal").device_peak_bytes == 2 * A
+    assert simulate(view, link="ideal", accounting="tensors").device_peak_bytes == 2 * A
 
 
 def test_an_identity_n_grappler_removes_never_triggers_a_swap_in():
@@ -331,9 +334,12 @@ def test_an_elementwise_op_writes_into_its_dying_input():
     nodes = [("x", A, "Placeholder")] + [(f"r{i}", A, "Relu") for i in range(5)]
     edges = [("x", "r0", 0)] + [(f"r{i - 1}", f"r{i}", 0) for i in range(1, 5)]
     # x is an argument (its caller holds it): r0 cannot reuse it; r1..r4 reuse r0's buffer
-    assert simulate(make_view(nodes, edges), link="ideal").device_peak_bytes == 2 * A
+    assert (
+        simulate(make_view(nodes, edges), link="ideal", accounting="tensors").device_peak_bytes
+        == 2 * A
+    )
     edges.append(("r1", "r4", 1))  # r1 is read later: r2 cannot reuse it, r3 and r4 reuse r2's
-    reused = simulate(make_view(nodes, edges), link="ideal")
+    reused = simulate(make_view(nodes, edges), link="ideal", accounting="tensors")
     assert reused.device_peak_bytes == 2 * A  # x died with r0; r1 and r2..r4
     assert dict(zip(reused.timeline_ops, reused.timeline_device, strict=True))["r2"] == 2 * A
     fresh = simulate(make_view(nodes, edges), link="ideal", accounting="grappler")
@@ -346,7 +352,9 @@ def test_buffers_are_reused_only_when_size_dtype_and_readers_allow():
         [("x", A), ("a", A, "Relu"), ("c", A // 2, "Relu")], [("x", "a", 0), ("a", "c", 0)]
     )
     view.nodes["c"]["outputs"] = (half,)  # another size and dtype: a fresh buffer
-    assert simulate(view, link="ideal").device_peak_bytes == A + A + A // 2 - A  # x died at a
+    assert (
+        simulate(view, link="ideal", accounting="tensors").device_peak_bytes == A + A + A // 2 - A
+    )  # x died at a
     # a swap-out still copying holds a reference: no reuse until the copy is done
     slow = LinkModel("slow", bandwidth=A / 1e-3)
     nodes = [("x", A), ("a", A, "Relu"), ("b", A, "Relu"), ("c", A, "Relu")]
@@ -354,8 +362,8 @@ def test_buffers_are_reused_only_when_size_dtype_and_readers_allow():
     plan = SwapPlan(
         swaps=(Swap("a:0", "a", 0, A, "float32", 1, "", (SwapIn((("c", 1),), trigger="b"),)),),
     )
-    fast = simulate(view, plan, link="ideal", baseline=False)
-    slowed = simulate(view, plan, link=slow, baseline=False)
+    fast = simulate(view, plan, link="ideal", baseline=False, accounting="tensors")
+    slowed = simulate(view, plan, link=slow, baseline=False, accounting="tensors")
     at_b = {
         r.link: dict(zip(r.timeline_ops, r.timeline_device, strict=True))["b"]
         for r in (fast, slowed)
@@ -388,8 +396,8 @@ def test_convolution_and_matmul_flops():
 
 def test_faster_device_is_faster():
     view = training_chain(4)
-    v100 = simulate(view, device="V100-16GB").step_time_s
-    h100 = simulate(view, device="H100-80GB").step_time_s
+    v100 = simulate(view, device="V100-16GB", accounting="tensors").step_time_s
+    h100 = simulate(view, device="H100-80GB", accounting="tensors").step_time_s
     assert h100 < v100
 
 
@@ -398,7 +406,7 @@ def test_faster_device_is_faster():
 
 def test_json_export_round_trips(tmp_path):
     view = training_chain(4)
-    result = simulate(view, swap_f1(view, trigger="b3"), link="nvlink2")
+    result = simulate(view, swap_f1(view, trigger="b3"), link="nvlink2", accounting="tensors")
     path = tmp_path / "result.json"
 
     result.save_json(path)
@@ -415,7 +423,7 @@ def test_json_export_round_trips(tmp_path):
 
 def test_plot_writes_a_png(tmp_path):
     view = training_chain(6)
-    result = simulate(view, swap_f1(view, trigger="b3"), link="pcie3")
+    result = simulate(view, swap_f1(view, trigger="b3"), link="pcie3", accounting="tensors")
     path = tmp_path / "plots" / "timeline.png"
 
     result.plot(path, budget_bytes=6 * A, title="training chain")

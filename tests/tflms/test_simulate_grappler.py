@@ -28,7 +28,7 @@ def test_chain_matches_grapplers_hand_derived_peak():
     # tests/tflms/test_grappler.py derives Grappler's peak of this step by hand.
     assert ours.device_peak_bytes == (depth + 4) * a + (depth - 1) * w + 4 * depth + 8
     # On a GPU the variables are resident (4 W) and the 1 ns overlap is gone.
-    realistic = tflms.simulate(view, link="ideal")
+    realistic = tflms.simulate(view, link="ideal", accounting="tensors")
     assert realistic.variable_bytes == depth * w
     assert realistic.device_peak_bytes < ours.device_peak_bytes + w
 

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 
 import tflms
 from tflms import zoo
 from tflms.errors import ConfigError
-from tflms.zoo.isensee import InstanceNormalization, WeightedDiceLoss, isensee2017
+from tflms.zoo.isensee import (
+    InstanceNormalization,
+    Keras2LeakyReLU,
+    Keras2UpSampling3D,
+    WeightedDiceLoss,
+    isensee2017,
+)
 
 SMALL = dict(edge=16, depth=3, base_filters=2, segmentation_levels=2)
 
@@ -129,12 +136,11 @@ def test_one_training_step(small):
     assert type(small.optimizer).__name__ == "Adam"
 
 
-def test_synthetic_data_has_the_target_shape(small):
-    # synthetic_data gives dense float targets of the output's shape (standard
-    # normal values: right for tracing, not {0, 1} maps for training)
+def test_synthetic_data_has_binary_label_maps(small):
+    # the Dice loss scores {0, 1} maps, one per label (binary_labels)
     x, y = zoo.synthetic_data(small, 2)
     assert x.shape == (2, 16, 16, 16, 4) and y.shape == (2, 16, 16, 16, 3)
-    assert str(y.dtype) == "float32"
+    assert str(y.dtype) == "float32" and set(np.unique(y)) == {0.0, 1.0}
 
 
 def test_analyze_and_simulate(small):
@@ -154,8 +160,31 @@ def test_analyze_and_simulate(small):
         (dict(edge=16, depth=3, segmentation_levels=3), r"between 1 and depth-1 = 2"),
         (dict(edge=16, depth=1), r"depth must be at least 2"),
         (dict(edge=16, depth=3, segmentation_levels=2, dropout=1.0), r"dropout must be in"),
+        (dict(edge=16, depth=3, segmentation_levels=2, arithmetic="tf2"), r"arithmetic must be"),
     ],
 )
 def test_config_errors(options, match):
     with pytest.raises(ConfigError, match=match):
         isensee2017(**options)
+
+
+def test_the_tf1_layers_compute_what_keras3_layers_compute():
+    x = np.random.default_rng(0).standard_normal((1, 4, 6, 2, 3)).astype("float32")
+    leaky = keras.layers.LeakyReLU(negative_slope=0.3)(x)
+    np.testing.assert_allclose(Keras2LeakyReLU(0.3)(x), leaky, rtol=1e-6, atol=1e-7)
+    up = keras.layers.UpSampling3D(2)(x)
+    np.testing.assert_array_equal(Keras2UpSampling3D()(x), up)
+    assert Keras2UpSampling3D().compute_output_shape((1, 4, 6, 2, 3)) == (1, 8, 12, 4, 3)
+
+
+def test_the_tf1_arithmetic_has_the_same_weights_and_holds_more():
+    tf1 = isensee2017(**SMALL, arithmetic="tf1")
+    keras3 = isensee2017(**SMALL)
+    assert tf1.count_params() == keras3.count_params()
+    ops = {node["type"] for _, node in tflms.analyze(tf1, batch_size=1).nodes(data=True)}
+    assert {"Neg", "Split"} <= ops  # relu(x) - a * relu(-x); split + concat per axis
+    peaks = [
+        tflms.simulate(tflms.analyze(m, batch_size=1), accounting="tensors").device_peak_bytes
+        for m in (keras3, tf1)
+    ]
+    assert peaks[1] > peaks[0]

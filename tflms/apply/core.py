@@ -227,7 +227,7 @@ def _clone_group(editor: Editor, recompute) -> int:
 
 
 def _check_plan_matches(editor: Editor, plan: SwapPlan) -> None:
-    needed = set()
+    needed: set[str] = set()
     for recompute in plan.recomputes:
         needed.update(recompute.ops)
         needed.update(c for c, _, _, _ in recompute.consumers)

@@ -83,7 +83,7 @@ class ViewEditor:
         Returns:
             One ``(source op, output index)`` pair per data input.
         """
-        found = []
+        found: list[tuple[int, str, int]] = []
         for pred, edge in self.view.pred[op].items():
             found.extend((in_idx, pred, out_idx) for out_idx, in_idx in edge.get("tensors", ()))
         return [(pred, out_idx) for _, pred, out_idx in sorted(found)]

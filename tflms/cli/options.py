@@ -32,6 +32,7 @@ import functools
 import inspect
 import json
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,9 @@ class ConfigField:
 
     Attributes:
         name: the field name; option: ``--name-with-dashes``.
-        annotation: the annotation as written (``"int | None"``).
+        annotation: the annotation as written (``"int | None"``), with a
+            ``Literal`` alias of :mod:`tflms.config` read as the type of its
+            values (``SyncMode``: ``"int"``).
         kinds: the types of the annotation's union members
             (``{"int", "None"}``; ``"list"`` for tuples).
         default: the dataclass default.
@@ -114,7 +117,9 @@ class _suppress_value_error:
 @functools.lru_cache(maxsize=1)
 def config_fields() -> tuple[ConfigField, ...]:
     """The fields of ``LMSConfig`` with their docstrings and annotations, in order."""
-    source = Path(inspect.getsourcefile(config_module)).read_text()
+    source_file = inspect.getsourcefile(config_module)
+    assert source_file is not None  # tflms.config is a .py file
+    source = Path(source_file).read_text()
     class_def = next(
         node
         for node in ast.walk(ast.parse(source))
@@ -125,7 +130,7 @@ def config_fields() -> tuple[ConfigField, ...]:
     body = class_def.body
     for stmt, following in zip(body, [*body[1:], None], strict=True):
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            annotations[stmt.target.id] = ast.unparse(stmt.annotation)
+            annotations[stmt.target.id] = _plain(ast.unparse(stmt.annotation))
             if (
                 isinstance(following, ast.Expr)
                 and isinstance(following.value, ast.Constant)
@@ -135,11 +140,29 @@ def config_fields() -> tuple[ConfigField, ...]:
     fields = []
     for f in dataclasses.fields(LMSConfig):
         annotation = annotations.get(f.name, str(f.type))
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default: object = f.default
+        if default is dataclasses.MISSING:
+            assert f.default_factory is not dataclasses.MISSING  # every field has a default
+            default = f.default_factory()
         fields.append(
             ConfigField(f.name, annotation, _kinds(annotation), default, docs.get(f.name, ""))
         )
     return tuple(fields)
+
+
+def _plain(annotation: str) -> str:
+    """``annotation`` with each ``Literal`` alias of :mod:`tflms.config` read as its values' type.
+
+    ``"SyncMode"`` (``Literal[0, 1, 2, 3]``) reads as ``"int"``: the command line
+    converts and shows the value as that type, and ``LMSConfig`` checks it.
+    """
+    members = []
+    for member in (m.strip() for m in annotation.split("|")):
+        alias = getattr(config_module, member, None)
+        if typing.get_origin(alias) is typing.Literal:
+            member = type(typing.get_args(alias)[0]).__name__
+        members.append(member)
+    return " | ".join(members)
 
 
 def _kinds(annotation: str) -> frozenset:

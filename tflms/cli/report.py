@@ -135,7 +135,23 @@ def _peak_lines(result) -> list[str]:
         )
     else:
         text = f"predicted device peak: {format_bytes(result.device_peak_bytes)} (no swaps)"
-    return [text, f"  (simulated on {result.device} over {result.link} by {result.simulator})"]
+    lines = [text]
+    terms = result.memory_terms
+    if terms:
+        tensors = format_bytes(terms["tensors"])
+        if base is not None and base.memory_terms:
+            tensors = f"{format_bytes(base.memory_terms['tensors'])} -> {tensors}"
+        rest = format_bytes(sum(terms.values()) - terms["tensors"])
+        lines.append(
+            f"  of which tensors {tensors}; the rest ({rest}) is what a TensorFlow GPU process "
+            f"holds beyond them ({result.stack} stack: driver, CUDA context, reserve, workspace, "
+            "fragmentation)"
+        )
+    lines.append(
+        f"  (simulated on {result.device} over {result.link} by {result.simulator}; "
+        f"{result.accounting} accounting)"
+    )
+    return lines
 
 
 def simulation_text(name: str, result, tuning=None) -> str:

@@ -2,7 +2,9 @@
 
 * :mod:`.hardware` - device and link presets (memory, FLOP/s, bandwidth,
   latency), ``get_device``/``get_link``;
-* :mod:`.ops` - per-op time on a device: a roofline of FLOPs and bytes moved.
+* :mod:`.ops` - per-op time on a device: a roofline of FLOPs and bytes moved;
+* :mod:`.gpu_memory` - what a TensorFlow GPU process holds beyond its tensors
+  (driver, CUDA context, TensorFlow's reserve, cuDNN workspaces), with sources.
 
 Base layer: it depends on :mod:`tflms.errors` only, so the configuration and
 every pipeline stage may use it.

@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
@@ -43,6 +44,9 @@ from tflms.graph.view import build_view, require_batch_size
 from tflms.plan.swap_plan import SwapPlan
 from tflms.tuning.compose import make_plan
 from tflms.utils.devices import check_local_device
+
+if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is set
+    from tflms.tuning.autotuner import AutotuneResult
 
 __all__ = ["LMS", "resolve_config"]
 
@@ -84,7 +88,7 @@ class LMS:
 
     def __init__(self, config: LMSConfig | None = None, **overrides):
         self.config = resolve_config(config, overrides)
-        self.tuning = None
+        self.tuning: AutotuneResult | None = None
         self.view = None  # the analysis view of the last graph planned (before any rewrite)
 
     @tf.autograph.experimental.do_not_convert

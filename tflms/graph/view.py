@@ -101,7 +101,7 @@ class TensorInfo(NamedTuple):
     """
 
     name: str
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index; public field name
     dtype: str
     shape: tuple | None
     bytes: int

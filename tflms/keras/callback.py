@@ -20,6 +20,7 @@ import logging
 import sys
 import weakref
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import keras
 import tensorflow as tf
@@ -30,6 +31,11 @@ from tflms.frontends.lms import LMS, resolve_config
 from tflms.keras.session import FitSession, check_xla, fit_batch_size, fit_frame
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.devices import check_local_device
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+    from tflms.tuning.autotuner import AutotuneResult
 
 __all__ = ["LMSCallback", "Trace"]
 
@@ -47,9 +53,9 @@ class Trace:
     """
 
     plan: SwapPlan
-    tuning: object = None
-    view: object = None
-    _graph: weakref.ref = field(default=None, repr=False)
+    tuning: AutotuneResult | None = None
+    view: nx.DiGraph | None = None
+    _graph: weakref.ref | None = field(default=None, repr=False)
 
     @property
     def in_use(self) -> bool:
@@ -155,7 +161,8 @@ class LMSCallback(keras.callbacks.Callback):
         if len(self.traces) > 1:
             gc.collect()  # discarded traces hold reference cycles
         kept = [t for t in self.traces if t.in_use]
-        return (kept or self.traces or [None])[-1]
+        traces = kept or self.traces
+        return traces[-1] if traces else None
 
     @property
     def plan(self) -> SwapPlan | None:

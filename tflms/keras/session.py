@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import weakref
@@ -306,5 +307,5 @@ class FitSession:
                 self.restore()
                 raise
 
-        guarded.__wrapped__ = method
-        return guarded
+        # sets guarded.__wrapped__ = method, nothing else (no name or docstring copied)
+        return functools.update_wrapper(guarded, method, assigned=(), updated=())

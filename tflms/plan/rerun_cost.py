@@ -49,7 +49,7 @@ CHEAP_INTENSITY = 4.0
 
 def data_inputs(view: nx.DiGraph, node: str) -> list[tuple[str, int]]:
     """``(producer, output index)`` of each data input of ``node``, in input order."""
-    found = []
+    found: list[tuple[int, str, int]] = []
     for pred, edge in view.pred[node].items():
         found.extend((in_idx, pred, out_idx) for out_idx, in_idx in edge.get("tensors", ()))
     return [(pred, out_idx) for _, pred, out_idx in sorted(found)]

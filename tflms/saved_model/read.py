@@ -124,7 +124,7 @@ class Target:
 
     name: str
     kind: str
-    proto: object
+    proto: function_pb2.FunctionDef | graph_pb2.GraphDef
     library: function_pb2.FunctionDefLibrary
     resources: dict = field(default_factory=dict)
     gradient_ops: int = 0
@@ -174,7 +174,7 @@ class Model:
 
     path: Path
     format: str
-    message: object
+    message: saved_model_pb2.SavedModel | graph_pb2.GraphDef
     text: bool = False
     had_fingerprint: bool = False
 

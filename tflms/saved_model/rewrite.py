@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
@@ -51,6 +52,9 @@ from tflms.graph.view import SWAP_ATTR, build_view, require_batch_size
 from tflms.plan.swap_plan import SwapPlan
 from tflms.saved_model.read import Model, Target
 from tflms.tuning.compose import make_plan
+
+if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is set
+    from tflms.tuning.autotuner import AutotuneResult
 
 __all__ = ["TargetAnalysis", "ModelAnalysis", "analyze_model", "rewrite_model", "plan_view"]
 
@@ -71,7 +75,7 @@ class TargetAnalysis:
     target: Target
     view: nx.DiGraph
     plan: SwapPlan
-    tuning: object = None
+    tuning: AutotuneResult | None = None
 
     @property
     def name(self) -> str:

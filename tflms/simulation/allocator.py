@@ -37,11 +37,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Literal, TypeAlias
 
 from tflms.errors import ConfigError
 
 __all__ = [
     "ALLOCATORS",
+    "Accounting",
+    "Allocator",
     "BFCModel",
     "BufferReplay",
     "MIN_ALLOCATION",
@@ -56,20 +59,27 @@ MAX_INTERNAL_FRAGMENTATION = 128 << 20
 """A chunk whose unused rest would reach this is always split."""
 _FIRST_REGION = 2 << 20  # the first region with allow_growth
 
-ALLOCATORS = {
+Allocator: TypeAlias = Literal["exact", "bfc"]
+"""An allocator model of :func:`tflms.simulate`: a key of :data:`ALLOCATORS`."""
+
+Accounting: TypeAlias = Literal["realistic", "tensors", "tensorflow", "grappler"]
+"""A memory accounting of :func:`tflms.simulate`: a key of
+:data:`tflms.simulation.memory.ACCOUNTINGS`."""
+
+ALLOCATORS: dict[Allocator, str] = {
     "exact": "the bytes of the live tensors: what any allocator needs at least",
     "bfc": "the chunks TensorFlow's BFC allocator hands out (with growth, as on the CPU)",
 }
 """The allocator models of :func:`tflms.simulate` (its ``allocator`` argument)."""
 
 
-def check_allocator(allocator: str, accounting: str = "tensorflow") -> None:
-    """Refuse an unknown allocator model, or ``"bfc"`` under Grappler's accounting.
+def check_allocator(allocator: str, accounting: str = "tensors") -> None:
+    """Refuse an unknown allocator model, or ``"bfc"`` with an accounting it does not apply to.
 
     Args:
         allocator: The allocator model: ``"exact"`` or ``"bfc"``.
         accounting: The memory accounting in use; ``"bfc"`` needs
-            ``"tensorflow"`` (the default).
+            ``"tensors"`` (``"realistic"`` replays the GPU's allocator itself).
 
     Raises:
         ConfigError: what is wrong, and the values that are allowed.
@@ -78,10 +88,15 @@ def check_allocator(allocator: str, accounting: str = "tensorflow") -> None:
         raise ConfigError(
             f"allocator must be one of {sorted(ALLOCATORS)}. Received allocator={allocator!r}."
         )
-    if allocator == "bfc" and accounting != "tensorflow":
+    if allocator == "bfc" and accounting == "grappler":
         raise ConfigError(
-            "allocator='bfc' replays TensorFlow's allocator and needs accounting='tensorflow' "
+            "allocator='bfc' replays TensorFlow's allocator and needs accounting='tensors' "
             "(Grappler's conventions give variables no memory)."
+        )
+    if allocator == "bfc" and accounting == "realistic":
+        raise ConfigError(
+            "accounting='realistic' already replays the GPU's BFC allocator (one region, no "
+            "growth); allocator='bfc' (with growth, as on the CPU) needs accounting='tensors'."
         )
 
 
@@ -144,13 +159,17 @@ class BFCModel:
         self._growth = allow_growth
         self._next_region = min(_FIRST_REGION, rounded(self.limit)) if allow_growth else 0
         if not allow_growth:
-            self._add_region(rounded(limit_bytes) // MIN_ALLOCATION * MIN_ALLOCATION)
+            self._add_region(rounded(self.limit) // MIN_ALLOCATION * MIN_ALLOCATION)
 
-    def allocate(self, nbytes: int) -> int | None:
+    def allocate(self, nbytes: int, *, below: int | None = None) -> int | None:
         """Hand out a chunk for ``nbytes``; returns its handle (``None`` for 0 bytes or a failure).
 
         Args:
             nbytes: Requested size in bytes; rounded up to 256-byte granularity.
+            below: only hand out a chunk that ends at or below this address
+                (regions laid end to end), else fail softly without counting
+                in ``failed``: a request that may fall back, as cuDNN's
+                workspace does when its scratch allocation fails.
 
         Returns:
             An integer handle for :meth:`free`, or None when ``nbytes`` is 0 or
@@ -162,6 +181,9 @@ class BFCModel:
         chunk = self._best_fit(size)
         if chunk is None and self._extend(size):
             chunk = self._best_fit(size)
+        if chunk is not None and below is not None:
+            if self._region_starts[chunk.region] + chunk.offset + size > below:
+                return None
         if chunk is None:
             self.failed += 1
             return None

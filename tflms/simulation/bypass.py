@@ -29,7 +29,7 @@ def bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs
         outputs: the :class:`~tflms.graph.view.TensorInfo` tuples per op.
     """
     source = {in_idx: (p, k) for p, k, in_idx in inputs[i]}
-    preds_of = {}
+    preds_of: dict[int, set[int]] = {}
     for j in list(succs[i]):
         reads = [(pos, t) for pos, t in enumerate(inputs[j]) if t[0] == i]
         if not reads:

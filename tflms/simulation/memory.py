@@ -17,9 +17,9 @@ Given a schedule (:mod:`tflms.simulation.schedule`), every op output becomes a
   allocator reuses memory on one stream at once), except for buffers that
   are born at that instant (zero-time ops).
 
-Two accountings share this machinery:
+Three accountings share this machinery:
 
-``"tensorflow"`` (the default, what a GPU does)
+TensorFlow's conventions (``"tensors"`` and ``"realistic"``)
     Variables and optimizer slots are resident for the whole step (counted
     once, see :func:`variable_bytes`), a ``ReadVariableOp`` aliases its
     variable, ``Identity``/``Reshape``/``Squeeze``/``ExpandDims``/
@@ -27,6 +27,19 @@ Two accountings share this machinery:
     it), and an element-wise op (:data:`FORWARDING_OPS`) writes its output
     into an input buffer nobody else reads any more, as TensorFlow's kernels
     do. The peak is what an allocator would need at least.
+
+``"realistic"`` (the default for device presets: what a GPU process holds)
+    TensorFlow's conventions as above, and every term a real TensorFlow GPU
+    process holds beyond its tensors (:mod:`tflms.cost.gpu_memory`): the
+    memory the driver hides, the CUDA context, TensorFlow's reserve, the BFC
+    allocator's rounding and fragmentation (the step's allocations replayed
+    in one region of the allocator's limit; the peak is its high-water mark)
+    and cuDNN convolution workspaces where they fit under that limit.
+    ``MemoryTrace.terms`` names each term; they add up to the device peak.
+
+``"tensors"`` (``"tensorflow"`` is its former name)
+    TensorFlow's conventions, tensors only: what the step's buffers need at
+    least, for analysis and for comparing plans.
 
 ``"grappler"`` (Grappler's conventions, for a like-with-like cross-check)
     Every output is a fresh buffer, ``ReadVariableOp`` and ``Identity``
@@ -42,11 +55,12 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tflms.cost import gpu_memory
 from tflms.cost.ops import ALIAS_OPS
 from tflms.errors import ConfigError
-from tflms.simulation.allocator import BufferReplay, check_allocator
+from tflms.simulation.allocator import BFCModel, BufferReplay, check_allocator
 from tflms.simulation.schedule import CompiledGraph, Schedule
 
 __all__ = [
@@ -60,9 +74,15 @@ __all__ = [
 ]
 
 ACCOUNTINGS = {
-    "tensorflow": "variables resident, variable reads and Identity/Reshape alias their input",
+    "realistic": "TensorFlow's conventions plus what a GPU process holds beyond tensors",
+    "tensors": "variables resident, variable reads and Identity/Reshape alias their input",
+    "tensorflow": "the former name of 'tensors'",
     "grappler": "every output is a fresh buffer, variable reads included; variables weigh 0",
 }
+"""The memory accountings of :func:`trace_memory` and :func:`tflms.simulate`."""
+
+TF_CONVENTIONS = frozenset({"realistic", "tensors", "tensorflow"})
+"""Accountings that follow TensorFlow's buffer conventions (aliases, forwarding, variables)."""
 
 _HANDLE_TYPES = ("VarHandleOp", "Placeholder", "_Arg", "VariableV2", "Variable")
 
@@ -100,6 +120,11 @@ class MemoryTrace:
         live_at_peak: buffers on the device at its peak, largest first.
         variable_bytes: resident variable bytes on the device (0 under
             Grappler's accounting).
+        terms: under ``"realistic"``, the device peak by term (bytes, in
+            order: driver, cuda_context, tensorflow_reserve, tensors,
+            workspace, allocator); empty otherwise.
+        allocator_limit: under ``"realistic"``, the bytes TensorFlow's
+            allocator may hand out (:func:`tflms.cost.gpu_memory.allocator_limit`).
     """
 
     ops: tuple
@@ -112,6 +137,8 @@ class MemoryTrace:
     host_peak_point: int
     live_at_peak: tuple
     variable_bytes: int
+    terms: dict = field(default_factory=dict)
+    allocator_limit: int | None = None
 
 
 def variable_bytes(graph: CompiledGraph) -> int:
@@ -239,6 +266,7 @@ def trace_memory(
     accounting: str = "tensorflow",
     allocator: str = "exact",
     top: int = 20,
+    stack: str | gpu_memory.SoftwareStack = "tf2",
 ) -> MemoryTrace:
     """Replay ``schedule`` and account every buffer (see the module docstring).
 
@@ -250,6 +278,8 @@ def trace_memory(
             chunks TensorFlow's BFC allocator hands out with growth, in the
             second of two replayed steps; :data:`ALLOCATORS`).
         top: how many of the largest live buffers to keep at the peak.
+        stack: under ``"realistic"``, the software stack
+            (:data:`tflms.cost.gpu_memory.STACKS`) whose terms count.
 
     Returns:
         A :class:`MemoryTrace`.
@@ -263,7 +293,8 @@ def trace_memory(
             f"accounting must be one of {sorted(ACCOUNTINGS)}. Received accounting={accounting!r}."
         )
     check_allocator(allocator, accounting)
-    realistic = accounting == "tensorflow"
+    realistic = accounting in TF_CONVENTIONS  # TensorFlow's buffer conventions
+    gpu = accounting == "realistic"
     end, order = schedule.end, schedule.order
     position = [0] * len(graph)
     for pos, i in enumerate(order):
@@ -325,6 +356,22 @@ def trace_memory(
         free_key.append(f_key)
         events.append((*a_key, b, 1))
         events.append((*f_key, b, -1))
+    if gpu:
+        ws_limit = gpu_memory.get_stack(stack).workspace_limit_bytes
+        for i in order:
+            nbytes = _workspace(graph, i, ws_limit) if graph.spaces[i] == "device" else 0
+            if nbytes:  # scratch memory for the op's run: allocated at its start, freed at its end
+                b = len(b_space)
+                b_space.append("workspace")
+                b_bytes.append(nbytes)
+                b_producer.append(i)
+                b_tensors.append([])
+                a_key = (schedule.alloc_time(i), 1, position[i])
+                f_key = (end[i], 0 if end[i] > a_key[0] else 2, position[i])
+                alloc_key.append(a_key)
+                free_key.append(f_key)
+                events.append((*a_key, b, 1))
+                events.append((*f_key, b, -1))
     marker = len(b_space)  # sorts after the op's own allocations
     for i in order:
         events.append((schedule.alloc_time(i), 1, position[i], marker, 0))  # a point per op
@@ -336,23 +383,30 @@ def trace_memory(
 
     variables = variable_bytes(graph) if realistic else 0
     used = {"device": variables, "host": 0}
-    bfc = None
-    if allocator == "bfc":  # a later step: the allocator's regions exist from the first one
-        on_device = [
-            (b, b_bytes[b], sign) for *_, b, sign in events if sign and b_space[b] == "device"
-        ]
-        bfc = BufferReplay.warmed(variable_sizes(graph), on_device)
-    ops, times, device, host = [], [], [], []
-    for t, phase, pos, b, sign in events:
-        if sign:
-            used[b_space[b]] += sign * b_bytes[b]
-            if bfc is not None and b_space[b] == "device":
-                bfc.event(b, b_bytes[b], sign)
-        elif phase == 1:
-            ops.append(order[pos])
-            times.append(t)
-            device.append(bfc.in_use if bfc is not None else used["device"])
-            host.append(used["host"])
+    terms: dict[str, int] = {}
+    limit: int | None = None
+    if gpu:
+        ops, times, device, host, terms, limit = _replay_on_gpu(
+            graph, events, order, b_space, b_bytes, stack
+        )
+    else:
+        bfc = None
+        if allocator == "bfc":  # a later step: the allocator's regions exist from the first one
+            on_device = [
+                (b, b_bytes[b], sign) for *_, b, sign in events if sign and b_space[b] == "device"
+            ]
+            bfc = BufferReplay.warmed(variable_sizes(graph), on_device)
+        ops, times, device, host = [], [], [], []
+        for t, phase, pos, b, sign in events:
+            if sign:
+                used[b_space[b]] += sign * b_bytes[b]
+                if bfc is not None and b_space[b] == "device":
+                    bfc.event(b, b_bytes[b], sign)
+            elif phase == 1:
+                ops.append(order[pos])
+                times.append(t)
+                device.append(bfc.in_use if bfc is not None else used["device"])
+                host.append(used["host"])
     dev_point = max(range(len(device)), key=device.__getitem__, default=0)
     host_point = max(range(len(host)), key=host.__getitem__, default=0)
     live: list[LiveBuffer] = []
@@ -377,10 +431,110 @@ def trace_memory(
         times=tuple(times),
         device=tuple(device),
         host=tuple(host),
-        device_peak=device[dev_point] if device else variables,
+        device_peak=sum(terms.values()) if terms else device[dev_point] if device else variables,
         host_peak=host[host_point] if host else 0,
         device_peak_point=dev_point,
         host_peak_point=host_point,
         live_at_peak=tuple(live[:top]),
         variable_bytes=variables,
+        terms=terms,
+        allocator_limit=limit,
     )
+
+
+def _workspace(graph: CompiledGraph, i: int, limit: int) -> int:
+    """cuDNN workspace of op ``i`` if it is a convolution (see :func:`gpu_memory.conv_workspace_bytes`)."""
+    kind = gpu_memory.conv_kind(graph.types[i])
+    if kind is None or not graph.outputs[i]:
+        return 0
+    by_index = {in_idx: graph.outputs[p][k] for p, k, in_idx in graph.inputs[i]}
+    out = graph.outputs[i][0]
+    if kind == "filter":
+        filt, grad = out, by_index.get(2)
+    else:
+        filt, grad = by_index.get(1), (out if kind == "forward" else by_index.get(2))
+    if filt is None or grad is None or not filt.shape or filt.shape[-1] is None:
+        return 0
+    channels = filt.shape[-1]
+    elements = _elements(filt)
+    grad_elements = _elements(grad)
+    if not elements or not grad_elements or not channels:
+        return 0
+    dtype_bytes = max(1, grad.bytes // grad_elements)
+    return gpu_memory.conv_workspace_bytes(
+        graph.types[i], grad_elements // channels, elements // channels, dtype_bytes, limit
+    )
+
+
+def _elements(info) -> int:
+    if info.shape is None or any(d is None for d in info.shape):
+        return 0
+    n = 1
+    for d in info.shape:
+        n *= d
+    return n
+
+
+def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack):
+    """Replay the step's device buffers through one BFC region, as a GPU without growth does.
+
+    Variables come first (they exist before the first step). Workspaces are
+    taken only where a chunk ends under the allocator's limit, as cuDNN's
+    autotuner only runs algorithms whose scratch could be allocated.
+
+    Returns:
+        ``(ops, times, device, host, terms, limit)``: the timeline (device
+        points include the process terms), the device peak by term, and the
+        allocator's limit.
+    """
+    process = gpu_memory.process_terms(graph.device, stack)
+    limit = gpu_memory.allocator_limit(graph.device, stack)
+    constant = sum(process.values())
+    bfc = BFCModel(1 << 50, allow_growth=False)  # one region; its high-water is what is needed
+    variables = 0
+    for size in variable_sizes(graph):
+        bfc.allocate(size)
+        variables += size
+    handles: dict[int, int | None] = {}
+    tensors = tensor_peak = variables
+    workspace = workspace_at_high = 0
+    high = bfc.high_water
+    host_used = 0
+    ops, times, device, host = [], [], [], []
+    for t, phase, pos, b, sign in events:
+        if not sign:
+            if phase == 1:
+                ops.append(order[pos])
+                times.append(t)
+                device.append(constant + bfc.in_use)
+                host.append(host_used)
+            continue
+        space, nbytes = b_space[b], b_bytes[b]
+        if space == "host":
+            host_used += sign * nbytes
+        elif space == "workspace":
+            if sign > 0:
+                handle = bfc.allocate(nbytes, below=limit)
+                if handle is not None:
+                    handles[b] = handle
+                    workspace += nbytes
+            elif b in handles:
+                bfc.free(handles.pop(b))
+                workspace -= nbytes
+        elif sign > 0:
+            handles[b] = bfc.allocate(nbytes)
+            tensors += nbytes
+            tensor_peak = max(tensor_peak, tensors)
+        else:
+            bfc.free(handles.pop(b))
+            tensors -= nbytes
+        if bfc.high_water > high:
+            high, workspace_at_high = bfc.high_water, workspace
+    charged = max(0, min(workspace_at_high, high - tensor_peak))
+    terms = {
+        **process,
+        "tensors": tensor_peak,
+        "workspace": charged,
+        "allocator": high - tensor_peak - charged,
+    }
+    return ops, times, device, host, terms, limit

@@ -180,8 +180,9 @@ def compile_view(
     index = {name: i for i, name in enumerate(names)}
     n = len(names)
     nodes = [view.nodes[name] for name in names]
-    lanes, spaces = zip(*(_lane_and_space(node) for node in nodes), strict=True) if n else ((), ())
-    lanes, spaces = list(lanes), list(spaces)
+    placed = [_lane_and_space(node) for node in nodes]
+    lanes: list[str] = [lane for lane, _ in placed]
+    spaces: list[str | None] = [space for _, space in placed]
     inputs: list[list] = [[] for _ in range(n)]
     consumers: dict = {}
     preds_count = [0] * n
@@ -349,7 +350,8 @@ def replayed(graph: CompiledGraph, observed) -> Schedule:
     waiting = list(graph.preds_count)
     heap = [(position.get(names[i], -1), names[i], i) for i in range(n) if waiting[i] == 0]
     heapq.heapify(heap)
-    order, start, end, busy, now = [], [0.0] * n, [0.0] * n, {}, 0.0
+    order, start, end, now = [], [0.0] * n, [0.0] * n, 0.0
+    busy: dict[str, float] = {}
     while heap:
         _, _, i = heapq.heappop(heap)
         start[i], now = now, now + graph.durations[i]

@@ -11,7 +11,9 @@ own module:
   on a device preset (V100-16GB, A100-80GB, ...), copies at the link's
   bandwidth (pcie3, nvlink2, ...); a consumer waits for its swap-in;
 * memory (:mod:`tflms.simulation.memory`): resident variables, a buffer per output
-  from its producer's start to its last consumer's end.
+  from its producer's start to its last consumer's end; by default
+  (``accounting="realistic"``) also what a GPU process holds beyond its
+  tensors, term by term (:mod:`tflms.cost.gpu_memory`).
 
 Every number it returns is simulated; :attr:`SimulationResult.simulator`
 says by what. Counted with Grappler's memory conventions
@@ -28,11 +30,18 @@ Example:
     ...     h = tf.nn.relu(x, name="h")
     ...     y = tf.tanh(h, name="y")
     ...     z = tf.add(y, h, name="z")
-    >>> result = tflms.simulate(tflms.build_view(g))
+    >>> result = tflms.simulate(tflms.build_view(g), accounting="tensors")
     >>> result.device_peak_bytes // (256 * 1024 * 4)  # x and h, then h and y; z reuses y's buffer
     2
     >>> result.peak_op, result.overhead
     ('h', 0.0)
+    >>> real = tflms.simulate(tflms.build_view(g))  # the default: what the GPU holds
+    >>> list(real.memory_terms)
+    ['driver', 'cuda_context', 'tensorflow_reserve', 'tensors', 'workspace', 'allocator']
+    >>> real.memory_terms["tensors"] == result.device_peak_bytes
+    True
+    >>> sum(real.memory_terms.values()) == real.device_peak_bytes
+    True
 """
 
 from __future__ import annotations
@@ -45,10 +54,11 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from tflms.apply.core import apply_to_view
+from tflms.cost.gpu_memory import GPU_FACTS, SoftwareStack, get_stack
 from tflms.cost.hardware import DeviceModel, LinkModel, get_device, get_link
 from tflms.errors import ConfigError
 from tflms.plan.swap_plan import SwapPlan
-from tflms.simulation.allocator import check_allocator
+from tflms.simulation.allocator import Accounting, Allocator, check_allocator
 from tflms.simulation.memory import ACCOUNTINGS, LiveBuffer, trace_memory
 from tflms.simulation.schedule import compile_view, first_ready, replayed
 from tflms.utils.files import write_atomic
@@ -68,8 +78,8 @@ class SimulationResult:
     Attributes:
         graph_name: name of the simulated graph.
         device: the device preset name; link: the link preset name.
-        accounting: ``"tensorflow"`` or ``"grappler"`` (see
-            :mod:`tflms.simulation.memory`).
+        accounting: ``"realistic"``, ``"tensors"`` (``"tensorflow"``) or
+            ``"grappler"`` (see :mod:`tflms.simulation.memory`).
         allocator: ``"exact"`` or ``"bfc"`` (see :mod:`tflms.simulation.allocator`).
         device_peak_bytes: peak device memory, resident variables included.
         host_peak_bytes: peak host memory of swapped tensors and host ops.
@@ -92,13 +102,21 @@ class SimulationResult:
         simulator: which simulator produced the numbers.
         per_sample: tensors with an open batch dimension were sized per
             sample (the view had no batch size): every byte figure is too small.
+        memory_terms: under ``accounting="realistic"``, ``device_peak_bytes``
+            by term (bytes): ``driver``, ``cuda_context``,
+            ``tensorflow_reserve``, ``tensors``, ``workspace``, ``allocator``
+            (see :mod:`tflms.cost.gpu_memory`); empty otherwise.
+        allocator_limit_bytes: under ``"realistic"``, what TensorFlow's
+            allocator may hand out on this device (the rest of its memory
+            goes to the first three terms).
+        stack: under ``"realistic"``, the software stack the terms are for.
     """
 
     graph_name: str
     device: str
     link: str
-    accounting: str
-    allocator: str
+    accounting: Accounting
+    allocator: Allocator
     device_peak_bytes: int
     host_peak_bytes: int
     peak_op: str
@@ -122,6 +140,9 @@ class SimulationResult:
     baseline: SimulationResult | None = field(default=None, repr=False)
     simulator: str = SIMULATOR
     per_sample: bool = False
+    memory_terms: dict = field(default_factory=dict)
+    allocator_limit_bytes: int | None = None
+    stack: str | None = None
 
     def fits(self, budget_bytes: int) -> bool:
         """Whether the device peak is at most ``budget_bytes``.
@@ -156,6 +177,23 @@ class SimulationResult:
             lines.append(
                 f"  without swaps: device peak {format_bytes(self.baseline.device_peak_bytes)}"
             )
+        if self.memory_terms:
+            names = {
+                "driver": "hidden by the driver",
+                "cuda_context": "CUDA context",
+                "tensorflow_reserve": "TensorFlow's reserve",
+                "tensors": "tensors",
+                "workspace": "cuDNN workspace",
+                "allocator": "allocator rounding and fragmentation",
+            }
+            parts = ", ".join(
+                f"{names.get(k, k)} {format_bytes(v)}" for k, v in self.memory_terms.items()
+            )
+            lines.append(f"  device peak by term ({self.stack} stack): {parts}")
+            if self.allocator_limit_bytes is not None:
+                lines.append(
+                    f"  TensorFlow's allocator may hand out {format_bytes(self.allocator_limit_bytes)}"
+                )
         lines.append(f"  ({self.simulator}; variables {format_bytes(self.variable_bytes)})")
         if self.per_sample:
             lines.append(
@@ -198,6 +236,9 @@ class SimulationResult:
             "baseline_step_time_s": self.baseline_step_time_s,
             "overhead": self.overhead,
             "per_sample": self.per_sample,
+            "memory_terms": dict(self.memory_terms),
+            "allocator_limit_bytes": self.allocator_limit_bytes,
+            "stack": self.stack,
         }
         if timeline:
             data["timeline"] = {
@@ -254,10 +295,11 @@ def simulate(
     *,
     device: str | DeviceModel = "V100-16GB",
     link: str | LinkModel = "pcie3",
-    accounting: str = "tensorflow",
-    allocator: str = "exact",
+    accounting: Accounting | None = None,
+    allocator: Allocator = "exact",
     baseline: bool | SimulationResult = True,
     order: Sequence[str] | None = None,
+    stack: str | SoftwareStack = "tf2",
 ) -> SimulationResult:
     """Simulate one training step of ``view``, rewritten by ``plan`` if given.
 
@@ -269,8 +311,15 @@ def simulate(
             ``"H100-80GB"``...) or a :class:`~tflms.cost.hardware.DeviceModel`.
         link: a link preset name (``"pcie3"``, ``"pcie4"``, ``"nvlink2"``,
             ``"ideal"``...) or a :class:`~tflms.cost.hardware.LinkModel`.
-        accounting: ``"tensorflow"`` (resident variables, as on a GPU) or
-            ``"grappler"`` (Grappler's conventions, to compare with it).
+        accounting: ``"realistic"``: tensors with TensorFlow's conventions
+            (resident variables, aliases) plus what a GPU process holds
+            beyond them, term by term (:mod:`tflms.cost.gpu_memory`), so that
+            ``device_peak_bytes <= device.memory_bytes`` is the verdict;
+            ``"tensors"`` (``"tensorflow"``): the tensors alone; ``"grappler"``:
+            Grappler's conventions, to compare with it. Default: ``"realistic"``
+            on a GPU preset (``"V100-16GB"``...); ``"tensors"`` on a custom
+            ``DeviceModel`` (no measured facts) and with ``allocator="bfc"`` or
+            ``order`` (the CPU judge's modes, which replay the CPU's allocator).
         allocator: ``"exact"`` (the bytes of the live tensors, the least any
             allocator needs) or ``"bfc"`` (the chunks TensorFlow's BFC allocator
             hands out when it grows, as on the CPU: requests rounded up, chunks
@@ -284,6 +333,10 @@ def simulate(
             (:func:`~tflms.simulation.schedule.replayed`) instead of
             FirstReady, to judge liveness and allocator apart from the
             schedule. Step times then are a serial sum, not a prediction.
+        stack: the software stack whose non-tensor terms ``"realistic"``
+            counts: ``"tf2"`` (TensorFlow 2.x on CUDA 12, the default) or
+            ``"tf1"`` (TensorFlow 1.x on CUDA 9/10, the published
+            measurements' era; :data:`tflms.cost.gpu_memory.STACKS`).
 
     Returns:
         A :class:`SimulationResult`.
@@ -294,6 +347,9 @@ def simulate(
         ValidationError: the plan does not match the view.
     """
     device, link = get_device(device), get_link(link)
+    if accounting is None:
+        cpu_judge = allocator == "bfc" or order is not None
+        accounting = "realistic" if device.name in GPU_FACTS and not cpu_judge else "tensors"
     if accounting not in ACCOUNTINGS:
         raise ConfigError(
             f"accounting must be one of {sorted(ACCOUNTINGS)}. Received accounting={accounting!r}."
@@ -307,7 +363,8 @@ def simulate(
             "order must be a sequence of op names (e.g. measure_cpu_step(...).order). "
             f"Received {type(order).__name__}."
         )
-    result = _run(target, device, link, accounting, allocator, order)
+    stack = get_stack(stack)
+    result = _run(target, device, link, accounting, allocator, order, stack)
     if view.graph.get("unsized_batch") and view.graph.get("batch_size") is None:
         logger.warning(
             "tflms.simulate %s: the batch size is unknown; %d tensors are sized per sample, so "
@@ -320,7 +377,7 @@ def simulate(
     if isinstance(baseline, SimulationResult):
         before = baseline
     elif baseline and plan is not None and not plan.empty:
-        before = _run(view, device, link, accounting, allocator, order)
+        before = _run(view, device, link, accounting, allocator, order, stack)
     if before is not None:
         overhead = result.step_time_s / before.step_time_s - 1 if before.step_time_s else 0.0
         result = _replace(
@@ -345,12 +402,14 @@ def _replace(result: SimulationResult, **changes) -> SimulationResult:
     return dataclasses.replace(result, **changes)
 
 
-def _run(view: nx.DiGraph, device, link, accounting, allocator, order=None) -> SimulationResult:
-    graph = compile_view(
-        view, device=device, link=link, bypass_identity_n=accounting == "tensorflow"
-    )
+def _run(
+    view: nx.DiGraph, device, link, accounting, allocator, order=None, stack=None
+) -> SimulationResult:
+    graph = compile_view(view, device=device, link=link, bypass_identity_n=accounting != "grappler")
     schedule = first_ready(graph) if order is None else replayed(graph, order)
-    memory = trace_memory(graph, schedule, accounting=accounting, allocator=allocator)
+    memory = trace_memory(
+        graph, schedule, accounting=accounting, allocator=allocator, stack=stack or "tf2"
+    )
     names = graph.names
     peak_index = memory.ops[memory.device_peak_point] if memory.ops else None
     outs = [i for i, kind in enumerate(graph.copy) if kind == "d2h"]
@@ -386,4 +445,7 @@ def _run(view: nx.DiGraph, device, link, accounting, allocator, order=None) -> S
         step_time_s=schedule.makespan,
         compute_time_s=schedule.lanes.get("compute", 0.0),
         copy_time_s={lane: schedule.lanes.get(lane, 0.0) for lane in ("d2h", "h2d")},
+        memory_terms=dict(memory.terms),
+        allocator_limit_bytes=memory.allocator_limit,
+        stack=stack.name if memory.terms and stack is not None else None,
     )

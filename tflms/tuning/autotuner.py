@@ -62,10 +62,12 @@ import networkx as nx
 import tensorflow as tf
 
 from tflms.config import LMSConfig
+from tflms.cost.gpu_memory import GPU_FACTS
 from tflms.cost.hardware import DEVICES, LINKS, DeviceModel, LinkModel, get_device, get_link
 from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
 from tflms.plan.swap_plan import SwapPlan
+from tflms.simulation.allocator import Accounting
 from tflms.simulation.simulator import SimulationResult
 from tflms.tuning.search import TUNED_OPTIONS, Candidate, Search
 from tflms.utils.units import format_bytes, parse_bytes
@@ -218,7 +220,8 @@ def autotune(
     link: str | LinkModel | None = None,
     safety_margin: float | None = None,
     robust: bool = True,
-    accounting: str = "tensorflow",
+    accounting: Accounting | None = None,
+    stack: str = "tf2",
 ) -> AutotuneResult:
     """Find the swap plan that fits ``budget`` with the lowest predicted overhead.
 
@@ -240,8 +243,13 @@ def autotune(
             relied on that would run out of memory on a faster or less busy
             link. Instantaneous copies are also what Grappler assumes.
         accounting: memory conventions plans are judged by (see
-            :mod:`tflms.simulation.memory`): ``"tensorflow"`` (a GPU, the default) or
-            ``"grappler"`` (to find plans that Grappler's estimate accepts).
+            :mod:`tflms.simulation.memory`): ``"realistic"`` (tensors plus what
+            a GPU process holds beyond them; the default when the budget names
+            a GPU preset such as ``"V100-16GB"``), ``"tensors"`` (the default
+            for a budget in bytes or a custom ``DeviceModel``) or ``"grappler"`` (to find plans that Grappler's estimate
+            accepts).
+        stack: the software stack whose terms ``"realistic"`` counts
+            (:data:`tflms.cost.gpu_memory.STACKS`).
 
     Returns:
         An :class:`AutotuneResult`.
@@ -268,7 +276,10 @@ def autotune(
         config = config.replace(link=link_model.name)
     view = _as_view(graph_or_view, config, batch_size)
     usable = int(budget_bytes * (1.0 - margin))
-    search = Search(view, config, usable, device_model, link_model, robust, accounting)
+    if accounting is None:
+        known_gpu = preset is not None and preset.name in GPU_FACTS
+        accounting = "realistic" if known_gpu else "tensors"
+    search = Search(view, config, usable, device_model, link_model, robust, accounting, stack)
 
     if search.baseline.device_peak_bytes <= usable:
         plan = SwapPlan(

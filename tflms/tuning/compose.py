@@ -67,9 +67,7 @@ def make_plan(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
     device = get_device(config.memory_budget if config.memory_budget in DEVICES else "V100-16GB")
     recomputes = plan_recomputes(view, config, device=device) if config.recompute else ()
     staged = (
-        apply_to_view(view, SwapPlan(recomputes=recomputes, config=config))
-        if recomputes
-        else view
+        apply_to_view(view, SwapPlan(recomputes=recomputes, config=config)) if recomputes else view
     )
     plan = plan_swaps(staged, config)
     notes = list(plan.notes)

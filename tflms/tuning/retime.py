@@ -70,6 +70,7 @@ def retime_triggers(
     """
     if not plan.swaps:
         return plan
+    assert view is not None  # only a plan without swaps may come without its view
     link = get_link(link)
     if timed is None:
         graph = compile_view(view, device=device, link=link)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from tflms.config import LMSConfig
 from tflms.plan.swap_plan import SwapPlan
-from tflms.simulation.schedule import compile_view, first_ready
+from tflms.simulation.allocator import Accounting
+from tflms.simulation.schedule import CompiledGraph, Schedule, compile_view, first_ready
 from tflms.simulation.simulator import SimulationResult, simulate
 from tflms.tuning.compose import make_plan, with_order
 from tflms.tuning.retime import retime_triggers
@@ -94,16 +95,27 @@ class Search:
     """Memoized plan-and-simulate over option settings; keeps every candidate."""
 
     def __init__(
-        self, view, config: LMSConfig, usable: int, device, link, robust=True, accounting=None
+        self,
+        view,
+        config: LMSConfig,
+        usable: int,
+        device,
+        link,
+        robust=True,
+        accounting: Accounting | None = None,
+        stack: str = "tf2",
     ):
         self.view, self.base, self.usable = view, config, usable
         self.device, self.link = device, link
         self.robust = robust and link.bandwidth != float("inf")
-        self.accounting = accounting or "tensorflow"
-        self.baseline = simulate(view, device=device, link=link, accounting=self.accounting)
+        self.accounting: Accounting = accounting or "tensors"
+        self.stack = stack
+        self.baseline = simulate(
+            view, device=device, link=link, accounting=self.accounting, stack=stack
+        )
         self.candidates: list[Candidate] = []
         self._seen: dict[tuple, _Evaluated] = {}
-        self._timed = None
+        self._timed: tuple[CompiledGraph, Schedule] | None = None
 
     # ------------------------------------------------------------ evaluation
     def evaluate(self, retime: float | None = None, **options) -> _Evaluated:
@@ -143,6 +155,7 @@ class Search:
             link=self.link,
             baseline=self.baseline,
             accounting=self.accounting,
+            stack=self.stack,
         )
         done = _Evaluated(cfg, plan, result, retime)
         self._seen[key] = done
@@ -192,6 +205,7 @@ class Search:
                 link="ideal",
                 baseline=False,
                 accounting=self.accounting,
+                stack=self.stack,
             )
             done.instant_peak = instant.device_peak_bytes
         return done.peak <= self.usable
@@ -262,9 +276,9 @@ class Search:
     # ---------------------------------------------------------------- search
     def run(self) -> _Evaluated | None:
         depth = int(self.view.graph.get("depth") or 1)
-        ladder = {max(0, int(depth * f)) for f in _DEPTH_FRACTIONS} | set(_SMALL_THRESHOLDS)
-        ladder.add(self.base.swapout_threshold)
-        thresholds = sorted(ladder, reverse=True)
+        rungs = {max(0, int(depth * f)) for f in _DEPTH_FRACTIONS} | set(_SMALL_THRESHOLDS)
+        rungs.add(self.base.swapout_threshold)
+        thresholds = sorted(rungs, reverse=True)
         ladder = [
             self.evaluate(swapout_threshold=t, n_tensors=None, sync_mode=0) for t in thresholds
         ]

@@ -64,7 +64,7 @@ class DeviceName(NamedTuple):
     replica: int | None = None
     task: int | None = None
     type: str | None = None
-    index: int | None = None
+    index: int | None = None  # type: ignore[assignment]  # shadows tuple.index; public name
 
     def to_string(self) -> str:
         """The canonical form, as ``tf.DeviceSpec.to_string()`` writes it."""

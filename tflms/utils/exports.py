@@ -18,13 +18,14 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Mapping
+from typing import Any
 
 __all__ = ["lazy_exports"]
 
 
 def lazy_exports(
     package: str, exports: Mapping[str, str]
-) -> tuple[Callable[[str], object], Callable[[], list[str]], list[str]]:
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
     """Module-level ``__getattr__``, ``__dir__`` and ``__all__`` for lazy exports.
 
     Args:
@@ -36,7 +37,7 @@ def lazy_exports(
         ``(__getattr__, __dir__, __all__)`` to assign at the package's top level.
     """
 
-    def __getattr__(name: str) -> object:
+    def __getattr__(name: str) -> Any:  # the exported value: any object
         module_name = exports.get(name)
         if module_name is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

@@ -11,6 +11,7 @@ same model serves a 2-second CPU test and a simulated 16 GiB V100:
 ``resnet50``  ``keras.applications.ResNet50``
 ``vgg16``     ``keras.applications.VGG16``
 ``unet3d``    the demo's 3D U-Net with its class-weighted CE + Dice loss
+``isensee2017`` the seed paper's 3D U-Net (BraTS 2017) with its Dice loss
 ``mlp``       dense ReLU layers
 ``transformer`` a BERT-like encoder with a pooled classifier
 ``lstm``      dense + LSTM (a ``While`` loop)
@@ -37,6 +38,9 @@ __getattr__, __dir__, _exported = lazy_exports(
         "vgg16": "tflms.zoo.vision",
         "unet3d": "tflms.zoo.unet",
         "SegmentationLoss": "tflms.zoo.unet",
+        "isensee2017": "tflms.zoo.isensee",
+        "InstanceNormalization": "tflms.zoo.isensee",
+        "WeightedDiceLoss": "tflms.zoo.isensee",
         "mlp": "tflms.zoo.sequence",
         "transformer": "tflms.zoo.sequence",
         "lstm": "tflms.zoo.sequence",
@@ -44,7 +48,17 @@ __getattr__, __dir__, _exported = lazy_exports(
     },
 )
 
-MODELS = ("cnn", "resnet", "resnet50", "vgg16", "unet3d", "mlp", "transformer", "lstm")
+MODELS = (
+    "cnn",
+    "resnet",
+    "resnet50",
+    "vgg16",
+    "unet3d",
+    "isensee2017",
+    "mlp",
+    "transformer",
+    "lstm",
+)
 """Names :func:`build` accepts."""
 
 __all__ = ["MODELS", "build", *_exported]

@@ -1,8 +1,8 @@
-"""How zoo models are compiled and seeded: fixed seeds, SGD with momentum or Adam, no XLA.
+"""How zoo models are compiled and seeded: fixed seeds, SGD with momentum, Adam or RMSprop, no XLA.
 
 Example:
-    >>> type(optimizer("adam")).__name__, type(optimizer("sgd")).__name__
-    ('Adam', 'SGD')
+    >>> [type(optimizer(name)).__name__ for name in OPTIMIZERS]
+    ['SGD', 'Adam', 'RMSprop']
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from tflms.errors import ConfigError
 
 __all__ = ["optimizer", "compiled", "OPTIMIZERS"]
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "rmsprop")
 
 
 def optimizer(name: str) -> keras.optimizers.Optimizer:
-    """``"sgd"``: SGD(0.01, momentum 0.9); ``"adam"``: Adam(1e-3).
+    """``"sgd"``: SGD(0.01, momentum 0.9); ``"adam"``: Adam(1e-3); ``"rmsprop"``: RMSprop(1e-3).
 
     Args:
-        name: ``"sgd"`` or ``"adam"``.
+        name: one of :data:`OPTIMIZERS`.
 
     Returns:
         A new Keras optimizer instance.
@@ -32,6 +32,8 @@ def optimizer(name: str) -> keras.optimizers.Optimizer:
         return keras.optimizers.SGD(0.01, momentum=0.9)
     if name == "adam":
         return keras.optimizers.Adam(1e-3)
+    if name == "rmsprop":
+        return keras.optimizers.RMSprop(1e-3)
     raise ConfigError(f"optimizer must be one of {OPTIMIZERS}. Received optimizer={name!r}.")
 
 
@@ -41,7 +43,7 @@ def compiled(model: keras.Model, loss, optimizer_name: str) -> keras.Model:
     Args:
         model: The Keras model; compiled in place.
         loss: Any loss ``model.compile`` accepts.
-        optimizer_name: ``"sgd"`` or ``"adam"`` (see :func:`optimizer`).
+        optimizer_name: one of :data:`OPTIMIZERS` (see :func:`optimizer`).
 
     Returns:
         ``model`` itself.

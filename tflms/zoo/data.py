@@ -20,7 +20,9 @@ def synthetic_data(model, n: int, *, seed: int = 0):
     """``(x, y)`` numpy arrays of ``n`` samples for ``model`` (see :func:`tflms.keras.step.target_specs`).
 
     Inputs are standard normal; sparse targets are uniform class indices in
-    ``[0, classes)``, dense targets standard normal.
+    ``[0, classes)``; a loss with ``binary_labels = True`` (one {0, 1} map per
+    label, e.g. :class:`~tflms.zoo.isensee.WeightedDiceLoss`) gets {0, 1}
+    float maps; other dense targets are standard normal.
 
     Args:
         model: a compiled Keras model with symbolic inputs and outputs.
@@ -31,6 +33,7 @@ def synthetic_data(model, n: int, *, seed: int = 0):
         ``(x, y)``; lists of arrays for several inputs or outputs.
     """
     rng = np.random.default_rng(seed)
+    binary = bool(getattr(getattr(model, "loss", None), "binary_labels", False))
 
     def inputs(spec):
         return rng.standard_normal((n, *spec.shape[1:])).astype(spec.dtype.as_numpy_dtype)
@@ -39,6 +42,8 @@ def synthetic_data(model, n: int, *, seed: int = 0):
         if spec.dtype.is_integer:
             classes = out_shape[-1]
             return rng.integers(0, classes, (n, *spec.shape[1:])).astype("int32")
+        if binary:
+            return rng.integers(0, 2, (n, *spec.shape[1:])).astype("float32")
         return rng.standard_normal((n, *spec.shape[1:])).astype("float32")
 
     x_specs, y_specs = input_specs(model), target_specs(model)

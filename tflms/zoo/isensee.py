@@ -36,10 +36,79 @@ from keras import ops
 from tflms.errors import ConfigError
 from tflms.zoo.compiling import compiled
 
-__all__ = ["isensee2017", "InstanceNormalization", "WeightedDiceLoss", "NORMS"]
+__all__ = [
+    "isensee2017",
+    "InstanceNormalization",
+    "Keras2LeakyReLU",
+    "Keras2UpSampling3D",
+    "WeightedDiceLoss",
+    "NORMS",
+    "ARITHMETICS",
+]
 
 NORMS = ("instance", "group")
 """Values of :func:`isensee2017`'s ``norm``."""
+
+ARITHMETICS = ("keras3", "tf1")
+"""Values of :func:`isensee2017`'s ``arithmetic``: the ops of Keras 3's layers, or those
+TensorFlow 1.8's ``tf.keras`` wrote for the same layers (what the seed paper's GPU ran)."""
+
+
+class Keras2LeakyReLU(keras.layers.Layer):
+    """LeakyReLU as Keras 2 / TensorFlow 1.8's ``tf.keras`` computed it: ``relu(x) - a * relu(-x)``.
+
+    Keras 2's ``LeakyReLU`` called ``K.relu(x, alpha)``, whose TensorFlow
+    backend wrote the negative part as a second ReLU of the negated input,
+    scaled and subtracted: five ops, two of whose outputs (both ReLUs) the
+    backward pass keeps, where Keras 3's one ``LeakyRelu`` op keeps its input.
+
+    Args:
+        alpha: slope of the negative part.
+        **kwargs: ``keras.layers.Layer`` arguments.
+    """
+
+    def __init__(self, alpha: float = 0.3, **kwargs):
+        super().__init__(**kwargs)
+        self.alpha = float(alpha)
+
+    def call(self, inputs):
+        """``relu(inputs) - alpha * relu(-inputs)``."""
+        return ops.relu(inputs) - self.alpha * ops.relu(-inputs)
+
+    def compute_output_shape(self, input_shape):
+        """The input's shape."""
+        return input_shape
+
+    def get_config(self):
+        """The constructor arguments, for saving."""
+        return {**super().get_config(), "alpha": self.alpha}
+
+
+class Keras2UpSampling3D(keras.layers.Layer):
+    """UpSampling3D (factor 2) as Keras 2 / TensorFlow 1.8's ``tf.keras`` computed it.
+
+    Keras 2's ``resize_volumes`` repeated each spatial axis in turn with
+    ``repeat_elements``: ``split`` the tensor into one slice per position
+    along the axis and ``concatenate`` every slice twice. Each axis makes a
+    full-size set of slices and a tensor twice the size, where Keras 3's
+    ``UpSampling3D`` writes one ``repeat`` per axis.
+
+    Args:
+        **kwargs: ``keras.layers.Layer`` arguments.
+    """
+
+    def call(self, inputs):
+        """Each spatial axis (1, 2, 3) repeated twice by split and concatenate."""
+        x = inputs
+        for axis in (1, 2, 3):
+            parts = ops.split(x, x.shape[axis], axis=axis)
+            x = ops.concatenate([part for part in parts for _ in range(2)], axis=axis)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        """Every spatial dimension doubled."""
+        batch, *spatial, channels = input_shape
+        return (batch, *(None if d is None else 2 * d for d in spatial), channels)
 
 
 class InstanceNormalization(keras.layers.Layer):
@@ -55,8 +124,10 @@ class InstanceNormalization(keras.layers.Layer):
     in ``keras.layers.GroupNormalization``. The ops are those of the
     original layer, so a traced step holds the same temporaries: the mean,
     the centered tensor, its square, the standard deviation and the
-    quotient (keras-contrib computed the centered tensor a second time
-    inside ``K.std``; here it is computed once and reused).
+    quotient. keras-contrib wrote the mean and the centered tensor a second
+    time inside ``K.std``; TensorFlow's graph optimizer merges identical ops
+    (common subexpression elimination, on by default), so the GPU computed
+    and kept each once, as here.
 
     Args:
         epsilon: added to the standard deviation.
@@ -147,15 +218,29 @@ def _normalization(norm: str, name: str):
     return keras.layers.GroupNormalization(groups=-1, name=name)
 
 
-def _conv_block(x, filters: int, name: str, norm: str, kernel: int = 3, strides: int = 1):
+def _conv_block(
+    x, filters: int, name: str, norm: str, arithmetic: str, kernel: int = 3, strides: int = 1
+):
     x = keras.layers.Conv3D(filters, kernel, strides=strides, padding="same", name=f"{name}_conv")(
         x
     )
     x = _normalization(norm, f"{name}_norm")(x)
+    if arithmetic == "tf1":
+        return Keras2LeakyReLU(0.3, name=f"{name}_act")(x)
     return keras.layers.LeakyReLU(negative_slope=0.3, name=f"{name}_act")(x)
 
 
-def _check(edge, depth, segmentation_levels, norm, base_filters, labels, dropout):
+def _upsampling(arithmetic: str, name: str):
+    if arithmetic == "tf1":
+        return Keras2UpSampling3D(name=name)
+    return keras.layers.UpSampling3D(2, name=name)
+
+
+def _check(edge, depth, segmentation_levels, norm, base_filters, labels, dropout, arithmetic):
+    if arithmetic not in ARITHMETICS:
+        raise ConfigError(
+            f"arithmetic must be one of {ARITHMETICS}. Received arithmetic={arithmetic!r}."
+        )
     if depth < 2:
         raise ConfigError(f"depth must be at least 2 (one down-sampling). Received depth={depth}.")
     step = 2 ** (depth - 1)
@@ -191,6 +276,7 @@ def isensee2017(
     segmentation_levels: int = 3,
     dropout: float = 0.3,
     norm: str = "instance",
+    arithmetic: str = "keras3",
     batch_size: int | None = 1,
     learning_rate: float = 5e-4,
     seed: int = 0,
@@ -216,6 +302,10 @@ def isensee2017(
             norm (epsilon inside the square root): fewer temporaries, a
             simulated training peak about 35% lower (``tflms.simulate``,
             128^3 to 192^3), but not the paper's arithmetic.
+        arithmetic: ``"keras3"``: Keras 3's ``LeakyReLU`` and ``UpSampling3D``;
+            ``"tf1"``: the ops TensorFlow 1.8's ``tf.keras`` wrote for them
+            (:class:`Keras2LeakyReLU`, :class:`Keras2UpSampling3D`), which is
+            what the seed paper's V100 ran and held; the real-GPU anchors use it.
         batch_size: the input's fixed batch dimension (``None``: open).
         learning_rate: Adam's learning rate.
         seed: Keras' random seed for the initial weights and the dropout.
@@ -228,27 +318,29 @@ def isensee2017(
             is unknown, ``segmentation_levels`` is not in ``[1, depth-1]``,
             or another size is out of range.
     """
-    _check(edge, depth, segmentation_levels, norm, base_filters, labels, dropout)
+    _check(edge, depth, segmentation_levels, norm, base_filters, labels, dropout, arithmetic)
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((edge, edge, edge, channels), batch_size=batch_size, name="mri")
     x, sums = inputs, []
     for level in range(depth):
         filters = base_filters * 2**level
-        x = _conv_block(x, filters, f"enc{level}_in", norm, strides=1 if level == 0 else 2)
-        context = _conv_block(x, filters, f"enc{level}_ctx1", norm)
+        x = _conv_block(
+            x, filters, f"enc{level}_in", norm, arithmetic, strides=1 if level == 0 else 2
+        )
+        context = _conv_block(x, filters, f"enc{level}_ctx1", norm, arithmetic)
         if dropout:
             context = keras.layers.SpatialDropout3D(dropout, name=f"enc{level}_drop")(context)
-        context = _conv_block(context, filters, f"enc{level}_ctx2", norm)
+        context = _conv_block(context, filters, f"enc{level}_ctx2", norm, arithmetic)
         x = keras.layers.Add(name=f"enc{level}_sum")([x, context])
         sums.append(x)
     segmentations = {}
     for level in reversed(range(depth - 1)):
         filters = base_filters * 2**level
-        x = keras.layers.UpSampling3D(2, name=f"dec{level}_upsample")(x)
-        x = _conv_block(x, filters, f"dec{level}_up", norm)
+        x = _upsampling(arithmetic, f"dec{level}_upsample")(x)
+        x = _conv_block(x, filters, f"dec{level}_up", norm, arithmetic)
         x = keras.layers.Concatenate(name=f"dec{level}_concat")([sums[level], x])
-        x = _conv_block(x, filters, f"dec{level}_loc1", norm)
-        x = _conv_block(x, filters, f"dec{level}_loc2", norm, kernel=1)
+        x = _conv_block(x, filters, f"dec{level}_loc1", norm, arithmetic)
+        x = _conv_block(x, filters, f"dec{level}_loc2", norm, arithmetic, kernel=1)
         if level < segmentation_levels:
             segmentations[level] = keras.layers.Conv3D(labels, 1, name=f"dec{level}_seg")(x)
     out = None
@@ -256,7 +348,7 @@ def isensee2017(
         seg = segmentations[level]
         out = seg if out is None else keras.layers.Add(name=f"dec{level}_seg_sum")([out, seg])
         if level > 0:
-            out = keras.layers.UpSampling3D(2, name=f"dec{level}_seg_upsample")(out)
+            out = _upsampling(arithmetic, f"dec{level}_seg_upsample")(out)
     outputs = keras.layers.Activation("sigmoid", name="sigmoid")(out)
     model = keras.Model(inputs, outputs, name=f"isensee2017_{edge}")
     model = compiled(model, WeightedDiceLoss(), "adam")

@@ -3,9 +3,10 @@
 After Cicek et al. (2016): per level two 3x3x3 convolutions + ReLU, 2x2x2 max
 pooling on the way down, a 2x2x2 transposed convolution and a skip
 concatenation on the way up, per-voxel logits. ``widen=True`` doubles the
-filters of each encoder block's second convolution, as in the 3DUnetCNN
-model (Ellis, 2017) the seed paper trained at 144^3 and 192^3 (with
-``depth=4, base_filters=32``).
+filters of each encoder block's second convolution, as the plain U-Net of
+Ellis' 3DUnetCNN does. The seed paper trained another model of that
+repository, the BraTS 2017 network of Isensee et al.: that one is
+:func:`tflms.zoo.isensee.isensee2017`, and the capacity figures use it.
 
 Example:
     >>> model = unet3d(16, depth=2, base_filters=4)

@@ -37,7 +37,7 @@ def cnn(
         batch_norm: put a BatchNormalization after each convolution.
         channels: input channels.
         classes: output classes (logits, sparse labels).
-        optimizer: ``"sgd"`` or ``"adam"``.
+        optimizer: ``"sgd"``, ``"adam"`` or ``"rmsprop"``.
         seed: Keras' random seed for the initial weights.
 
     Returns:
@@ -70,7 +70,7 @@ def resnet(
         image: height and width of the RGB input.
         blocks: ``(filters, stride)`` of each residual block.
         classes: output classes (logits, sparse labels).
-        optimizer: ``"sgd"`` or ``"adam"``.
+        optimizer: ``"sgd"``, ``"adam"`` or ``"rmsprop"``.
         seed: Keras' random seed for the initial weights.
 
     Returns:
@@ -100,7 +100,7 @@ def resnet50(image: int = 224, *, classes: int = 1000, optimizer: str = "sgd", s
     Args:
         image: height and width of the input.
         classes: output classes (softmax, sparse labels).
-        optimizer: ``"sgd"`` or ``"adam"``.
+        optimizer: ``"sgd"``, ``"adam"`` or ``"rmsprop"``.
         seed: Keras' random seed for the initial weights.
 
     Returns:
@@ -119,7 +119,7 @@ def vgg16(image: int = 224, *, classes: int = 1000, optimizer: str = "sgd", seed
     Args:
         image: height and width of the input.
         classes: output classes (softmax, sparse labels).
-        optimizer: ``"sgd"`` or ``"adam"``.
+        optimizer: ``"sgd"``, ``"adam"`` or ``"rmsprop"``.
         seed: Keras' random seed for the initial weights.
 
     Returns:
