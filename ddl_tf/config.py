@@ -41,6 +41,18 @@ COMPRESSIONS = ("none", "fp16", "bf16")
 DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024
 DEFAULT_BUCKET_BYTES = 2 * 1024 * 1024
 
+LOG_LEVELS = {
+    "TRACE": "DEBUG",
+    "DEBUG": "DEBUG",
+    "INFO": "INFO",
+    "WARNING": "WARNING",
+    "WARN": "WARNING",
+    "ERROR": "ERROR",
+    "FATAL": "CRITICAL",
+    "CRITICAL": "CRITICAL",
+}
+"""Log level names ddl_tf and Horovod accept, and the Python level each means."""
+
 Algorithm = Literal["auto", "flat", "ring", "hierarchical", "asa"]
 CompressionName = Literal["none", "fp16", "bf16"]
 
@@ -79,7 +91,15 @@ class DDLConfig:
         pseudo_nodes: Fake node layout for testing hierarchy on one host: a
             node count, or one node name per rank (comma separated).
         auto_policy_file: JSON table overriding the built-in ``auto`` choice.
-        log_level: Level applied to the ``ddl_tf`` logger by ``init()``.
+        log_level: Level applied to the ``ddl_tf`` logger by ``init()`` (a Python
+            level name; Horovod's ``trace`` and ``fatal`` read as ``DEBUG`` and
+            ``CRITICAL``). ``init()`` also gives the logger a handler that
+            prints to stderr when nothing else would.
+        stall_shutdown_setting: The variable ``stall_shutdown_seconds`` came
+            from, named in the stall error.
+        ignored_settings: Horovod variables that were set but have no ddl_tf
+            equivalent (:data:`ddl_tf.env.HOROVOD_IGNORED`); ``init()`` warns
+            once on rank 0.
     """
 
     algorithm: Algorithm = "auto"
@@ -96,6 +116,8 @@ class DDLConfig:
     pseudo_nodes: str | None = None
     auto_policy_file: str | None = None
     log_level: str | None = None
+    stall_shutdown_setting: str = "DDL_STALL_SHUTDOWN_SECONDS"
+    ignored_settings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -133,6 +155,12 @@ class DDLConfig:
                 f"stall_warning_seconds={self.stall_warning_seconds!r} "
                 "(e.g. DDL_STALL_WARNING_SECONDS=60)."
             )
+        if self.log_level is not None and self.log_level not in LOG_LEVELS.values():
+            raise ConfigError(
+                f"Unknown log level {self.log_level!r}. Use one of "
+                f"{', '.join(name.lower() for name in LOG_LEVELS)} (e.g. DDL_LOG_LEVEL=info; "
+                "Horovod's HOROVOD_LOG_LEVEL values are accepted too)."
+            )
         if self.stall_shutdown_seconds < 0:
             raise ConfigError(
                 "stall_shutdown_seconds must be >= 0 (0 never shuts down). Received "
@@ -164,6 +192,10 @@ class DDLConfig:
         name, value = env.get_first([env.DDL_ALLREDUCE_ALGO], environ)
         if value is not None:
             values["algorithm"] = value.lower()
+        else:
+            name, value = env.get_first([env.HOROVOD_HIERARCHICAL_ALLREDUCE], environ)
+            if name is not None and value is not None and _parse_bool(name, value):
+                values["algorithm"] = "hierarchical"
         name, value = env.get_first([env.DDL_COMPRESSION], environ)
         if value is not None:
             values["compression"] = value.lower()
@@ -179,7 +211,7 @@ class DDLConfig:
         if name is not None and value is not None:
             values["bucket_bytes"] = _parse_int(name, value)
         name, value = env.get_first([env.DDL_TIMELINE, env.HOROVOD_TIMELINE], environ)
-        if value is not None:
+        if value is not None and value.upper() != "DYNAMIC":  # DYNAMIC: start_timeline() later
             values["timeline"] = value
         name, value = env.get_first(
             [env.DDL_STALL_WARNING_SECONDS, env.HOROVOD_STALL_CHECK_TIME_SECONDS], environ
@@ -191,6 +223,13 @@ class DDLConfig:
         )
         if name is not None and value is not None:
             values["stall_shutdown_seconds"] = _parse_float(name, value)
+            values["stall_shutdown_setting"] = name
+        name, value = env.get_first([env.HOROVOD_STALL_CHECK_DISABLE], environ)
+        if name is not None and value is not None and _parse_bool(name, value):
+            # Horovod's stall inspector off: no warnings, no shutdown, unless DDL_* says otherwise
+            values.setdefault("stall_warning_seconds", float("inf"))
+            if env.get(env.DDL_STALL_SHUTDOWN_SECONDS, environ) is None:
+                values["stall_shutdown_seconds"] = 0.0
         name, value = env.get_first([env.DDL_CHECK_COLLECTIVES], environ)
         if name is not None and value is not None:
             values["check_collectives"] = _parse_bool(name, value)
@@ -207,7 +246,10 @@ class DDLConfig:
                 values[field] = value
         name, value = env.get_first([env.DDL_LOG_LEVEL, env.HOROVOD_LOG_LEVEL], environ)
         if value is not None:
-            values["log_level"] = value.upper()
+            values["log_level"] = LOG_LEVELS.get(value.strip().upper(), value)
+        values["ignored_settings"] = tuple(
+            name for name in env.HOROVOD_IGNORED if env.get(name, environ) is not None
+        )
         values.update(overrides)
         return cls(**values)
 

@@ -28,16 +28,21 @@ Exit codes:
     2   invalid arguments
     3   a pre-flight check failed (hosts, slots, Python, topology, mpirun)
     other  mpirun's exit code (a rank failed); 128+N if mpirun died of signal N
+    128+N  ddlrun received signal N (SIGTERM 143, SIGINT 130, SIGHUP 129): it
+           forwarded it to mpirun, which ended the ranks (after 5 s the whole
+           job is killed)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ddl_tf import __version__, env
@@ -115,6 +120,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--mpirun", help="mpirun to use (default: next to Python, then PATH)")
     parser.add_argument("--mpi-args", default="", help="extra mpirun arguments (one string)")
+    parser.add_argument("--log-level", help="DDL_LOG_LEVEL for the ranks (Horovod's names too)")
+    horovod = parser.add_argument_group(
+        "horovodrun's options",
+        "accepted so that replacing 'horovodrun' with 'ddlrun' is the only change a job "
+        "script needs",
+    )
+    horovod.add_argument("--mpi", action="store_true", help="accepted: ddl_tf always runs over MPI")
+    horovod.add_argument("--timeline-filename", help="the same as --timeline")
+    horovod.add_argument(
+        "--cycle-time-ms",
+        type=float,
+        help="accepted and ignored with a note: ddl_tf runs each collective when it is issued",
+    )
+    horovod.add_argument(
+        "--verbose", action="store_true", help="accepted: ddlrun always prints its settings"
+    )
+    horovod.add_argument(
+        "--start-timeout",
+        type=float,
+        help="accepted and ignored with a note: ranks that do not start make init() fail fast",
+    )
+    horovod.add_argument(
+        "--network-interface",
+        help="network interface(s) for MPI's TCP traffic (comma separated): Open MPI's "
+        "btl_tcp_if_include and oob_tcp_if_include",
+    )
     parser.add_argument("--skip-checks", action="store_true", help="skip the Python check")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run")
     parser.add_argument(
@@ -132,8 +163,11 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
         values[env.DDL_FUSION_THRESHOLD] = str(int(args.fusion_threshold_mb * 1024 * 1024))
     if args.compression:
         values[env.DDL_COMPRESSION] = args.compression
-    if args.timeline:
-        values[env.DDL_TIMELINE] = str(Path(args.timeline).resolve())
+    timeline = args.timeline or args.timeline_filename
+    if timeline:
+        values[env.DDL_TIMELINE] = str(Path(timeline).resolve())
+    if args.log_level:
+        values[env.DDL_LOG_LEVEL] = args.log_level
     if args.topology:
         values[env.DDL_TOPOLOGY_FILE] = str(Path(args.topology).resolve())
     if args.auto_policy:
@@ -173,15 +207,21 @@ def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, list[str]]:
     forward += [name for name in env.ddl_variables() if name not in forward]
     if env.get(env.PYTHONPATH) is not None and env.PYTHONPATH not in forward:
         forward.append(env.PYTHONPATH)
+    mpi_args = shlex.split(args.mpi_args)
+    if args.network_interface:
+        for component in ("btl_tcp_if_include", "oob_tcp_if_include"):
+            mpi_args += ["--mca", component, args.network_interface]
     plan = LaunchPlan(
         np=np_,
         program=program,
-        hosts=hosts if args.hosts or args.rehearse is not None else [],
-        hostfile=args.hostfile,
+        # a hostfile is read here (its 'host:N' lines included) and passed on as -H, so
+        # mpirun never sees a line it would take for a host name
+        hosts=hosts if args.hosts or args.hostfile or args.rehearse is not None else [],
+        hostfile=None,
         env=_settings(args),
         forward=forward,
         oversubscribe=args.oversubscribe,
-        mpi_args=shlex.split(args.mpi_args),
+        mpi_args=mpi_args,
         in_allocation=in_allocation,
     )
     return plan, placement
@@ -254,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         print("ddlrun: rehearsal " + spec.describe().replace("\n", "\nddlrun:   "))
     if plan.env:
         print("ddlrun: settings: " + " ".join(f"{k}={v}" for k, v in sorted(plan.env.items())))
+    for option, why in (
+        ("--cycle-time-ms", "ddl_tf runs each collective when it is issued (no cycle)"),
+        ("--start-timeout", "a rank that does not start makes init() fail on the others"),
+    ):
+        if getattr(args, option[2:].replace("-", "_")) is not None:
+            print(f"ddlrun: note: {option} is horovodrun's and has no effect here: {why}")
     print("ddlrun: running: " + shlex.join(command), flush=True)
     if args.dry_run:
         return EXIT_OK
@@ -270,17 +316,83 @@ def main(argv: list[str] | None = None) -> int:
     return _run(command, child_env)
 
 
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""What ddlrun passes on to mpirun: a scheduler's stop (Slurm, PBS, Kubernetes and ``kill``
+send SIGTERM), a terminal's Ctrl-C, a closed session."""
+
+STOP_GRACE_S = 5.0
+"""Seconds mpirun gets to end the ranks after a forwarded signal before the whole job is
+killed (SIGKILL to mpirun's process group and to every rank it started)."""
+
+
 def _run(command: list[str], child_env: dict[str, str]) -> int:
-    proc = subprocess.Popen(command, env=child_env)
+    """Run mpirun and wait; a stop signal ends the whole job within seconds.
+
+    mpirun gets a session of its own, so that ddlrun alone decides what it
+    receives: the first SIGTERM, SIGINT or SIGHUP is forwarded to it (Open
+    MPI then terminates the ranks); if the job is still there after
+    :data:`STOP_GRACE_S`, its process group is killed. ddlrun then exits with
+    ``128 + signal`` (143 for SIGTERM), the status a shell gives a command
+    the signal stopped.
+    """
+    proc = subprocess.Popen(command, env=child_env, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum, _frame) -> None:
+        if not received:
+            print(
+                f"ddlrun: {signal.Signals(signum).name} received; stopping the job",
+                file=sys.stderr,
+                flush=True,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+        received.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    stopped_at = None
     try:
-        code = proc.wait()
-    except KeyboardInterrupt:  # mpirun got the same SIGINT and tears the job down
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if received and stopped_at is None:
+                    stopped_at = time.monotonic()
+                if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+                    _kill_session(proc.pid, signal.SIGKILL)
+                    code = proc.wait()
+                    break
+        if received:  # mpirun may return before its local ranks are gone: wait for them
+            deadline = (stopped_at or time.monotonic()) + STOP_GRACE_S
+            while _session_members(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            _kill_session(proc.pid, signal.SIGKILL)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        return 128 + received[0]
     return _exit_code(code)
+
+
+def _session_members(session: int) -> list[int]:
+    """Processes of this machine in session ``session`` (mpirun's: it and its local ranks)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if os.getsid(int(entry.name)) == session:
+                members.append(int(entry.name))
+    return members
+
+
+def _kill_session(session: int, signum: int) -> None:
+    """Send ``signum`` to every process left in ``session`` (mpirun's, on this machine)."""
+    for pid in _session_members(session):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
 
 
 def _exit_code(code: int) -> int:

@@ -49,6 +49,10 @@ __all__ = [
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
     "HOROVOD_STALL_CHECK_DISABLE",
     "HOROVOD_LOG_LEVEL",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE",
+    "HOROVOD_CYCLE_TIME",
+    "HOROVOD_AUTOTUNE",
+    "HOROVOD_AUTOTUNE_LOG",
     # launcher-provided layout
     "HOROVOD_RANK",
     "HOROVOD_SIZE",
@@ -131,6 +135,26 @@ HOROVOD_STALL_CHECK_TIME_SECONDS = "HOROVOD_STALL_CHECK_TIME_SECONDS"
 HOROVOD_STALL_SHUTDOWN_TIME_SECONDS = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 HOROVOD_STALL_CHECK_DISABLE = "HOROVOD_STALL_CHECK_DISABLE"
 HOROVOD_LOG_LEVEL = "HOROVOD_LOG_LEVEL"
+"""Horovod's log level (trace, debug, info, warning, error, fatal); ``DDL_LOG_LEVEL`` wins."""
+HOROVOD_HIERARCHICAL_ALLREDUCE = "HOROVOD_HIERARCHICAL_ALLREDUCE"
+"""``1``: the hierarchical allreduce (``DDL_ALLREDUCE_ALGO=hierarchical``) unless
+``DDL_ALLREDUCE_ALGO`` is set."""
+HOROVOD_CYCLE_TIME = "HOROVOD_CYCLE_TIME"
+"""Horovod's background-loop period; ddl_tf has no background loop (ignored, with a warning)."""
+HOROVOD_AUTOTUNE = "HOROVOD_AUTOTUNE"
+"""Horovod's parameter autotuner; ddl_tf's ``auto`` algorithm picks per message size from a
+learnt table instead (ignored, with a warning)."""
+HOROVOD_AUTOTUNE_LOG = "HOROVOD_AUTOTUNE_LOG"
+"""The log of Horovod's autotuner (ignored, with a warning)."""
+
+HOROVOD_IGNORED = {
+    HOROVOD_CYCLE_TIME: "ddl_tf runs each collective when it is issued; there is no "
+    "background cycle to time",
+    HOROVOD_AUTOTUNE: "ddl_tf's DDL_ALLREDUCE_ALGO=auto picks the algorithm per message size "
+    "from a table benchmarks learn (ddl_tf.core.policy_fit); there is no online autotuner",
+    HOROVOD_AUTOTUNE_LOG: "there is no online autotuner to log",
+}
+"""Horovod variables that have no ddl_tf equivalent, and why; ``init()`` warns once on rank 0."""
 
 HOROVOD_RANK = "HOROVOD_RANK"
 HOROVOD_SIZE = "HOROVOD_SIZE"

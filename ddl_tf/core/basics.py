@@ -30,6 +30,7 @@ from ddl_tf.core import comms, mpi
 from ddl_tf.core.engine import Engine
 from ddl_tf.core.selection import load_policy
 from ddl_tf.core.topology import Topology
+from ddl_tf.env import HOROVOD_IGNORED
 from ddl_tf.errors import ConfigError, DDLError, NotInitializedError
 
 __all__ = [
@@ -61,6 +62,36 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_HANDLER_NAME = "ddl_tf-stderr"
+
+
+def _configure_logging(level: str) -> None:
+    """Set the ``ddl_tf`` logger's level; print to stderr when no handler would show it.
+
+    Python's last-resort handler shows warnings only, so a requested ``info``
+    or ``debug`` level (``HOROVOD_LOG_LEVEL=debug``) printed nothing unless
+    the program configured logging itself. A handler is added only when
+    neither the ``ddl_tf`` logger nor the root logger has one.
+    """
+    package = logging.getLogger("ddl_tf")
+    package.setLevel(level)
+    if package.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(logging.Formatter("[ddl_tf] %(levelname)s %(name)s: %(message)s"))
+    package.addHandler(handler)
+
+
+def _label_log_lines(rank: int) -> None:
+    """Put the rank into the lines of the handler :func:`_configure_logging` added."""
+    for handler in logging.getLogger("ddl_tf").handlers:
+        if handler.get_name() == _HANDLER_NAME:
+            handler.setFormatter(
+                logging.Formatter(f"[ddl_tf rank {rank}] %(levelname)s %(name)s: %(message)s")
+            )
+
 
 _lock = threading.Lock()
 _engine: Engine | None = None
@@ -94,7 +125,7 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
             )
         config = DDLConfig.from_env()
         if config.log_level:
-            logging.getLogger("ddl_tf").setLevel(config.log_level)
+            _configure_logging(config.log_level)
         MPI = mpi.load()
         base = _resolve_comm(MPI, comm)
         topology = comms.detect_topology(base, config)
@@ -102,6 +133,13 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
         _check_agreement(base, config, policy.digest(), topology)
         communicators = comms.build_communicators(base, topology)
         _engine = Engine(communicators, topology, config, policy, host=MPI.Get_processor_name())
+        _label_log_lines(_engine.rank)
+        if config.ignored_settings and _engine.rank == 0:
+            logger.warning(
+                "ddl_tf ignores %s: %s",
+                ", ".join(config.ignored_settings),
+                "; ".join(f"{n}: {HOROVOD_IGNORED[n]}" for n in config.ignored_settings),
+            )
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
             logger.warning(
                 "MPI provides thread level %d (< MPI_THREAD_SERIALIZED); collectives inside "

@@ -105,7 +105,12 @@ class Engine:
             Timeline(config.timeline, self.rank, host) if config.timeline else NullTimeline()
         )
         self.negotiator = (
-            Negotiator(comms.control, config.stall_warning_seconds, config.stall_shutdown_seconds)
+            Negotiator(
+                comms.control,
+                config.stall_warning_seconds,
+                config.stall_shutdown_seconds,
+                config.stall_shutdown_setting,
+            )
             if config.check_collectives
             else None
         )

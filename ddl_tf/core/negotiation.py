@@ -185,12 +185,18 @@ class Negotiator:
             of the data communicator never mixes with it).
         stall_warning_seconds: Interval of stall warnings.
         stall_shutdown_seconds: Wait after which :class:`StallError` is raised (0: never).
+        shutdown_setting: The variable the shutdown wait was set with, named in the error.
     """
 
     def __init__(
-        self, comm: Any, stall_warning_seconds: float, stall_shutdown_seconds: float
+        self,
+        comm: Any,
+        stall_warning_seconds: float,
+        stall_shutdown_seconds: float,
+        shutdown_setting: str = "DDL_STALL_SHUTDOWN_SECONDS",
     ) -> None:
         self.comm = comm
+        self.shutdown_setting = shutdown_setting
         self.rank, self.size = comm.rank, comm.size
         self.warning = stall_warning_seconds
         self.shutdown = stall_shutdown_seconds
@@ -272,7 +278,7 @@ class Negotiator:
                 message = (
                     f"collective #{self.seq} ({descriptor.summary}) stalled: rank(s) "
                     f"{_ranks(sorted(pending))} did not arrive within {self.shutdown:g} s "
-                    "(DDL_STALL_SHUTDOWN_SECONDS). Check those ranks' logs; raise the limit "
+                    f"({self.shutdown_setting}). Check those ranks' logs; raise the limit "
                     "if they were legitimately busy."
                 )
                 sends += self._tell(set(range(1, self.size)) - pending, _ABORT, message)
@@ -360,7 +366,7 @@ class Negotiator:
             if limit is not None and now - start >= limit:
                 raise StallError(
                     f"collective #{self.seq} ({descriptor.summary}): rank 0 did not answer "
-                    f"within {limit:g} s (DDL_STALL_SHUTDOWN_SECONDS plus grace); rank 0 is "
+                    f"within {limit:g} s ({self.shutdown_setting} plus grace); rank 0 is "
                     "missing or hung. Check rank 0's log."
                 )
             waiter.pause()

@@ -293,8 +293,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             ) from None
         if self.momentum_correction and old_lr > 0:
             _correct_momentum(optimizer, new_lr / old_lr)
-        if self.verbose > 0 and basics.rank() == 0:
-            logger.info("epoch %d: learning rate %.6g -> %.6g", self.current_epoch, old_lr, new_lr)
+        if self.verbose > 0 and basics.rank() == 0:  # printed, as Horovod's callbacks do
+            print(  # noqa: T201 - verbose output, as Keras' own callbacks print
+                f"Epoch {self.current_epoch}: learning rate {old_lr:.6g} -> {new_lr:.6g}",
+                flush=True,
+            )
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -354,10 +357,10 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         super().on_epoch_end(epoch, logs)
         assert self.end_epoch is not None  # set from warmup_epochs
         if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
-            logger.info(
-                "epoch %d: finished learning-rate warmup at %.6g",
-                epoch + 1,
-                _get_lr(self.model.optimizer),
+            print(  # noqa: T201 - verbose output, as Keras' own callbacks print
+                f"Epoch {epoch + 1}: finished learning-rate warmup at "
+                f"{_get_lr(self.model.optimizer):.6g}",
+                flush=True,
             )
 
 

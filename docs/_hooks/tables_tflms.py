@@ -425,7 +425,8 @@ def demo_memory(r: Results) -> str:
             with_lms = fmt_bytes(r.get(f"memory.seed_sizes.{i}.peak_with_lms_bytes"))
         rows.append(
             [
-                f"depth {row.get('depth')}, {row.get('base_filters')} base filters, {row.get('size')}^3",
+                f"{row.get('model', 'U-Net')}, depth {row.get('depth')}, "
+                f"{row.get('base_filters')} base filters, {row.get('size')}^3",
                 row.get("batch"),
                 fmt_bytes(row.get("peak_without_lms_bytes")),
                 with_lms,

@@ -85,3 +85,44 @@ def test_reduce_op_parsing_follows_horovod():
         parse_op(ReduceOp.ADASUM)  # UnsupportedError: Horovod users catch NotImplementedError
     with pytest.raises(ConfigError, match="Unknown reduction 'mean'"):
         parse_op("mean")
+
+
+@pytest.mark.parametrize(
+    ("value", "level"),
+    [
+        ("trace", "DEBUG"),
+        ("debug", "DEBUG"),
+        ("Info", "INFO"),
+        ("warn", "WARNING"),
+        ("fatal", "CRITICAL"),
+    ],
+)
+def test_horovod_log_levels_map_to_python_levels(value, level):
+    assert DDLConfig.from_env({"HOROVOD_LOG_LEVEL": value}).log_level == level
+
+
+def test_an_unknown_log_level_names_the_accepted_ones():
+    with pytest.raises(ConfigError, match="Unknown log level 'loud'. Use one of trace, debug"):
+        DDLConfig.from_env({"DDL_LOG_LEVEL": "loud"})
+
+
+def test_horovod_knobs_map_to_their_ddl_equivalents():
+    assert DDLConfig.from_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).algorithm == "hierarchical"
+    both = {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "DDL_ALLREDUCE_ALGO": "ring"}
+    assert DDLConfig.from_env(both).algorithm == "ring"
+    assert DDLConfig.from_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}).algorithm == "auto"
+    # DYNAMIC: Horovod starts the timeline later with start_timeline(); no file named DYNAMIC
+    assert DDLConfig.from_env({"HOROVOD_TIMELINE": "DYNAMIC"}).timeline is None
+    quiet = DDLConfig.from_env(
+        {"HOROVOD_STALL_CHECK_DISABLE": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+    )
+    assert quiet.stall_warning_seconds == float("inf") and quiet.stall_shutdown_seconds == 0
+    named = DDLConfig.from_env({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90"})
+    assert named.stall_shutdown_setting == "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+    assert DDLConfig.from_env({}).stall_shutdown_setting == "DDL_STALL_SHUTDOWN_SECONDS"
+
+
+def test_horovod_knobs_without_equivalent_are_listed_for_one_warning():
+    config = DDLConfig.from_env({"HOROVOD_CYCLE_TIME": "5", "HOROVOD_AUTOTUNE": "1"})
+    assert config.ignored_settings == ("HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")
+    assert DDLConfig.from_env({}).ignored_settings == ()

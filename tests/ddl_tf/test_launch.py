@@ -169,3 +169,43 @@ def test_a_dry_run_imports_neither_tensorflow_nor_mpi4py():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_horovodrun_options_are_accepted_and_mapped(capsys, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost:2  # horovodrun's host:slots form\n")
+    code, out, err = run(
+        capsys,
+        "--mpi",
+        "-np",
+        "2",
+        "--hostfile",
+        str(hostfile),
+        "--timeline-filename",
+        str(tmp_path / "timeline.json"),
+        "--fusion-threshold-mb",
+        "2",
+        "--cycle-time-ms",
+        "5",
+        "--log-level",
+        "trace",
+        "--verbose",
+        "--start-timeout",
+        "30",
+        "--network-interface",
+        "eth1",
+        "--mpi-args",
+        "--mca btl_base_verbose 0",
+        "--dry-run",
+        SCRIPT,
+    )
+    assert code == 0, err
+    command = out.split("ddlrun: running: ")[1].split()
+    # the hostfile is read here and passed as -H: mpirun never sees 'localhost:2' as a host
+    assert "--hostfile" not in command and command[command.index("-H") + 1] == "localhost:2"
+    assert f"DDL_TIMELINE={tmp_path / 'timeline.json'}" in out and "DDL_LOG_LEVEL=trace" in out
+    assert "DDL_FUSION_THRESHOLD=2097152" in out
+    for component in ("btl_tcp_if_include", "oob_tcp_if_include"):
+        assert command[command.index(component) + 1] == "eth1"
+    assert command[command.index("btl_base_verbose") + 1] == "0"
+    assert "note: --cycle-time-ms is horovodrun's" in out and "note: --start-timeout" in out
