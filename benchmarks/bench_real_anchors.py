@@ -225,6 +225,22 @@ def with_lms(spec: dict, sizes: list[int], link: str, with_grappler: bool) -> li
     return rows
 
 
+def link_ratios(with_lms_rows: dict) -> list[dict]:
+    """PCIe3 step time over NVLink2 step time per size (the paper: 2.47 at 192^3).
+
+    Both links share the step without swaps (copies are the only difference),
+    so the ratio is ``(1 + overhead over PCIe3) / (1 + overhead over NVLink2)``.
+    """
+    nvlink = {r["size"]: r for r in with_lms_rows.get("nvlink2", []) if r.get("fits")}
+    ratios = []
+    for row in with_lms_rows.get("pcie3", []):
+        other = nvlink.get(row["size"])
+        if row.get("fits") and other is not None:
+            ratio = (1 + row["overhead"]) / (1 + other["overhead"])
+            ratios.append({"size": row["size"], "pcie3_over_nvlink2": round(ratio, 3)})
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the sizes around each boundary")
@@ -272,6 +288,9 @@ def main() -> None:
                 link: with_lms(spec, sizes_lms, link, not args.no_grappler)
                 for link in ("nvlink2", "pcie3")
             }
+            anchors[name]["link_ratios"] = link_ratios(anchors[name]["with_lms"])
+            anchors[name]["real_link_ratio"] = {"size": 192, "pcie3_over_nvlink2": 2.47}
+            anchors[name]["real_overhead_nvlink2"] = {"160": 0.03, "192": 0.25}
     stacks = {
         name: {
             "context_bytes": stack.context_bytes,

@@ -83,6 +83,20 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             (``DDL_BUCKET_BYTES``).
     """
 
+    def __new__(cls, optimizer=None, *args, **kwargs):
+        """A :class:`DistributedLossScaleOptimizer` where Keras would scale the loss.
+
+        Under the ``mixed_float16`` policy Keras wraps any optimizer that is not
+        a ``LossScaleOptimizer`` in one, which would check each rank's own
+        gradients for overflow and reach the allreduce only on the finite
+        branch: the ranks would split. So with that policy, or when
+        ``optimizer`` is a ``LossScaleOptimizer``, the distributed optimizer
+        is itself the loss-scale optimizer, and reduces before the check.
+        """
+        if cls is DistributedOptimizer and _needs_loss_scaling(optimizer):
+            return DistributedLossScaleOptimizer.around(optimizer, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         optimizer: keras.optimizers.Optimizer | str,
@@ -134,6 +148,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.scale_local_gradients = scale_local_gradients
         self.overlap = overlap
         self.bucket_bytes = bucket_bytes
+        self.reduce_in_apply = True  # False inside a DistributedLossScaleOptimizer
         self._local_vars: set = set()
         self._accumulators: list = []
         self._accumulator_of: dict = {}
@@ -247,12 +262,39 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             if not self.built:
                 with keras.name_scope(self.name, caller=self):
                     self.build(variables)
-        if self.backward_passes_per_step == 1:
+        if not self.reduce_in_apply:  # the loss-scale optimizer around it reduced already
+            self.inner_optimizer.apply(grads, variables)
+        elif self.backward_passes_per_step == 1:
+            if _mixed_float16():
+                raise ConfigError(
+                    "DistributedOptimizer was created before the mixed_float16 policy was set, "
+                    "so Keras wrapped it in a LossScaleOptimizer that checks each rank's "
+                    "gradients alone (ranks would skip different steps). Create the "
+                    "DistributedOptimizer after keras.mixed_precision.set_global_policy("
+                    "'mixed_float16'), or pass a LossScaleOptimizer: "
+                    "hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt))."
+                )
             self._reduce_and_apply(grads, variables, self.overlap)
         else:
             self._accumulate(grads, variables)
 
     def _reduce_and_apply(self, grads: list, variables: list, overlap: bool | None) -> None:
+        self.inner_optimizer.apply(self.reduce(grads, variables, overlap), variables)
+
+    def reduce(self, grads: list, variables: list, overlap: bool | None = None) -> list:
+        """The gradients averaged (or summed) across ranks, local variables' kept on this rank.
+
+        Args:
+            grads: One gradient per variable (tensors, ``tf.IndexedSlices`` or None).
+            variables: The variables, in the same order.
+            overlap: Reduce in buckets as backprop produces them (None: the
+                optimizer's setting, then ``DDLConfig.overlap``).
+
+        Returns:
+            The reduced gradients, in the same order.
+        """
+        grads = list(grads)
+        overlap = self.overlap if overlap is None else overlap
         shared = [i for i, v in enumerate(variables) if _key(v) not in self._local_vars]
         reduced = allreduce_gradients(
             [grads[i] for i in shared],
@@ -272,7 +314,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             for i, v in enumerate(variables):
                 if _key(v) in self._local_vars and out[i] is not None:
                     out[i] = _divide(out[i], size)
-        self.inner_optimizer.apply(out, variables)
+        return out
 
     def _accumulate(self, grads: list, variables: list) -> None:
         pairs = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
@@ -331,6 +373,88 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return cls(inner, **config)
 
 
+@keras.saving.register_keras_serializable(package="ddl_tf", name="DistributedLossScaleOptimizer")
+class DistributedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Mixed precision across ranks: reduce the scaled gradients, then check them for overflow.
+
+    Keras's ``LossScaleOptimizer`` skips a step whose gradients hold an inf or
+    a NaN and halves the loss scale. Checked on each rank's own gradients,
+    one rank's overflow would make it skip the allreduce the others enter.
+    Here the scaled gradients are reduced first (by the inner
+    :class:`DistributedOptimizer`, with its buckets and compression), so an
+    overflow on any rank makes every rank's reduced gradients non-finite and
+    every rank skips the same step, as Horovod did with Keras 2. Made by
+    ``DistributedOptimizer(...)`` under the ``mixed_float16`` policy or
+    around a ``LossScaleOptimizer``; Keras then uses it as the model's
+    loss-scale optimizer instead of adding its own.
+
+    Args:
+        inner_optimizer: The :class:`DistributedOptimizer` that reduces and
+            applies the gradients.
+        initial_scale: The first loss scale.
+        dynamic_growth_steps: Finite steps after which the scale doubles.
+        **kwargs: ``keras.optimizers.LossScaleOptimizer`` arguments (``name``).
+    """
+
+    def __init__(self, inner_optimizer, initial_scale=2.0**15, dynamic_growth_steps=1000, **kwargs):
+        if not isinstance(inner_optimizer, DistributedOptimizer):
+            raise ConfigError(
+                "DistributedLossScaleOptimizer wraps a DistributedOptimizer; create it with "
+                "hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt)). "
+                f"Received {type(inner_optimizer).__name__}."
+            )
+        if inner_optimizer.backward_passes_per_step != 1:
+            raise ConfigError(
+                "Mixed precision with backward_passes_per_step > 1 is not supported: the "
+                "loss scale would change between the accumulated passes. Use "
+                "backward_passes_per_step=1 (a larger batch per step), or float32."
+            )
+        super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps, **kwargs)
+        inner_optimizer.reduce_in_apply = False
+
+    @classmethod
+    def around(cls, optimizer, *args, **kwargs) -> DistributedLossScaleOptimizer:
+        """The distributed loss-scale optimizer for ``optimizer`` and ``DistributedOptimizer``'s
+        arguments (a ``LossScaleOptimizer`` keeps its scale settings)."""
+        scale = {}
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            scale = {
+                "initial_scale": optimizer.initial_scale,
+                "dynamic_growth_steps": optimizer.dynamic_growth_steps,
+            }
+            optimizer = optimizer.inner_optimizer
+        distributed = _ReducingOptimizer(optimizer, *args, **kwargs)
+        return cls(distributed, name=f"DistributedLossScale{distributed.name}", **scale)
+
+    def apply(self, grads, trainable_variables=None):
+        """Reduce the scaled gradients across ranks, then unscale, check and apply them.
+
+        Args:
+            grads: One gradient per variable.
+            trainable_variables: The variables (None: those it was built with).
+        """
+        if trainable_variables is None:
+            variables = list(self._trainable_variables)
+        else:
+            variables = list(trainable_variables)
+            if not self.built:
+                with keras.name_scope(self.name, caller=self):
+                    self.build(variables)
+                self.built = True
+        reduced = self.inner_optimizer.reduce(list(grads), variables)
+        return super().apply(reduced, trainable_variables)
+
+
+@keras.saving.register_keras_serializable(package="ddl_tf", name="ReducingOptimizer")
+class _ReducingOptimizer(DistributedOptimizer):
+    """The :class:`DistributedOptimizer` inside a :class:`DistributedLossScaleOptimizer`.
+
+    A subclass only so that constructing it never redirects to the loss-scale
+    optimizer (``DistributedOptimizer.__new__`` redirects the class itself);
+    the outer optimizer reduces through it and then has it apply.
+    """
+
+
 def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
     optimizer, name: str | None = None, local_layers=None, **kwargs
 ) -> DistributedOptimizer:
@@ -365,6 +489,14 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
         for variable in layer.trainable_weights:
             wrapped.register_local_var(variable)
     return wrapped
+
+
+def _mixed_float16() -> bool:
+    return keras.config.dtype_policy().name == "mixed_float16"
+
+
+def _needs_loss_scaling(optimizer) -> bool:
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or _mixed_float16()
 
 
 _IGNORED_WARNED: set[str] = set()

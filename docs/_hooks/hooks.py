@@ -36,7 +36,6 @@ for path in (str(HERE), str(REPO)):
 import api_pages  # noqa: E402
 import results_tables  # noqa: E402
 import source_tables  # noqa: E402
-import tables_anchors  # noqa: E402, F401 - registers the real-GPU anchor tables
 import tables_ddl  # noqa: E402, F401 - registers the ddl_tf tables
 import tables_tflms  # noqa: E402, F401 - registers the tflms tables
 

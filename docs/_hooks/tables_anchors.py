@@ -1,7 +1,7 @@
 """The docs' tables of ``real_anchors.json``: the simulator against real-GPU measurements.
 
 Each function turns the file into Markdown; see :mod:`results_tables` for the
-directive that calls it and what happens to missing keys.
+directive that calls it and what happens to missing keys. Imported by ``tables_tflms``.
 """
 
 from __future__ import annotations

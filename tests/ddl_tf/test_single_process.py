@@ -338,3 +338,43 @@ def test_the_api_table_lists_exactly_what_basics_defines():
     assert set(ddl_tf.tensorflow.BASICS) == set(basics.__all__) - {"engine", "topology"}
     for name, module in ddl_tf.tensorflow.API.items():
         assert name in importlib.import_module(module).__all__ or module.endswith(f".{name}"), name
+
+
+@pytest.fixture
+def mixed_float16():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _fit_mixed(optimizer):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile(optimizer, "mse", jit_compile=False)
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    model.fit(x, x[:, :1] * 2, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    return model
+
+
+def test_a_wrapped_loss_scale_optimizer_trains_like_keras_own(ddl, mixed_float16):
+    inner = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05), initial_scale=256)
+    ours = _fit_mixed(hvd_keras.DistributedOptimizer(inner))
+    assert type(ours.optimizer).__name__ == "DistributedLossScaleOptimizer"  # not wrapped twice
+    plain = _fit_mixed(
+        keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05), initial_scale=256)
+    )
+    for a, b in zip(ours.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(ours.optimizer.iterations.numpy()) == int(plain.optimizer.iterations.numpy()) > 0
+
+
+def test_a_policy_set_after_the_optimizer_is_refused_with_the_fix(ddl):
+    late = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.05))
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with pytest.raises(ConfigError, match="after keras.mixed_precision.set_global_policy"):
+            _fit_mixed(late)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
