@@ -47,3 +47,11 @@ def test_lms_keras_example_prints_its_plan():
     out = run([sys.executable, str(EXAMPLES / "lms_keras.py"), "--image-size", "32"])
     swapped = re.search(r"(\d+) tensors swapped", out)
     assert swapped and int(swapped.group(1)) > 0 and "bytes swapped per layer" in out, out
+
+
+@pytest.mark.parallel
+def test_horovod_tf2_gradient_tape_recipe_with_its_two_edits():
+    out = run([str(DDLRUN), "-np", "2", str(EXAMPLES / "horovod_tf2_mnist.py"), "--steps", "16"])
+    assert "weights identical on all ranks: True" in out
+    source = (EXAMPLES / "horovod_tf2_mnist.py").read_text()
+    assert source.count("# ddl_tf:") == 4  # the import, opt.build, opt.variables, documented
