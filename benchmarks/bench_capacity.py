@@ -87,7 +87,7 @@ class Workload:
 
     def plain_peak(self, n):
         if n not in self._plain:
-            self._plain[n] = tflms.simulate(self.view(n)).device_peak_bytes
+            self._plain[n] = tflms.simulate(self.view(n), accounting="tensors").device_peak_bytes
         return self._plain[n]
 
     def tuned(self, n, link):
@@ -107,7 +107,9 @@ class Workload:
             view = self.view(n)
             config = tflms.LMSConfig(link="ideal", **AGGRESSIVE)
             plan = tflms.make_plan(view, config)
-            peak = tflms.simulate(view, plan, link="ideal", baseline=False).device_peak_bytes
+            peak = tflms.simulate(
+                view, plan, link="ideal", baseline=False, accounting="tensors"
+            ).device_peak_bytes
             self._aggressive[n] = (plan, peak)
         return self._aggressive[n]
 
@@ -307,7 +309,7 @@ def at_targets(work, size):
         "size": size,
         "aggressive_peak_bytes": peak,
         "aggressive_peak_grappler_conventions_bytes": grappler.device_peak_bytes
-        + tflms.simulate(view, link="ideal").variable_bytes,
+        + tflms.simulate(view, link="ideal", accounting="tensors").variable_bytes,
         "grappler_conventions_peak_op": grappler.peak_op,
         "largest_single_op": op_floor(view),
     }

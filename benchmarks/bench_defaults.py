@@ -45,7 +45,9 @@ def evaluate(views, baselines, config):
         plan = tflms.make_plan(view, config)
         entry = {"swaps": len(plan.swaps), "bytes_swapped": plan.bytes_swapped}
         for link in LINKS:
-            result = tflms.simulate(view, plan, link=link, baseline=baselines[name][link])
+            result = tflms.simulate(
+                view, plan, link=link, baseline=baselines[name][link], accounting="tensors"
+            )
             entry[link] = {
                 "peak_bytes": result.device_peak_bytes,
                 "saving": 1 - result.device_peak_bytes / baselines[name][link].device_peak_bytes,
@@ -84,7 +86,9 @@ def main() -> int:
     views, baselines = {}, {}
     for name, build, batch, x_shape in WORKLOADS:
         views[name] = tflms.build_view(build().trace(batch, x_shape))
-        baselines[name] = {link: tflms.simulate(views[name], link=link) for link in LINKS}
+        baselines[name] = {
+            link: tflms.simulate(views[name], link=link, accounting="tensors") for link in LINKS
+        }
         print(f"{name}: plain peak {baselines[name]['nvlink2'].device_peak_bytes / 2**30:.2f} GiB")
     current = tflms.LMSConfig()
     rows = [evaluate(views, baselines, current)]

@@ -62,7 +62,7 @@ def plans_for(view):
     yield "recompute+order", tflms.make_plan(view, levers)
     dense = levers.replace(recompute_dense=0.25, link="pcie3")
     yield "recompute dense", tflms.make_plan(view, dense)
-    plain = tflms.simulate(view).device_peak_bytes
+    plain = tflms.simulate(view, accounting="tensors").device_peak_bytes
     try:
         tuned = tflms.autotune(view, int(plain * 0.6), safety_margin=0)
         yield "autotuned-60%", tuned.plan

@@ -50,10 +50,10 @@ def main(name: str) -> None:
     row = {"model": name, "description": description, "batch": batch, **measured.to_dict()}
     for allocator in ("exact", "bfc"):
         row[f"first_ready_{allocator}_bytes"] = tflms.simulate(
-            view, allocator=allocator
+            view, allocator=allocator, accounting="tensors"
         ).device_peak_bytes
         row[f"replayed_{allocator}_bytes"] = tflms.simulate(
-            view, allocator=allocator, order=measured.order
+            view, allocator=allocator, order=measured.order, accounting="tensors"
         ).device_peak_bytes
     print(json.dumps(row))
 

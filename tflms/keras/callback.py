@@ -10,7 +10,8 @@ model comes out as it went in (see :mod:`tflms.keras.session`), so a later
 ``fit`` without the callback trains without LMS.
 
 XLA clusters swallow device placement, so LMS cannot work inside them: a
-model compiled for XLA is refused with the fix (``jit_compile=False``).
+model compiled for XLA trains with XLA off for the rewritten step (one warning says so); TensorFlow's
+global XLA auto-clustering is refused with the fix.
 """
 
 from __future__ import annotations

@@ -27,12 +27,11 @@ Example:
     >>> import keras
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     >>> model.compile("sgd", "mse", jit_compile=False)
-    >>> check_xla(model)  # XLA off: nothing to say
-    >>> model.jit_compile = True
+    >>> check_xla(model)  # XLA off: nothing to switch off
+    False
+    >>> model.jit_compile = True  # what jit_compile="auto" stores on a GPU machine
     >>> check_xla(model)
-    Traceback (most recent call last):
-    ...
-    tflms.errors.ConfigError: The model's training step would be compiled by XLA ...
+    True
 """
 
 from __future__ import annotations
@@ -66,19 +65,30 @@ GUARDED_HOOKS = (
 """Hooks of the running fit's ``CallbackList`` that restore the model when another callback raises."""
 
 
-def check_xla(model) -> None:
-    """Refuse XLA: its clusters ignore the host placement of swap ops.
+_KERAS_TRAIN_STEP = keras.Model.train_step
+"""Keras's own ``train_step`` (the TensorFlow trainer's), which uses ``model.optimizer``."""
 
-    Keras 3 stores ``jit_compile="auto"`` as the value it resolved to (``True``
-    on a machine with a GPU), so an explicit ``jit_compile=True`` cannot be
-    told from ``"auto"``; both are refused with the fix rather than silently
-    overridden.
+
+def check_xla(model) -> bool:
+    """Refuse XLA auto-clustering; say whether the model's own step would be XLA-compiled.
+
+    XLA clusters ignore the host placement of swap ops. TensorFlow's global
+    auto-clustering (``tf.config.optimizer.set_jit``) is the user's explicit
+    choice for every function, so it is refused with the fix. A model's
+    ``jit_compile`` is usually Keras's own choice: ``compile``'s default
+    ``jit_compile="auto"`` turns XLA on when Keras sees a GPU, and Keras stores
+    the resolved ``True``, which cannot be told from an explicit
+    ``jit_compile=True``; the caller switches it off for the rewritten train
+    function only (:meth:`FitSession.install`) and says so.
 
     Args:
         model: the compiled Keras model.
 
+    Returns:
+        Whether ``model.jit_compile`` is on (the fit must switch it off).
+
     Raises:
-        ConfigError: XLA auto-clustering is on, or ``model.jit_compile`` is true.
+        ConfigError: XLA auto-clustering is on.
     """
     if tf.config.optimizer.get_jit():
         raise ConfigError(
@@ -87,13 +97,7 @@ def check_xla(model) -> None:
             "ops. Call tf.config.optimizer.set_jit(False) (and unset TF_XLA_FLAGS) before training "
             "with LMS."
         )
-    if model.jit_compile:
-        raise ConfigError(
-            "The model's training step would be compiled by XLA (model.jit_compile=True: "
-            "compile(jit_compile=True), or jit_compile='auto', which Keras turns into True on a "
-            "machine with a GPU), and XLA ignores the host placement of LMS swap ops. Compile with "
-            "jit_compile=False: model.compile(..., jit_compile=False)."
-        )
+    return bool(model.jit_compile)
 
 
 def fit_frame(model):
@@ -199,6 +203,7 @@ class FitSession:
         self._original_function = model.train_function
         self._callbacks = None  # weakref to the CallbackList of this session's fit
         self._patched: list[tuple[object, str, object]] = []
+        self._jit_compile_before: bool | None = None  # set when the fit switched XLA off
         self.installed = False
         self.closed = False
 
@@ -218,9 +223,14 @@ class FitSession:
     def install(self, rewriting_step: Callable) -> None:
         """Build the train function around ``rewriting_step`` and make it ``model.train_function``.
 
-        The optimizer is built first, eagerly: Keras would otherwise create its
-        slots inside the first trace, and a trace that fails (a plan that does
-        not fit) would leave them uninitialized for every later fit.
+        The optimizer is built first, eagerly, when Keras's own train step will
+        use it on variables that exist: Keras would otherwise create its slots
+        inside the first trace, and a trace that fails (a plan that does not
+        fit) would leave them uninitialized for every later fit. A model built
+        by its first step (a ``Sequential`` without ``Input``, a subclassed
+        model) has no variables yet, and a custom ``train_step`` (a GAN's) may
+        not use ``model.optimizer`` at all: then the first trace builds what
+        the step uses, as without the callback.
 
         Args:
             rewriting_step: A train step (called like ``model.train_step``) that
@@ -228,8 +238,20 @@ class FitSession:
         """
         model = self.model
         optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(model.trainable_variables)
+        keras_step = type(model).train_step is _KERAS_TRAIN_STEP
+        if optimizer is not None and not optimizer.built and keras_step:
+            if model.built and model.trainable_variables:
+                optimizer.build(model.trainable_variables)
+        if model.jit_compile:  # XLA ignores the swap ops' placement: off for this fit only
+            self._jit_compile_before = model.jit_compile
+            model.jit_compile = False
+            logger.warning(
+                "tflms: XLA is off for the training step of %s while LMSCallback trains it: "
+                "XLA clusters ignore the host placement of swap ops (jit_compile='auto' turns "
+                "XLA on when Keras sees a GPU). The model's jit_compile is restored after fit; "
+                "compile with jit_compile=False to silence this.",
+                getattr(model, "name", "the model"),
+            )
         own_step = vars(model).get("train_step", _MISSING)
         model.train_step = rewriting_step
         try:
@@ -271,6 +293,9 @@ class FitSession:
             else:
                 setattr(owner, name, before)
         self._patched.clear()
+        if self._jit_compile_before is not None:
+            self.model.jit_compile = self._jit_compile_before
+            self._jit_compile_before = None
         if self.installed and isinstance(self.model.train_function, GuardedTrainFunction):
             self.model.train_function = self._original_function
         logger.debug("tflms: model %s restored after fit", getattr(self.model, "name", "?"))
