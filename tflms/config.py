@@ -338,6 +338,11 @@ def _budget_field(value: Any) -> int | str:
         preset = {name.lower(): name for name in DEVICES}.get(value.strip().lower())
         if preset is not None:
             return preset
+    negative = (isinstance(value, int | float) and not isinstance(value, bool) and value < 0) or (
+        isinstance(value, str) and value.strip().startswith("-")
+    )
+    if negative:  # a size, just not a positive one: say that, as for 0
+        raise _fail("memory_budget", value, "a positive size", "Example: memory_budget='16GiB'.")
     try:
         parsed = parse_bytes(value)
     except ValueError as err:

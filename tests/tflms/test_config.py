@@ -35,6 +35,10 @@ from tflms.errors import ConfigError
         ("excl_types", ["Relu", ""], "non-empty strings"),
         ("serialization", ["5:2"], "0 <= lo <= hi"),
         ("serialization", ["a:b"], "lo:hi"),
+        ("memory_budget", 0, "must be a positive size. Received memory_budget=0"),
+        ("memory_budget", -1, "must be a positive size. Received memory_budget=-1"),
+        ("memory_budget", "-2GiB", "must be a positive size. Received memory_budget='-2GiB'"),
+        ("memory_budget", "lots", "a byte count, a size such as '16GiB', or a device preset"),
     ],
 )
 def test_invalid_values_are_rejected_with_a_useful_message(field, value, fragment):

@@ -257,3 +257,20 @@ def test_links_inside_an_arithmetic_chain_are_not_swapped():
     plan = plan_of(g, swapout_threshold=5)
     assert "arithmetic optimizer" in dict(plan.skipped)["shortcut:0"]
     assert "relu_out:0" in {s.tensor for s in plan.swaps}  # a Relu is not folded into the Add tree
+
+
+def test_a_plan_without_swaps_says_why_and_which_option_would_change_it():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 2 * WIDTH], name="x")
+        first = tf.nn.relu(x, name="first")
+        end = long_chain(first, 6, "t")
+        tf.add(end, first, name="out")  # `first` is read 7 levels later
+    small = plan_of(g, min_tensor_bytes="1MiB")
+    assert not small.swaps
+    assert any("under min_tensor_bytes=1.00 MiB" in n and "64.00 KiB" in n for n in small.notes)
+    short = plan_of(g, swapout_threshold=20)
+    assert not short.swaps
+    (note,) = [n for n in short.notes if n.startswith("no tensor swapped")]
+    assert "within swapout_threshold=20 levels (the longest-lived spans 7" in note
+    assert plan_of(g, swapout_threshold=3).swaps  # and the option it names does change it

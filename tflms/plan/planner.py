@@ -48,6 +48,7 @@ from tflms.plan.candidates import (
 )
 from tflms.plan.swap_plan import Swap, SwapPlan
 from tflms.plan.triggers import group_consumers, plan_swap_in, trigger_filter
+from tflms.utils.units import format_bytes
 
 __all__ = ["plan_swaps", "NEVER_SWAP_PRODUCERS", "NEVER_SWAP_DTYPES"]
 
@@ -87,6 +88,9 @@ def plan_swaps(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
     swaps: list[Swap] = []
     skipped: list[tuple[str, str]] = []
     trigger_ok = trigger_filter(view)
+    any_size = config.replace(min_tensor_bytes=0)
+    small: list[int] = []  # bytes of the tensors only min_tensor_bytes kept out
+    spans: list[int] = []  # levels the short-lived candidates live
 
     for producer in view.nodes:
         node = view.nodes[producer]
@@ -94,12 +98,19 @@ def plan_swaps(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
             continue
         for info in node["outputs"]:
             if not tensor_ok(info, config):
+                if tensor_ok(info, any_size):
+                    small.append(info.bytes)
                 continue
             swap, reason = _plan_tensor(view, producer, node, info, levels, config, trigger_ok)
             if swap is not None:
                 swaps.append(swap)
             elif reason is not None:
                 skipped.append((info.name, reason))
+            else:
+                uses = tensor_consumers(view, producer, info.index)
+                spans.append(max((levels[c] - levels[producer] for c, _ in uses), default=0))
+    if not swaps:
+        notes.append(_why_no_swaps(config, small, spans, len(skipped)))
 
     swaps.sort(key=lambda s: (-s.bytes, s.tensor))
     if config.n_tensors is not None and len(swaps) > config.n_tensors:
@@ -159,6 +170,27 @@ def _plan_tensor(view, producer, node, info, levels, config, trigger_ok):
         ),
         None,
     )
+
+
+def _why_no_swaps(config: LMSConfig, small: list[int], spans: list[int], vetoed: int) -> str:
+    """Why the plan swaps nothing, with the option that would change it."""
+    parts = []
+    if spans:
+        parts.append(
+            f"{len(spans)} candidate(s) are last read within swapout_threshold="
+            f"{config.swapout_threshold} levels (the longest-lived spans {max(spans)}; a lower "
+            "swapout_threshold swaps shorter-lived tensors)"
+        )
+    if small:
+        parts.append(
+            f"{len(small)} tensor(s) are under min_tensor_bytes={format_bytes(config.min_tensor_bytes)}"
+            f" (the largest is {format_bytes(max(small))}; lower min_tensor_bytes to consider them)"
+        )
+    if vetoed:
+        parts.append(f"{vetoed} long-lived tensor(s) are kept for the reasons listed")
+    if not parts:
+        return "no tensor swapped: the graph has no tensor a swap could move off the device"
+    return "no tensor swapped: " + "; ".join(parts)
 
 
 def _with_swapout_waits(view, swap: Swap) -> Swap:
