@@ -20,4 +20,32 @@ runtime state and each collective's critical section), and :mod:`~ddl_tf.core.en
 collectives on numpy arrays.
 """
 
-__all__: list[str] = []
+HOROVOD_BASICS = (
+    "init",
+    "shutdown",
+    "is_initialized",
+    "size",
+    "rank",
+    "local_size",
+    "local_rank",
+    "cross_size",
+    "cross_rank",
+    "is_homogeneous",
+    "mpi_threads_supported",
+    "mpi_enabled",
+    "mpi_built",
+    "gloo_enabled",
+    "gloo_built",
+    "nccl_built",
+    "ddl_built",
+    "ccl_built",
+    "cuda_built",
+    "rocm_built",
+    "start_timeline",
+    "stop_timeline",
+    "collective_stats",
+)
+"""Horovod's initialization, rank-query, build-flag and timeline names that
+:mod:`ddl_tf.core.basics` defines (here, where importing them imports nothing)."""
+
+__all__ = ["HOROVOD_BASICS"]

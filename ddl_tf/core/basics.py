@@ -26,40 +26,14 @@ import threading
 from typing import Any
 
 from ddl_tf.config import DDLConfig
-from ddl_tf.core import comms, mpi
+from ddl_tf.core import HOROVOD_BASICS, comms, mpi
 from ddl_tf.core.engine import Engine
 from ddl_tf.core.selection import load_policy
 from ddl_tf.core.topology import Topology
 from ddl_tf.env import HOROVOD_IGNORED
 from ddl_tf.errors import ConfigError, DDLError, NotInitializedError
 
-__all__ = [
-    "engine",
-    "topology",
-    "init",
-    "shutdown",
-    "is_initialized",
-    "size",
-    "rank",
-    "local_size",
-    "local_rank",
-    "cross_size",
-    "cross_rank",
-    "is_homogeneous",
-    "mpi_threads_supported",
-    "mpi_enabled",
-    "mpi_built",
-    "gloo_enabled",
-    "gloo_built",
-    "nccl_built",
-    "ddl_built",
-    "ccl_built",
-    "cuda_built",
-    "rocm_built",
-    "start_timeline",
-    "stop_timeline",
-    "collective_stats",
-]
+__all__ = ["engine", "topology", *HOROVOD_BASICS]
 
 logger = logging.getLogger(__name__)
 

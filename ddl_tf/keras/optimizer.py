@@ -249,19 +249,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             ConfigError: No variables are given and the optimizer was not built.
         """
         grads = list(grads)
-        if trainable_variables is None:
-            if not self.built:
-                raise ConfigError(
-                    "DistributedOptimizer.apply() got gradients without variables before it "
-                    "was built. Pass the variables (optimizer.apply(grads, model.trainable_"
-                    "variables)) or call optimizer.build(variables) first."
-                )
-            variables = list(self._trainable_variables)
-        else:
-            variables = list(trainable_variables)
-            if not self.built:
-                with keras.name_scope(self.name, caller=self):
-                    self.build(variables)
+        variables = _variables_of_apply(self, trainable_variables, self._trainable_variables)
         if not self.reduce_in_apply:  # the loss-scale optimizer around it reduced already
             self.inner_optimizer.apply(grads, variables)
         elif self.backward_passes_per_step == 1:
@@ -433,14 +421,7 @@ class DistributedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             grads: One gradient per variable.
             trainable_variables: The variables (None: those it was built with).
         """
-        if trainable_variables is None:
-            variables = list(self._trainable_variables)
-        else:
-            variables = list(trainable_variables)
-            if not self.built:
-                with keras.name_scope(self.name, caller=self):
-                    self.build(variables)
-                self.built = True
+        variables = _variables_of_apply(self, trainable_variables, self._trainable_variables)
         reduced = self.inner_optimizer.reduce(list(grads), variables)
         return super().apply(reduced, trainable_variables)
 
@@ -489,6 +470,31 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
         for variable in layer.trainable_weights:
             wrapped.register_local_var(variable)
     return wrapped
+
+
+def _variables_of_apply(optimizer, trainable_variables, built_with) -> list:
+    """The variables an ``apply`` call updates, building ``optimizer`` over them the first time.
+
+    ``built_with`` is the optimizer's own list of the variables it was built
+    with (the caller passes it: it is the optimizer's, not this module's).
+
+    Raises:
+        ConfigError: no variables are given and the optimizer was never built.
+    """
+    if trainable_variables is None:
+        if not optimizer.built:
+            raise ConfigError(
+                f"{type(optimizer).__name__}.apply() got gradients without variables before it "
+                "was built. Pass the variables (optimizer.apply(grads, model.trainable_"
+                "variables)) or call optimizer.build(variables) first."
+            )
+        return list(built_with)
+    variables = list(trainable_variables)
+    if not optimizer.built:
+        with keras.name_scope(optimizer.name, caller=optimizer):
+            optimizer.build(variables)
+        optimizer.built = True
+    return variables
 
 
 def _mixed_float16() -> bool:

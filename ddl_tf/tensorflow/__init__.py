@@ -31,35 +31,12 @@ Example:
     'ddl_tf.tensorflow.allreduce_ops'
 """
 
+from ddl_tf.core import HOROVOD_BASICS
 from ddl_tf.exports import lazy_exports
 
-BASICS = (
-    "init",
-    "shutdown",
-    "is_initialized",
-    "size",
-    "rank",
-    "local_size",
-    "local_rank",
-    "cross_size",
-    "cross_rank",
-    "is_homogeneous",
-    "mpi_threads_supported",
-    "mpi_enabled",
-    "mpi_built",
-    "gloo_enabled",
-    "gloo_built",
-    "nccl_built",
-    "ddl_built",
-    "ccl_built",
-    "cuda_built",
-    "rocm_built",
-    "start_timeline",
-    "stop_timeline",
-    "collective_stats",
-)
-"""Horovod's initialization, rank queries, build flags and timeline names, defined in
-:mod:`ddl_tf.core.basics` (listed here so that importing this package imports nothing)."""
+BASICS = HOROVOD_BASICS
+"""Horovod's initialization, rank queries, build flags and timeline names (defined in
+:mod:`ddl_tf.core.basics`)."""
 
 API = {
     **dict.fromkeys(BASICS, "ddl_tf.core.basics"),
