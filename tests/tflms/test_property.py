@@ -87,6 +87,13 @@ def build(spec):
             with tf.device("/device:CPU:0" if op["host"] else None), tf.control_dependencies(deps):
                 if len(args) == 1:
                     out = UNARY[op["kind"] % len(UNARY)](args[0], name=f"f{i}")
+                elif len(args) == 2 and op["inputs"][0] == op["inputs"][1]:
+                    # Not x + x: TensorFlow 2.21's Grappler rewrites x + x into 2 * x and then
+                    # fuses maximum(x, 2 * x) into LeakyRelu(alpha=2), which is wrong for
+                    # alpha > 1 (plain TF: sum(max(relu(x), 2 relu(x))) = 4.15 for 8.30).
+                    # It does so only where 2 * x has one consumer, so a rewrite that moves
+                    # a consumer away (a recomputation) exposes TensorFlow's bug, not ours.
+                    out = tf.math.multiply(args[0], args[1], name=f"f{i}")
                 elif len(args) == 2:
                     out = BINARY[op["kind"] % len(BINARY)](args[0], args[1], name=f"f{i}")
                 else:
