@@ -384,3 +384,16 @@ def test_an_optimizer_the_train_step_never_uses_is_not_built(devices):
             callbacks=[tflms.LMSCallback(**{**OPTIONS, "min_tensor_bytes": 0})],
         )
     assert model.g_opt.built and not model.optimizer.built  # no model-sized unused slots
+
+
+def test_mirrored_strategy_is_refused_at_fit_start_with_the_alternative():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model, x, y = mlp(BATCH * 2)
+    with pytest.raises(ConfigError, match=r"2 replicas in one graph.*ddlrun -np N"):
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[tflms.LMSCallback(**OPTIONS)])
+    train_step, function, jit = _state(
+        model
+    )  # Keras made its own train function; we changed nothing
+    assert train_step is None and jit is False and not isinstance(function, GuardedTrainFunction)
+    model.fit(x, y, batch_size=BATCH, verbose=0)  # and it trains without the callback

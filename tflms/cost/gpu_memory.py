@@ -63,6 +63,7 @@ __all__ = [
     "GPUFacts",
     "SoftwareStack",
     "allocator_limit",
+    "conv_kind",
     "conv_workspace_bytes",
     "get_stack",
     "process_terms",

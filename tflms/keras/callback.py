@@ -230,8 +230,9 @@ class LMSCallback(keras.callbacks.Callback):
 
         Raises:
             ConfigError: the Keras backend is not TensorFlow, the model runs
-                eagerly or uses XLA, or ``host_device``/``device`` is not a device
-                of this machine.
+                eagerly, XLA auto-clustering is on, the model trains under a
+                ``tf.distribute`` strategy with several replicas, or
+                ``host_device``/``device`` is not a device of this machine.
         """
         model = self.model
         if keras.backend.backend() != "tensorflow":
@@ -245,6 +246,15 @@ class LMSCallback(keras.callbacks.Callback):
                 "Compile it with run_eagerly=False."
             )
         check_xla(model)
+        replicas = model.distribute_strategy.num_replicas_in_sync
+        if replicas > 1:
+            raise ConfigError(
+                f"LMSCallback plans one device's training step, but the model trains under "
+                f"{type(model.distribute_strategy).__name__} with {replicas} replicas in one "
+                "graph, which LMSCallback does not support yet. Train one replica per process "
+                "instead: one GPU per rank with ddl_tf (ddlrun -np N train.py, "
+                "ddl_tf.keras.DistributedOptimizer), each rank with its own LMSCallback."
+            )
         check_local_device("host_device", self.config.host_device)
         check_local_device("device", self.config.device)
         if self._session is not None:  # left over from an interrupted fit
