@@ -97,6 +97,8 @@ class DDLConfig:
             prints to stderr when nothing else would.
         stall_shutdown_setting: The variable ``stall_shutdown_seconds`` came
             from, named in the stall error.
+        dynamic_process_sets: Process sets may be added and removed after
+            ``init()`` (Horovod's ``HOROVOD_DYNAMIC_PROCESS_SETS=1``).
         ignored_settings: Horovod variables that were set but have no ddl_tf
             equivalent (:data:`ddl_tf.env.HOROVOD_IGNORED`); ``init()`` warns
             once on rank 0.
@@ -117,6 +119,7 @@ class DDLConfig:
     auto_policy_file: str | None = None
     log_level: str | None = None
     stall_shutdown_setting: str = "DDL_STALL_SHUTDOWN_SECONDS"
+    dynamic_process_sets: bool = False
     ignored_settings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -230,6 +233,9 @@ class DDLConfig:
             values.setdefault("stall_warning_seconds", float("inf"))
             if env.get(env.DDL_STALL_SHUTDOWN_SECONDS, environ) is None:
                 values["stall_shutdown_seconds"] = 0.0
+        name, value = env.get_first([env.HOROVOD_DYNAMIC_PROCESS_SETS], environ)
+        if name is not None and value is not None:
+            values["dynamic_process_sets"] = _parse_bool(name, value)
         name, value = env.get_first([env.DDL_CHECK_COLLECTIVES], environ)
         if name is not None and value is not None:
             values["check_collectives"] = _parse_bool(name, value)
@@ -280,6 +286,7 @@ class DDLConfig:
             self.compression,
             self.check_collectives,
             self.pseudo_nodes,
+            self.dynamic_process_sets,
         )
         return hashlib.blake2b(repr(shared).encode(), digest_size=8).hexdigest()
 

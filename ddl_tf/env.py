@@ -139,6 +139,9 @@ HOROVOD_LOG_LEVEL = "HOROVOD_LOG_LEVEL"
 HOROVOD_HIERARCHICAL_ALLREDUCE = "HOROVOD_HIERARCHICAL_ALLREDUCE"
 """``1``: the hierarchical allreduce (``DDL_ALLREDUCE_ALGO=hierarchical``) unless
 ``DDL_ALLREDUCE_ALGO`` is set."""
+HOROVOD_DYNAMIC_PROCESS_SETS = "HOROVOD_DYNAMIC_PROCESS_SETS"
+"""``1``: process sets may be added and removed after ``init()`` (``hvd.add_process_set``),
+as ``init(process_sets="dynamic")`` allows."""
 HOROVOD_CYCLE_TIME = "HOROVOD_CYCLE_TIME"
 """Horovod's background-loop period; ddl_tf has no background loop (ignored, with a warning)."""
 HOROVOD_AUTOTUNE = "HOROVOD_AUTOTUNE"
@@ -147,12 +150,40 @@ learnt table instead (ignored, with a warning)."""
 HOROVOD_AUTOTUNE_LOG = "HOROVOD_AUTOTUNE_LOG"
 """The log of Horovod's autotuner (ignored, with a warning)."""
 
+_NO_AUTOTUNER = "there is no online autotuner (DDL_ALLREDUCE_ALGO=auto picks from a learnt table)"
+_NO_GPU_PATH = "ddl_tf reduces on the host over MPI; it has no NCCL/GPU path"
 HOROVOD_IGNORED = {
     HOROVOD_CYCLE_TIME: "ddl_tf runs each collective when it is issued; there is no "
     "background cycle to time",
     HOROVOD_AUTOTUNE: "ddl_tf's DDL_ALLREDUCE_ALGO=auto picks the algorithm per message size "
     "from a table benchmarks learn (ddl_tf.core.policy_fit); there is no online autotuner",
     HOROVOD_AUTOTUNE_LOG: "there is no online autotuner to log",
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": _NO_AUTOTUNER,
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": _NO_AUTOTUNER,
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": _NO_AUTOTUNER,
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": _NO_AUTOTUNER,
+    "HOROVOD_TIMELINE_MARK_CYCLES": "there are no background cycles to mark",
+    "HOROVOD_HIERARCHICAL_ALLGATHER": "allgather is one MPI allgatherv; only the allreduce is "
+    "hierarchical (DDL_ALLREDUCE_ALGO)",
+    "HOROVOD_TORUS_ALLREDUCE": "the hierarchical allreduce (DDL_ALLREDUCE_ALGO=hierarchical, "
+    "DDL_TOPOLOGY_FILE for more levels) covers multi-level layouts",
+    "HOROVOD_CACHE_CAPACITY": "ddl_tf caches collective descriptors without a size knob",
+    "HOROVOD_BATCH_D2D_MEMCOPIES": _NO_GPU_PATH,
+    "HOROVOD_NUM_NCCL_STREAMS": _NO_GPU_PATH,
+    "HOROVOD_CPU_OPERATIONS": "collectives always run over MPI",
+    "HOROVOD_CONTROLLER": "the controller is always MPI",
+    "HOROVOD_CCL_CACHE": "there is no oneCCL backend",
+    "HOROVOD_GLOO_IFACE": "there is no Gloo backend; pick the interface with ddlrun "
+    "--network-interface",
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "Adasum is not provided",
+    "HOROVOD_THREAD_AFFINITY": "there is no background thread to pin; bind ranks with the "
+    "launcher (mpirun --bind-to)",
+    "HOROVOD_DISABLE_GROUP_FUSION": "grouped collectives are fused by size "
+    "(DDL_FUSION_THRESHOLD=0 disables fusion)",
+    "HOROVOD_DISABLE_NVTX_RANGES": "there are no NVTX ranges (the timeline records phases)",
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": _NO_GPU_PATH,
+    "HOROVOD_ENABLE_XLA_OPS": "collectives cannot run inside XLA; compile with jit_compile=False",
+    "HOROVOD_MPI_THREADS_DISABLE": "ddl_tf asks MPI for the thread level it needs itself",
 }
 """Horovod variables that have no ddl_tf equivalent, and why; ``init()`` warns once on rank 0."""
 

@@ -79,7 +79,8 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
     Args:
         comm: None for ``MPI.COMM_WORLD``, an mpi4py communicator, or a list
             of world ranks that form the job (Horovod's ``init(comm=...)``).
-        process_sets: Not supported; must be None.
+        process_sets: Horovod's: a list of :class:`~ddl_tf.core.process_sets.ProcessSet`
+            to register now, or ``"dynamic"`` to allow ``add_process_set`` later.
 
     Returns:
         The engine (the Horovod-style functions use it implicitly).
@@ -92,11 +93,9 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
     with _lock:
         if _engine is not None:
             return _engine
-        if process_sets is not None:
-            raise ConfigError(
-                "ddl_tf has no process sets. Received process_sets="
-                f"{process_sets!r}; call init() without it (every collective spans the job)."
-            )
+        from ddl_tf.core import process_sets as process_sets_module  # imports this module
+
+        process_sets_module.check_init_argument(process_sets)
         config = DDLConfig.from_env()
         if config.log_level:
             _configure_logging(config.log_level)
@@ -108,6 +107,7 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
         communicators = comms.build_communicators(base, topology)
         _engine = Engine(communicators, topology, config, policy, host=MPI.Get_processor_name())
         _label_log_lines(_engine.rank)
+        process_sets_module.register_at_init(_engine, process_sets)
         if config.ignored_settings and _engine.rank == 0:
             logger.warning(
                 "ddl_tf ignores %s: %s",

@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 
 from ddl_tf.config import DDLConfig
-from ddl_tf.core import movement
+from ddl_tf.core import join, movement, mpi
 from ddl_tf.core.algorithms import Allreduce, make_allreduce
 from ddl_tf.core.aligned import BufferPool, aligned_empty
-from ddl_tf.core.comms import Communicators
+from ddl_tf.core.comms import Communicators, build_communicators
 from ddl_tf.core.compression import Compression, Compressor
 from ddl_tf.core.fusion import pack, plan_buckets, unpack
 from ddl_tf.core.guard import CollectiveGuard, CollectiveStats, EngineState, layout_text
@@ -81,6 +81,8 @@ class Engine:
         config: Job configuration.
         policy: Table behind ``auto``.
         host: Host name (timeline label).
+        lock: The lock collectives run under; a process set's engine shares
+            its job's, so that one thread at a time calls MPI.
     """
 
     def __init__(
@@ -90,13 +92,16 @@ class Engine:
         config: DDLConfig,
         policy: AutoPolicy,
         host: str = "",
+        lock: Any = None,
     ) -> None:
         self.comms = comms
         self.topology = topology
         self.config = config
         self.policy = policy
         self.rank, self.size = topology.rank, topology.size
-        self.state = EngineState()
+        self.state = EngineState(lock)
+        # process sets this rank belongs to: process_set_id -> their engine (see subset())
+        self.subsets: dict[int, Engine] = {}
         self._host = host
         self.stats = CollectiveStats()
         # result buffers, reused once TensorFlow has released the tensors made from them
@@ -569,6 +574,14 @@ class Engine:
             if self.negotiator is None:
                 self.comms.data.Barrier()
 
+    def join(self) -> int:
+        """Horovod's ``join()``: allreduce zeros for the others until every rank has joined.
+
+        Returns:
+            The last rank to join (see :mod:`~ddl_tf.core.join`).
+        """
+        return join.join(self)
+
     def refuse(self, kind: str, error: DDLError, *, name: str | None = None) -> None:
         """Take part in collective ``kind`` that this rank cannot run because of ``error``.
 
@@ -590,6 +603,49 @@ class Engine:
             pass
         raise error  # pragma: no cover - the guard raises before the body runs
 
+    # ------------------------------------------------------------------ process sets
+
+    def subset(self, ranks: tuple[int, ...], set_id: int) -> Engine | None:
+        """Collectively make the engine of process set ``set_id`` (every rank of the job calls it).
+
+        The ranks agree on the set first (a mismatch raises on every rank);
+        then the data communicator is split, and the members build an engine
+        over their part: its own communicators, its topology (the job's nodes,
+        restricted to the set), no timeline of its own, this engine's lock.
+
+        Args:
+            ranks: The set's ranks in this job, sorted.
+            set_id: Its ``process_set_id``; the members' engine is kept in
+                :attr:`subsets` under it.
+
+        Returns:
+            The set's engine on its members, None elsewhere.
+        """
+        MPI = mpi.load()
+        member = self.rank in ranks
+        with self.collective("add_process_set", None, ranks, set_id):
+            comm = self.comms.data.Split(0 if member else MPI.UNDEFINED, key=self.rank)
+        if not member:
+            return None
+        names = [self.topology.node_names[r] for r in ranks]
+        topology = Topology.from_node_names(names, comm.rank, source=self.topology.source)
+        try:
+            comms = build_communicators(comm, topology)
+        finally:
+            comm.Free()
+        config = self.config.replace(timeline=None, topology_file=None)
+        sub = Engine(comms, topology, config, self.policy, self._host, lock=self.state.lock)
+        self.subsets[set_id] = sub
+        return sub
+
+    def drop_subset(self, set_id: int) -> None:
+        """Collectively remove process set ``set_id`` (every rank of the job calls it)."""
+        with self.collective("remove_process_set", None, set_id):
+            pass
+        sub = self.subsets.pop(set_id, None)
+        if sub is not None:
+            sub.shutdown()
+
     # ------------------------------------------------------------------ lifecycle
 
     def shutdown(self) -> None:
@@ -604,6 +660,8 @@ class Engine:
                 return
             try:
                 if self.state.failure is None:
+                    for set_id in sorted(self.subsets):  # same order on every member
+                        self.subsets.pop(set_id).shutdown()
                     with self.collective("shutdown", None):
                         pass
                     self._merge_timeline()

@@ -30,6 +30,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ddl_tf.core.join import send_arguments
+from ddl_tf.core.negotiation import OK_JOINED
 from ddl_tf.errors import DDLError, StallError
 
 __all__ = ["CollectiveGuard", "CollectiveStats", "EngineState", "layout_text"]
@@ -88,12 +90,14 @@ class EngineState:
         ddl_tf.errors.DDLError: ddl_tf cannot run allreduce after an earlier failure (RuntimeError('lost rank 1')); the ranks are no longer in step. Restart the job.
     """
 
-    __slots__ = ("lock", "failure", "closed")
+    __slots__ = ("lock", "failure", "closed", "negotiated")
 
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
+    def __init__(self, lock: Any = None) -> None:
+        self.lock = lock if lock is not None else threading.RLock()
         self.failure: BaseException | None = None
         self.closed = False
+        # set by join(): the next collective was negotiated by the active ranks already
+        self.negotiated = False
 
     def mark_failed(self, error: BaseException) -> None:
         """Record that ``error`` left the ranks out of step; later collectives are refused."""
@@ -148,15 +152,19 @@ class CollectiveGuard:
                 label = f"{self.kind} {self.name!r}" if self.name else self.kind
                 self.phase = timeline.phase(label, kind=self.kind)
                 self.phase.__enter__()
-            if engine.negotiator is not None:
+            if engine.state.negotiated:  # a joined rank running the active ranks' collective
+                engine.state.negotiated = False
+            elif engine.negotiator is not None:
                 descriptor = engine.descriptor(
                     self.kind, self.name, self.fields, self.summary, self.error
                 )
                 if timeline.enabled:
                     with timeline.phase("negotiate"):
-                        engine.negotiator.negotiate(descriptor)
+                        verdict = engine.negotiator.negotiate(descriptor)
                 else:
-                    engine.negotiator.negotiate(descriptor)
+                    verdict = engine.negotiator.negotiate(descriptor)
+                if verdict.kind == OK_JOINED:
+                    send_arguments(engine, verdict.ranks, self.kind, self.name, self.fields)
             if self.error is not None:  # one rank, or checks off: nobody else to tell
                 raise self.error
         except BaseException as err:

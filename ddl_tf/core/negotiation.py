@@ -16,7 +16,13 @@ rank with a verdict. So:
 * while some ranks have not arrived, rank 0 knows exactly which, logs a
   warning naming them every ``stall_warning_seconds`` and forwards the list to
   the waiting ranks, which log it too; after ``stall_shutdown_seconds`` (if
-  set) every waiting rank raises :class:`~ddl_tf.errors.StallError`.
+  set) every waiting rank raises :class:`~ddl_tf.errors.StallError`;
+* a rank that called ``join()`` (it ran out of data) presents a *join*
+  descriptor until every rank has: rank 0 compares only the others'
+  descriptors, tells the joined ranks to take part in an allreduce with zeros
+  (the lowest active rank sends them its arguments), refuses any other
+  collective while some rank has joined (Horovod's semantics), and when every
+  rank has joined answers each with the last rank to join.
 
 Cost: two small messages per rank per collective (Horovod's coordinator does
 the same), which is why the engine negotiates once per grouped call, not per
@@ -54,28 +60,61 @@ from ddl_tf.errors import (
     UnsupportedError,
 )
 
-__all__ = ["Descriptor", "Decoded", "Negotiator", "DESCRIPTOR_BYTES", "REFUSALS"]
+__all__ = [
+    "Descriptor",
+    "Decoded",
+    "Negotiator",
+    "Verdict",
+    "DESCRIPTOR_BYTES",
+    "REFUSALS",
+    "JOINABLE",
+]
 
 logger = logging.getLogger(__name__)
 
 DESCRIPTOR_BYTES = 512
-_HEADER = struct.Struct("<q16sB")
+_HEADER = struct.Struct("<q16sBB")
 _SUMMARY_BYTES = DESCRIPTOR_BYTES - _HEADER.size
 _VERDICT_BYTES = 8192
-_TAG_DESCRIPTOR, _TAG_VERDICT = 101, 102
+_TAG_DESCRIPTOR, _TAG_VERDICT, TAG_JOIN_SPEC = 101, 102, 103
 _OK, _STALL, _MISMATCH, _ABORT, _REFUSED = 0, 1, 2, 3, 4
+# verdicts while some rank has joined (see Verdict)
+OK_JOINED, PARTICIPATE, SKIP, ALL_JOINED = 5, 6, 7, 8
+_FLAG_JOINED, _FLAG_JOINABLE = 1, 2
+
+JOINABLE = frozenset({"allreduce"})
+"""Collectives that ranks which called ``join()`` take part in (with zeros), as in Horovod."""
 
 REFUSALS: tuple[type[DDLError], ...] = (CollectiveArgumentError, UnsupportedError, ConfigError)
 """Error classes a rank can refuse a collective with; the wire carries the index + 1."""
 
 
 class Decoded(NamedTuple):
-    """A descriptor as received: sequence number, digest, error code (0: none), text."""
+    """A descriptor as received: sequence number, digest, error code (0: none), flags, text."""
 
     seq: int
     digest: bytes
     error: int
+    flags: int
     text: str
+
+
+class Verdict(NamedTuple):
+    """What :meth:`Negotiator.negotiate` returns when no error is raised.
+
+    ``kind`` is ``_OK`` (0) in the common case. While some rank has joined:
+    ``OK_JOINED`` for the active ranks (``ranks`` = the joined ones);
+    ``PARTICIPATE`` for joined ranks (``ranks`` = ``(leader,)``, the active
+    rank that sends them the collective's arguments); ``SKIP`` for joined
+    ranks when the active ranks' collective was refused; ``ALL_JOINED`` once
+    every rank has joined (``ranks`` = ``(last rank to join,)``).
+    """
+
+    kind: int
+    ranks: tuple[int, ...] = ()
+
+
+_PLAIN = Verdict(_OK)
 
 
 @dataclass(frozen=True)
@@ -89,6 +128,7 @@ class Descriptor:
     digest: bytes
     summary: str
     error: int = 0
+    flags: int = 0
 
     @classmethod
     def make(
@@ -112,7 +152,12 @@ class Descriptor:
         label = f"{kind} {name!r}" if name else kind
         text = " ".join([label, summary if summary is not None else " ".join(map(str, fields))])
         digest = hashlib.blake2b(repr((kind, name, fields)).encode(), digest_size=16).digest()
-        return cls(digest, text)
+        return cls(digest, text, flags=_FLAG_JOINABLE if kind in JOINABLE else 0)
+
+    @classmethod
+    def joined(cls) -> Descriptor:
+        """The descriptor of a rank inside ``join()``: it has no data left."""
+        return cls(b"\1" * 16, "join", flags=_FLAG_JOINED)
 
     @classmethod
     def refusal(cls, kind: str, name: str | None, error: DDLError) -> Descriptor:
@@ -142,7 +187,8 @@ class Descriptor:
             ``DESCRIPTOR_BYTES`` bytes; the summary is cut to fit.
         """
         summary = self.summary.encode()[:_SUMMARY_BYTES]
-        return _HEADER.pack(seq, self.digest, self.error) + summary.ljust(_SUMMARY_BYTES, b"\0")
+        header = _HEADER.pack(seq, self.digest, self.error, self.flags)
+        return header + summary.ljust(_SUMMARY_BYTES, b"\0")
 
     @staticmethod
     def decode(raw: bytes) -> Decoded:
@@ -154,9 +200,9 @@ class Descriptor:
         Returns:
             Sequence number, digest, error code and summary text.
         """
-        seq, digest, error = _HEADER.unpack(raw[: _HEADER.size])
+        seq, digest, error, flags = _HEADER.unpack(raw[: _HEADER.size])
         text = raw[_HEADER.size :].rstrip(b"\0").decode(errors="replace")
-        return Decoded(seq, digest, error, text)
+        return Decoded(seq, digest, error, flags, text)
 
 
 class _Waiter:
@@ -201,6 +247,7 @@ class Negotiator:
         self.warning = stall_warning_seconds
         self.shutdown = stall_shutdown_seconds
         self.seq = 0
+        self._join_order: list[int] = []  # rank 0: ranks inside join(), in the order they came
         self._mine = np.zeros(DESCRIPTOR_BYTES, np.uint8)
         if self.rank == 0:
             self._rows = np.zeros((self.size, DESCRIPTOR_BYTES), np.uint8)
@@ -213,30 +260,40 @@ class Negotiator:
             self._send = comm.Send_init([self._mine, mpi.load().BYTE], 0, _TAG_DESCRIPTOR)
             self._recv = comm.Recv_init([self._verdict, mpi.load().BYTE], 0, _TAG_VERDICT)
 
-    def negotiate(self, descriptor: Descriptor) -> None:
-        """Block until every rank presents the same descriptor.
+    def negotiate(self, descriptor: Descriptor) -> Verdict:
+        """Block until every rank presents the same descriptor (or has joined).
 
         With one rank there is nobody to agree with: the call returns at once
         (the caller raises a refusal of its own).
 
         Args:
             descriptor: This rank's description of the collective it is about to
-                run (or its refusal).
+                run (or its refusal, or :meth:`Descriptor.joined`).
+
+        Returns:
+            The :class:`Verdict`: plain (kind 0) unless some rank has joined.
 
         Raises:
             CollectiveMismatchError: Some rank presented a different one.
             CollectiveArgumentError, UnsupportedError, ConfigError: Some rank
-                refused the collective (:meth:`Descriptor.refusal`); on every rank.
+                refused the collective (:meth:`Descriptor.refusal`), or it is not
+                one joined ranks take part in; on every active rank.
             StallError: Ranks were missing for ``stall_shutdown_seconds``.
         """
         self.seq += 1
         if self.size == 1:
-            return
+            return Verdict(ALL_JOINED, (0,)) if descriptor.flags & _FLAG_JOINED else _PLAIN
         self._mine[:] = np.frombuffer(descriptor.encode(self.seq), np.uint8)
         if self.rank == 0:
-            self._coordinate(descriptor)
+            kind, code, text = self._coordinate(descriptor)
         else:
-            self._follow(descriptor)
+            kind, code, text = self._follow(descriptor)
+        if kind == _OK:
+            return _PLAIN
+        if kind in (OK_JOINED, PARTICIPATE, SKIP, ALL_JOINED):
+            return Verdict(kind, tuple(int(r) for r in text.split(",") if r))
+        _raise_verdict(kind, code, text)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
         """Free the persistent requests (before the communicator is freed)."""
@@ -245,7 +302,7 @@ class Negotiator:
 
     # ------------------------------------------------------------------ rank 0
 
-    def _coordinate(self, descriptor: Descriptor) -> None:
+    def _coordinate(self, descriptor: Descriptor) -> tuple[int, int, str]:
         MPI = mpi.load()
         MPI.Prequest.Startall(self._recvs)
         pending = set(range(1, self.size))
@@ -272,7 +329,7 @@ class Negotiator:
                     self.size,
                 )
                 note = f"rank 0 reports missing rank(s) {_ranks(missing)} after {now - start:.0f} s"
-                sends += self._tell(set(range(1, self.size)) - pending, _STALL, note)
+                sends += self._tell(set(range(1, self.size)) - pending, _STALL, 0, note)
                 next_warning += self.warning
             if self.shutdown and now - start >= self.shutdown:
                 message = (
@@ -281,27 +338,55 @@ class Negotiator:
                     f"({self.shutdown_setting}). Check those ranks' logs; raise the limit "
                     "if they were legitimately busy."
                 )
-                sends += self._tell(set(range(1, self.size)) - pending, _ABORT, message)
+                sends += self._tell(set(range(1, self.size)) - pending, _ABORT, 0, message)
                 MPI.Request.Waitall(sends)
                 raise StallError(message)
             waiter.pause()
-        kind, code, problem = self._compare()
-        sends += self._tell(set(range(1, self.size)), kind, problem, code)
+        verdicts = self._compare()
+        for rank in range(1, self.size):
+            sends += self._tell({rank}, *verdicts[rank])
         MPI.Request.Waitall(sends)
-        _raise_verdict(kind, code, problem)
+        return verdicts[0]
 
-    def _tell(self, ranks: set[int], kind: int, text: str, code: int = 0) -> list[Any]:
+    def _tell(self, ranks: set[int], kind: int, code: int, text: str) -> list[Any]:
         payload = np.frombuffer(
             bytes([kind, code]) + text.encode()[: _VERDICT_BYTES - 2], np.uint8
         ).copy()
         byte = mpi.load().BYTE
         return [self.comm.Isend([payload, byte], r, _TAG_VERDICT) for r in sorted(ranks)]
 
-    def _compare(self) -> tuple[int, int, str]:
-        """``(verdict kind, error code, message)`` for the descriptors every rank sent."""
+    def _compare(self) -> list[tuple[int, int, str]]:
+        """One ``(verdict kind, error code, message)`` per rank for the descriptors they sent."""
         self._rows[0] = self._mine
         decoded = [Descriptor.decode(self._rows[r].tobytes()) for r in range(self.size)]
-        refusing = [r for r, d in enumerate(decoded) if d.error]
+        joined = [r for r, d in enumerate(decoded) if d.flags & _FLAG_JOINED]
+        self._join_order += [r for r in joined if r not in self._join_order]
+        active = [r for r in range(self.size) if r not in joined]
+        if not active:
+            last, self._join_order = self._join_order[-1], []
+            return [(ALL_JOINED, 0, str(last))] * self.size
+        verdict = self._judge(decoded, active)
+        if not joined:
+            return [verdict] * self.size
+        if verdict[0] == _OK and not all(decoded[r].flags & _FLAG_JOINABLE for r in active):
+            verdict = (
+                _REFUSED,
+                REFUSALS.index(UnsupportedError) + 1,
+                f"collective #{self.seq} ({decoded[active[0]].text}) cannot run while rank(s) "
+                f"{_ranks(joined)} have called join(): ranks that joined take part only in "
+                f"{', '.join(sorted(JOINABLE))} (with zeros), as in Horovod. Run it before "
+                "join() on every rank, or after join() has returned everywhere.",
+            )
+        out: list[tuple[int, int, str]] = [(0, 0, "")] * self.size
+        for r in active:
+            out[r] = (OK_JOINED, 0, ",".join(map(str, joined))) if verdict[0] == _OK else verdict
+        for r in joined:
+            out[r] = (PARTICIPATE, 0, str(active[0])) if verdict[0] == _OK else (SKIP, 0, "")
+        return out
+
+    def _judge(self, decoded: list[Decoded], ranks: list[int]) -> tuple[int, int, str]:
+        """The verdict over the descriptors of ``ranks`` (refusal, mismatch or agreement)."""
+        refusing = [r for r in ranks if decoded[r].error]
         if refusing:
             first = decoded[refusing[0]]
             lines = [
@@ -310,25 +395,25 @@ class Negotiator:
             ]
             lines += [f"  rank {r}: {decoded[r].text}" for r in refusing[:8]]
             return _REFUSED, first.error, "\n".join(lines)
-        keys = [(d.seq, d.digest) for d in decoded]
-        if len(set(keys)) == 1:
+        keys = {r: (decoded[r].seq, decoded[r].digest) for r in ranks}
+        if len(set(keys.values())) == 1:
             return _OK, 0, ""
         by_key: dict[tuple, list[int]] = {}
-        for r, key in enumerate(keys):
+        for r, key in keys.items():
             by_key.setdefault(key, []).append(r)
         lines = [
             f"Ranks issued different collectives at collective #{self.seq} (ranks must issue "
             "the same collectives, with the same names, shapes, dtypes and ops, in the same "
             "order):"
         ]
-        for ranks in list(by_key.values())[:8]:
-            d = decoded[ranks[0]]
-            lines.append(f"  rank(s) {_ranks(ranks)}: #{d.seq} {d.text}")
+        for group in list(by_key.values())[:8]:
+            d = decoded[group[0]]
+            lines.append(f"  rank(s) {_ranks(group)}: #{d.seq} {d.text}")
         return _MISMATCH, 0, "\n".join(lines)
 
     # ------------------------------------------------------------------ other ranks
 
-    def _follow(self, descriptor: Descriptor) -> None:
+    def _follow(self, descriptor: Descriptor) -> tuple[int, int, str]:
         MPI = mpi.load()
         self._send.Start()
         self._recv.Start()
@@ -343,15 +428,16 @@ class Negotiator:
                 count = status.Get_count(MPI.BYTE)
                 kind, code = int(self._verdict[0]), int(self._verdict[1])
                 text = self._verdict[2:count].tobytes().decode(errors="replace")
-                if kind == _OK:
-                    break
                 if kind == _STALL:
                     heard_from_root = True
-                    logger.warning("collective #%d (%s): %s", self.seq, descriptor.summary, text)
+                    if not descriptor.flags & _FLAG_JOINED:  # a joined rank waits by design
+                        logger.warning(
+                            "collective #%d (%s): %s", self.seq, descriptor.summary, text
+                        )
                     self._recv.Start()
                     continue
                 self._send.Wait()
-                _raise_verdict(kind, code, text)
+                return kind, code, text
             now = time.monotonic()
             if now >= next_warning:
                 if not heard_from_root:
@@ -370,7 +456,6 @@ class Negotiator:
                     "missing or hung. Check rank 0's log."
                 )
             waiter.pause()
-        self._send.Wait()
 
 
 def _raise_verdict(kind: int, code: int, text: str) -> None:

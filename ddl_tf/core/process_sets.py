@@ -1,96 +1,297 @@
-"""Horovod's process sets: ddl_tf has one, the global set (every rank of the job).
+"""Horovod's process sets: collectives on a subset of the job's ranks.
 
-Collectives accept ``process_set=global_process_set`` (or None) for
-compatibility; any other set is refused with a message naming the fix, and
-``add_process_set`` / ``remove_process_set`` raise
-:class:`~ddl_tf.errors.UnsupportedError` (a ``NotImplementedError``).
+A :class:`ProcessSet` names some ranks of the job. Once registered, by
+``init(process_sets=[...])`` or, with ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` (or
+``init(process_sets="dynamic")``), by :func:`add_process_set`, its members
+run collectives among themselves (``process_set=`` on every collective and on
+``DistributedOptimizer``) while the other ranks carry on. Each set runs over
+its own MPI sub-communicators with its own engine: the same negotiation,
+fusion and algorithms as the whole job, over the set's part of the topology.
+Registering and removing are collective over the whole job: every rank calls
+them, in the same order, with the same ranks (a mismatch raises everywhere).
 
-Example:
-    >>> from ddl_tf.core.process_sets import global_process_set, check_process_set
-    >>> check_process_set(global_process_set); global_process_set
-    ProcessSet(global)
+Semantics follow Horovod: ranks are the job's ranks (``root_rank`` of a
+broadcast too); ``ProcessSet.rank()`` is the position in the set (-1 outside
+it); a collective on a set that does not include the calling rank raises.
+
+Example (one process: the set of rank 0 is the whole job):
+    >>> from ddl_tf.core import basics
+    >>> from ddl_tf.core.process_sets import ProcessSet, global_process_set
+    >>> _ = basics.init(process_sets="dynamic")
+    >>> first = add_process_set([0]); first
+    ProcessSet(process_set_id=1, ranks=[0])
+    >>> first.size(), first.rank(), first.included(), global_process_set.size()
+    (1, 0, True, 1)
+    >>> remove_process_set(first)
+    True
+    >>> basics.shutdown()
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ddl_tf.core import basics
-from ddl_tf.errors import ConfigError, UnsupportedError
+from ddl_tf.errors import CollectiveArgumentError, ConfigError
 
 __all__ = [
     "ProcessSet",
     "global_process_set",
-    "check_process_set",
     "add_process_set",
     "remove_process_set",
+    "register_at_init",
+    "check_init_argument",
+    "engine_for",
+    "set_root",
+    "by_id",
 ]
+
+# process_set_id -> registered set, for the job engine in _state["owner"]; init() starts afresh
+_registered: dict[int, ProcessSet] = {}
+_state: dict[str, Any] = {"owner": None, "dynamic": False}
 
 
 class ProcessSet:
-    """Horovod's process set; ddl_tf only has the global one (every rank)."""
+    """Some ranks of the job that run collectives among themselves (Horovod's ``ProcessSet``).
 
-    process_set_id = 0
+    Args:
+        ranks: The job's ranks in the set (any order, no repeats). None: the
+            global set.
+    """
+
+    def __init__(self, ranks: Iterable[int] | None = None) -> None:
+        self.process_set_id: int | None = 0 if ranks is None else None
+        self._ranks: list[int] = []
+        if ranks is None:
+            return
+        if hasattr(ranks, "Get_group"):  # an mpi4py communicator
+            raise ConfigError(
+                "ddl_tf makes process sets from lists of ranks, not from communicators "
+                "(a communicator exists only on its members, while every rank registers every "
+                "set). Received an mpi4py communicator; pass the job ranks, e.g. "
+                "ProcessSet(MPI.COMM_WORLD.allgather(rank_or_None)) filtered to its members."
+            )
+        try:
+            listed = [int(r) for r in ranks]
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"ProcessSet takes a list of ranks or an mpi4py communicator. Received "
+                f"{ranks!r}; e.g. ProcessSet([0, 1])."
+            ) from None
+        if not listed or len(set(listed)) != len(listed) or min(listed) < 0:
+            raise ConfigError(
+                f"A process set needs distinct, non-negative ranks. Received {listed}; "
+                "e.g. ProcessSet([0, 2])."
+            )
+        self._ranks = sorted(listed)
+
+    @property
+    def ranks(self) -> list[int]:
+        """The job's ranks in the set, sorted (all of them for the global set)."""
+        if self.process_set_id == 0:
+            return list(range(basics.size()))
+        return list(self._ranks)
 
     def size(self) -> int:
-        """Number of ranks in the set (all of them)."""
-        return basics.size()
+        """Number of ranks in the set."""
+        return basics.size() if self.process_set_id == 0 else len(self.ranks)
 
     def rank(self) -> int:
-        """This process's rank in the set."""
-        return basics.rank()
+        """This process's position in the set, or -1 when it is not a member."""
+        if self.process_set_id == 0:
+            return basics.rank()
+        me = basics.rank()
+        return self.ranks.index(me) if me in self.ranks else -1
 
     def included(self) -> bool:
-        """Whether this process belongs to the set (always)."""
-        return True
+        """Whether this process belongs to the set."""
+        return self.process_set_id == 0 or basics.rank() in self.ranks
+
+    def root(self, root_rank: int) -> int:
+        """The set's own rank of the job's rank ``root_rank`` (a broadcast's root).
+
+        Raises:
+            CollectiveArgumentError: ``root_rank`` is not in the set.
+        """
+        if self.process_set_id == 0:
+            return root_rank
+        if root_rank not in self.ranks:
+            raise CollectiveArgumentError(
+                f"root_rank={root_rank} is not in {self!r}; pick one of its ranks "
+                f"{self.ranks} (root ranks are the job's ranks, as in Horovod)."
+            )
+        return self.ranks.index(root_rank)
 
     def __repr__(self) -> str:
-        return "ProcessSet(global)"
+        if self.process_set_id == 0:
+            return "ProcessSet(global)"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self._ranks})"
 
 
 global_process_set = ProcessSet()
 
 
-def check_process_set(process_set: Any) -> None:
-    """Raise :class:`ConfigError` for any process set but the global one (shared by the API).
+def engine_for(process_set: Any) -> Any:
+    """The engine that runs a collective on ``process_set`` (the job's for None or the global set).
 
     Args:
-        process_set: The ``process_set`` argument of a collective; None and
-            ``global_process_set`` pass.
+        process_set: The ``process_set`` argument of a collective.
+
+    Returns:
+        The :class:`~ddl_tf.core.engine.Engine` of the set on this rank.
 
     Raises:
-        ConfigError: any other value.
+        ConfigError: Not a registered process set, or this rank is not in it.
     """
-    if process_set is not None and process_set is not global_process_set:
+    job = basics.engine()
+    if process_set is None or process_set is global_process_set:
+        return job
+    if not isinstance(process_set, ProcessSet):
         raise ConfigError(
-            f"ddl_tf supports only the global process set. Received process_set={process_set!r};"
-            " drop the argument (collectives span every rank)."
+            f"process_set must be a ddl_tf ProcessSet. Received {process_set!r}; use "
+            "hvd.global_process_set or a set returned by hvd.add_process_set(ranks)."
+        )
+    set_id = process_set.process_set_id
+    if set_id == 0:
+        return job
+    if set_id is None or _state["owner"] is not job or _registered.get(set_id) is not process_set:
+        raise ConfigError(
+            f"{process_set!r} is not registered with this job; pass it to "
+            "init(process_sets=[...]) or add_process_set() (on every rank) first."
+        )
+    sub = job.subsets.get(set_id)
+    if sub is None:
+        raise ConfigError(
+            f"rank {job.rank} is not in {process_set!r}: only its members run its "
+            "collectives. Guard the call with `if process_set.included():`."
+        )
+    return sub
+
+
+def by_id(process_set_id: int) -> ProcessSet:
+    """The registered process set with ``process_set_id`` (0: the global set).
+
+    Raises:
+        ConfigError: No registered set has that id.
+    """
+    if process_set_id == 0:
+        return global_process_set
+    found = _registered.get(process_set_id)
+    if found is None or _state["owner"] is not basics.engine():
+        raise ConfigError(
+            f"No process set has process_set_id={process_set_id}; registered: "
+            f"{sorted(_registered) or 'none'} (0 is the whole job)."
+        )
+    return found
+
+
+def set_root(process_set: Any, root_rank: int) -> int:
+    """The set's own rank of job rank ``root_rank`` (unchanged for None or the global set).
+
+    Raises:
+        CollectiveArgumentError: ``root_rank`` is not in the set.
+    """
+    return root_rank if process_set is None else process_set.root(root_rank)
+
+
+def check_init_argument(process_sets: Any) -> None:
+    """Refuse a bad ``init(process_sets=...)`` before anything starts.
+
+    Raises:
+        ConfigError: Neither None, ``"dynamic"`` nor a list.
+    """
+    if process_sets is None or process_sets == "dynamic":
+        return
+    if isinstance(process_sets, str) or not isinstance(process_sets, Sequence):
+        raise ConfigError(
+            f"init(process_sets=...) takes a list of ProcessSet or 'dynamic'. Received "
+            f"{process_sets!r}; e.g. init(process_sets=[hvd.ProcessSet([0, 1])])."
         )
 
 
-def add_process_set(process_set: Any) -> None:
-    """Not available: ddl_tf collectives always span the whole job.
+def register_at_init(job: Any, process_sets: Any) -> None:
+    """``init(process_sets=...)``: register a list of sets, or allow adding them later.
 
     Args:
-        process_set: The process set (or ranks) Horovod would add.
+        job: The job's engine, just built.
+        process_sets: None, ``"dynamic"``, or a list of :class:`ProcessSet`.
 
     Raises:
-        UnsupportedError: Always.
+        ConfigError: Anything else.
     """
-    raise UnsupportedError(
-        f"ddl_tf has no process sets besides the global one. Received {process_set!r}; run "
-        "collectives over all ranks, or start a separate job for the subset (ddl_tf.init("
-        "comm=[ranks]) makes a job of a subset of MPI_COMM_WORLD)."
-    )
+    _registered.clear()
+    _state["owner"] = job
+    _state["dynamic"] = job.config.dynamic_process_sets or process_sets == "dynamic"
+    if process_sets is None or process_sets == "dynamic":
+        return
+    for process_set in process_sets:
+        _add(job, process_set)
 
 
-def remove_process_set(process_set: Any) -> None:
-    """Not available (see :func:`add_process_set`).
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set after ``init()`` (collective: every rank calls it, same ranks).
+
+    Needs dynamic process sets (``HOROVOD_DYNAMIC_PROCESS_SETS=1`` or
+    ``init(process_sets="dynamic")``), as in Horovod.
 
     Args:
-        process_set: The process set Horovod would remove.
+        process_set: A :class:`ProcessSet`, or its list of ranks.
+
+    Returns:
+        The registered set (``process_set_id`` assigned).
 
     Raises:
-        UnsupportedError: Always.
+        ConfigError: Dynamic process sets are off, the ranks are out of range,
+            or the same ranks are already a registered set.
+        CollectiveMismatchError: Ranks passed different sets.
     """
-    add_process_set(process_set)
+    job = basics.engine()
+    if _state["owner"] is not job or not _state["dynamic"]:
+        raise ConfigError(
+            "Process sets can be added after init() only with dynamic process sets. Set "
+            "HOROVOD_DYNAMIC_PROCESS_SETS=1 (or call init(process_sets='dynamic')), or pass "
+            "the sets to init(process_sets=[...])."
+        )
+    return _add(job, process_set)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (collective: every rank calls it).
+
+    Args:
+        process_set: A set returned by :func:`add_process_set` or given to ``init()``.
+
+    Returns:
+        True when the set was removed; False for the global set or a set that
+        is not registered, as in Horovod.
+    """
+    job = basics.engine()
+    set_id = getattr(process_set, "process_set_id", None)
+    if not set_id or _state["owner"] is not job or _registered.get(set_id) is not process_set:
+        return False
+    job.drop_subset(set_id)
+    del _registered[set_id]
+    return True
+
+
+def _add(job: Any, process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ConfigError(f"{process_set!r} is already registered; make a new ProcessSet.")
+    ranks = tuple(process_set.ranks)
+    if ranks[-1] >= job.size or any(r < 0 for r in ranks):
+        raise ConfigError(
+            f"{process_set!r} names ranks outside the job (size {job.size}); use ranks "
+            f"0..{job.size - 1}."
+        )
+    if any(tuple(other.ranks) == ranks for other in _registered.values()):
+        raise ConfigError(
+            f"A process set with ranks {list(ranks)} is already registered; reuse it."
+        )
+    set_id = max(_registered, default=0) + 1
+    job.subset(ranks, set_id)
+    process_set.process_set_id = set_id
+    _registered[set_id] = process_set
+    return process_set

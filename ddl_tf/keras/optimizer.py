@@ -39,9 +39,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from ddl_tf.core import basics
 from ddl_tf.core.compression import Compression, Compressor
-from ddl_tf.core.process_sets import check_process_set
+from ddl_tf.core.process_sets import engine_for
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import allreduce_gradients
@@ -74,7 +73,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             buckets of ``DDL_FUSION_THRESHOLD`` bytes, or ``bucket_bytes`` with
             overlap), with a warning once when set.
         groups: As ``num_groups``.
-        process_set: Only the global process set is supported.
+        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
         scale_local_gradients: Divide the gradients of local variables
             (:meth:`register_local_var`) by the number of ranks, as Horovod does.
         overlap: Reduce in buckets that overlap the backward pass (graphs
@@ -116,7 +115,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
     ) -> None:
-        check_process_set(process_set)
+        engine_for(process_set)  # refuse a bad set here, not inside fit
         _warn_ignored(device_dense=device_dense, device_sparse=device_sparse)
         _warn_ignored(num_groups=num_groups, groups=groups)
         inner = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
@@ -148,6 +147,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.scale_local_gradients = scale_local_gradients
         self.overlap = overlap
         self.bucket_bytes = bucket_bytes
+        self.process_set = process_set
         self.reduce_in_apply = True  # False inside a DistributedLossScaleOptimizer
         self._local_vars: set = set()
         self._accumulators: list = []
@@ -293,12 +293,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             name=f"{self.name}_allreduce",
             overlap=overlap,
             bucket_bytes=self.bucket_bytes,
+            process_set=self.process_set,
         )
         out = list(grads)
         for i, g in zip(shared, reduced, strict=True):
             out[i] = g
         if self.scale_local_gradients and len(shared) < len(grads):
-            size = basics.size()
+            size = engine_for(self.process_set).size
             for i, v in enumerate(variables):
                 if _key(v) in self._local_vars and out[i] is not None:
                     out[i] = _divide(out[i], size)

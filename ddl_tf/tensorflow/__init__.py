@@ -6,7 +6,7 @@ running on the numpy/MPI engine of :mod:`ddl_tf.core` through
 :mod:`.bridge` (program order, TensorFlow-typed errors from :mod:`.tf_errors`):
 
 =========================  =================================================
-:mod:`.allreduce_ops`      allreduce, grouped_allreduce, barrier
+:mod:`.allreduce_ops`      allreduce, grouped_allreduce, barrier, join
 :mod:`.allgather_ops`      allgather, grouped_allgather
 :mod:`.alltoall_ops`       alltoall
 :mod:`.reducescatter_ops`  reducescatter, grouped_reducescatter
@@ -41,7 +41,7 @@ BASICS = HOROVOD_BASICS
 API = {
     **dict.fromkeys(BASICS, "ddl_tf.core.basics"),
     **dict.fromkeys(
-        ("allreduce", "grouped_allreduce", "barrier"), "ddl_tf.tensorflow.allreduce_ops"
+        ("allreduce", "grouped_allreduce", "barrier", "join"), "ddl_tf.tensorflow.allreduce_ops"
     ),
     **dict.fromkeys(("allgather", "grouped_allgather"), "ddl_tf.tensorflow.allgather_ops"),
     "alltoall": "ddl_tf.tensorflow.alltoall_ops",

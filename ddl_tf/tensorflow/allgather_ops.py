@@ -28,8 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core import basics
-from ddl_tf.core.process_sets import check_process_set
+from ddl_tf.core.process_sets import engine_for
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.tensorflow import bridge
 
@@ -40,8 +39,7 @@ def gathered_shape(x: tf.Tensor) -> tf.TensorShape | None:
     return tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else None
 
 
-def _raw_gather(tensors: list[tf.Tensor], name: str | None) -> list[tf.Tensor]:
-    engine = basics.engine()
+def _raw_gather(engine, tensors: list[tf.Tensor], name: str | None) -> list[tf.Tensor]:
     return bridge.run(
         lambda *arrays: engine.grouped_allgather(arrays, name=name),
         tensors,
@@ -51,8 +49,7 @@ def _raw_gather(tensors: list[tf.Tensor], name: str | None) -> list[tf.Tensor]:
     )
 
 
-def _average(tensors: list[tf.Tensor], name: str | None) -> list[tf.Tensor]:
-    engine = basics.engine()
+def _average(engine, tensors: list[tf.Tensor], name: str | None) -> list[tf.Tensor]:
     return bridge.run(
         lambda *arrays: engine.allreduce(arrays, op=ReduceOp.AVERAGE, name=name),
         tensors,
@@ -75,25 +72,26 @@ def grouped_allgather(
             dimensions on every rank (the first dimension may differ).
         name: Optional name, compared across ranks.
         ignore_name_scope: Accepted for compatibility.
-        process_set: Only the global process set is supported.
+        process_set: The ranks to gather from (a registered ``ProcessSet``); None: all.
 
     Returns:
-        One tensor per input: every rank's rows, concatenated in rank order.
+        One tensor per input: every rank's rows (of the set), concatenated in rank order.
     """
-    check_process_set(process_set)
+    engine = engine_for(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    rank = basics.rank()
+    rank = engine.rank
 
     @tf.custom_gradient
     def gather(*xs):
-        ys = _raw_gather(list(xs), name)
+        ys = _raw_gather(engine, list(xs), name)
 
         def grad(*dys):
             dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
-            averaged = _average(dys, f"{name}_grad" if name else None)
+            averaged = _average(engine, dys, f"{name}_grad" if name else None)
             counts = _raw_gather(
+                engine,
                 [tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1]) for x in xs],
                 f"{name}_grad_rows" if name else None,
             )
@@ -118,7 +116,7 @@ def allgather(
             dimensions on every rank.
         name: Optional name, compared across ranks.
         ignore_name_scope: Accepted for compatibility.
-        process_set: Only the global process set (or None) is accepted.
+        process_set: The ranks to gather from (a registered ``ProcessSet``); None: all.
 
     Returns:
         Every rank's rows, concatenated in rank order.

@@ -35,16 +35,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ddl_tf.core import basics
 from ddl_tf.core.compression import Compressor
-from ddl_tf.core.process_sets import check_process_set
+from ddl_tf.core.process_sets import engine_for
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError, UnsupportedError
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import grouped_allgather
 from ddl_tf.tensorflow.compression import Compression
 
-__all__ = ["allreduce", "grouped_allreduce", "barrier", "split_compression"]
+__all__ = ["allreduce", "grouped_allreduce", "barrier", "join", "split_compression"]
 
 
 def split_compression(compression: Any) -> tuple[Compressor | None, Any]:
@@ -69,8 +68,7 @@ def split_compression(compression: Any) -> tuple[Compressor | None, Any]:
     raise ConfigError(f"Unknown compression {compression!r}; use ddl_tf.Compression.fp16 etc.")
 
 
-def _raw_allreduce(tensors, op, compressor, name, pre, post) -> list[tf.Tensor]:
-    engine = basics.engine()
+def _raw_allreduce(engine, tensors, op, compressor, name, pre, post) -> list[tf.Tensor]:
 
     def fn(*arrays):
         return engine.allreduce(
@@ -116,7 +114,7 @@ def grouped_allreduce(
         op: Average (default), Sum, Min, Max or Product.
         prescale_factor: Multiply before reducing.
         postscale_factor: Multiply after reducing.
-        process_set: Only the global process set is supported.
+        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
         ignore_name_scope: Accepted for compatibility.
         name: Optional name, compared across ranks.
 
@@ -129,21 +127,27 @@ def grouped_allreduce(
         CollectiveMismatchError: Ranks passed different tensors (a
             ``tf.errors.FailedPreconditionError``).
     """
-    check_process_set(process_set)
+    engine = engine_for(process_set)
     tensors = list(tensors)
     if not tensors:
         return []
     try:
         op = parse_op(op, average)
     except UnsupportedError as err:
-        bridge.refuse("allreduce", err, name=name)
+        bridge.refuse("allreduce", err, name=name, engine=engine)
     out: list = [None] * len(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     if sparse:
         for i, t in zip(
             sparse,
             _sparse_allreduce(
-                [tensors[i] for i in sparse], op, name, prescale_factor, postscale_factor
+                engine,
+                process_set,
+                [tensors[i] for i in sparse],
+                op,
+                name,
+                prescale_factor,
+                postscale_factor,
             ),
             strict=True,
         ):
@@ -151,6 +155,7 @@ def grouped_allreduce(
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if dense:
         reduced = _dense_allreduce(
+            engine,
             [tf.convert_to_tensor(tensors[i]) for i in dense],
             op,
             compression,
@@ -163,7 +168,7 @@ def grouped_allreduce(
     return out
 
 
-def _dense_allreduce(tensors, op, compression, name, pre, post) -> list[tf.Tensor]:
+def _dense_allreduce(engine, tensors, op, compression, name, pre, post) -> list[tf.Tensor]:
     compressor, tf_compressor = split_compression(compression)
     contexts = None
     if tf_compressor is not None:
@@ -172,12 +177,12 @@ def _dense_allreduce(tensors, op, compression, name, pre, post) -> list[tf.Tenso
 
     @tf.custom_gradient
     def reduce(*xs):
-        ys = _raw_allreduce(list(xs), op, compressor, name, pre, post)
+        ys = _raw_allreduce(engine, list(xs), op, compressor, name, pre, post)
 
         def grad(*dys):
             dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
             grad_name = f"{name}_grad" if name else None
-            return _raw_allreduce(dys, op, Compression.none, grad_name, pre, post)
+            return _raw_allreduce(engine, dys, op, Compression.none, grad_name, pre, post)
 
         return ys, grad
 
@@ -188,7 +193,7 @@ def _dense_allreduce(tensors, op, compression, name, pre, post) -> list[tf.Tenso
     return results
 
 
-def _sparse_allreduce(slices, op, name, pre, post) -> list[tf.IndexedSlices]:
+def _sparse_allreduce(engine, process_set, slices, op, name, pre, post) -> list[tf.IndexedSlices]:
     problem = None
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         problem = (
@@ -203,12 +208,18 @@ def _sparse_allreduce(slices, op, name, pre, post) -> list[tf.IndexedSlices]:
             "yourself or convert with tf.convert_to_tensor."
         )
     if problem is not None:
-        bridge.refuse("allgather", UnsupportedError(problem), name=name)
-    values = grouped_allgather([s.values for s in slices], name=f"{name}_values" if name else None)
-    indices = grouped_allgather(
-        [s.indices for s in slices], name=f"{name}_indices" if name else None
+        bridge.refuse("allgather", UnsupportedError(problem), name=name, engine=engine)
+    values = grouped_allgather(
+        [s.values for s in slices],
+        name=f"{name}_values" if name else None,
+        process_set=process_set,
     )
-    size = basics.size()
+    indices = grouped_allgather(
+        [s.indices for s in slices],
+        name=f"{name}_indices" if name else None,
+        process_set=process_set,
+    )
+    size = engine.size
     out = []
     for s, v, i in zip(slices, values, indices, strict=True):
         if op is ReduceOp.AVERAGE:
@@ -245,7 +256,7 @@ def allreduce(
         prescale_factor: Multiply before reducing.
         postscale_factor: Multiply after reducing.
         name: Optional name, compared across ranks.
-        process_set: Only the global process set (or None) is accepted.
+        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
         ignore_name_scope: Accepted for compatibility.
 
     Returns:
@@ -271,16 +282,48 @@ def barrier(process_set: Any = None) -> None:
     """Block until every rank arrives (eagerly; inside tf.function it is an op in the chain).
 
     Args:
-        process_set: Only the global process set (or None) is accepted.
+        process_set: The ranks to wait for (a registered ``ProcessSet``); None: all.
 
     Raises:
-        ConfigError: ``process_set`` is not the global process set.
+        ConfigError: ``process_set`` is not registered, or this rank is not in it.
     """
-    check_process_set(process_set)
-    engine = basics.engine()
+    engine = engine_for(process_set)
 
     def wait():
         engine.barrier()
         return [np.zeros((), np.int32)]
 
     bridge.run(wait, [], [tf.int32], [tf.TensorShape([])], name=bridge.op_name("Barrier", None))
+
+
+def join(device: Any = -1, process_set: Any = None) -> tf.Tensor:
+    """This rank has no more data: take part in the others' allreduces with zeros until all join.
+
+    Horovod's ``join()``. While some ranks have joined, the other ranks' allreduces
+    go on: a joined rank contributes zeros (Average still divides by the number
+    of ranks, as in Horovod), and any other collective raises on the ranks that
+    issue it. Typical use, with uneven data::
+
+        for batch in my_shard:  # ranks have different numbers of batches
+            train_step(batch)   # DistributedGradientTape / DistributedOptimizer
+        last = hvd.join()
+        hvd.broadcast_variables(model.variables, root_rank=int(last))
+
+    Args:
+        device: Accepted for compatibility (Horovod's GPU for the zeros; ignored).
+        process_set: The set whose ranks join (a registered ``ProcessSet``); None: all.
+
+    Returns:
+        The last rank to join, a scalar int32 tensor (the same on every rank).
+
+    Raises:
+        ConfigError: Collective checks are off (``DDL_CHECK_COLLECTIVES=0``).
+    """
+    engine = engine_for(process_set)
+
+    def wait():
+        return [np.asarray(engine.join(), np.int32)]
+
+    return bridge.run(
+        wait, [], [tf.int32], [tf.TensorShape([])], name=bridge.op_name("Join", None)
+    )[0]

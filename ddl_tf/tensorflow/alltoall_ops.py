@@ -22,8 +22,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core import basics
-from ddl_tf.core.process_sets import check_process_set
+from ddl_tf.core.process_sets import engine_for
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import gathered_shape
 
@@ -45,15 +44,14 @@ def alltoall(
             (the first dimension must then be a multiple of the number of ranks).
         name: Optional name, compared across ranks.
         ignore_name_scope: Accepted for compatibility.
-        process_set: Only the global process set is supported.
+        process_set: The ranks to exchange among (a registered ``ProcessSet``); None: all.
 
     Returns:
         The rows received from every rank, in rank order; with ``splits``,
         also the number of rows received from each rank.
     """
-    check_process_set(process_set)
+    engine = engine_for(process_set)
     tensor = tf.convert_to_tensor(tensor)
-    engine = basics.engine()
     extra = [] if splits is None else [tf.convert_to_tensor(splits, tf.int32)]
 
     def exchange(*arrays):

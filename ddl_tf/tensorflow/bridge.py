@@ -261,7 +261,7 @@ def _gate(status: tf.Tensor, outputs: list[tf.Tensor], name: str) -> list[tf.Ten
         return list(tf.raw_ops.IdentityN(input=outputs, name=f"{name}_gate"))
 
 
-def refuse(kind: str, error: DDLError, *, name: str | None = None) -> None:
+def refuse(kind: str, error: DDLError, *, name: str | None = None, engine=None) -> None:
     """Raise ``error`` for collective ``kind`` without leaving the other ranks waiting.
 
     Eagerly the other ranks are inside (or about to enter) the collective, so
@@ -273,13 +273,14 @@ def refuse(kind: str, error: DDLError, *, name: str | None = None) -> None:
         kind: Collective kind, e.g. ``"Allreduce"``.
         error: The error to raise on every rank.
         name: The collective's name, as the other ranks know it.
+        engine: The engine of the collective's process set; None: the job's.
 
     Raises:
         DDLError: Always.
     """
     if tf.executing_eagerly() and basics.is_initialized():
         try:
-            basics.engine().refuse(kind, error, name=name)
+            (engine or basics.engine()).refuse(kind, error, name=name)
         except DDLError as err:
             raise tf_errors.typed(err).with_traceback(err.__traceback__) from None
     raise error

@@ -29,8 +29,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core import basics
-from ddl_tf.core.process_sets import check_process_set
+from ddl_tf.core.process_sets import engine_for, set_root
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.errors import ExecutionModeError
 from ddl_tf.tensorflow import bridge
@@ -59,23 +58,24 @@ def broadcast(
         root_rank: Rank whose values everyone receives.
         name: Optional name, compared across ranks.
         ignore_name_scope: Accepted for compatibility.
-        process_set: Only the global process set (or None) is accepted.
+        process_set: The ranks to broadcast among (a registered ``ProcessSet``; ``root_rank``
+            is a job rank in it); None: all.
 
     Returns:
         The root's values. Its gradient is the ranks' gradients averaged, on the
         root, and zero on the other ranks.
 
     Raises:
-        ConfigError: ``process_set`` is not the global process set.
+        ConfigError: ``process_set`` is not registered, or this rank is not in it.
     """
-    check_process_set(process_set)
+    engine = engine_for(process_set)
+    root = set_root(process_set, root_rank)
     tensor = tf.convert_to_tensor(tensor)
-    engine = basics.engine()
 
     @tf.custom_gradient
     def op(x):
         y = bridge.run(
-            lambda a: engine.broadcast([a], root_rank, name=name),
+            lambda a: engine.broadcast([a], root, name=name),
             [x],
             [x.dtype],
             [x.shape],
@@ -92,7 +92,7 @@ def broadcast(
             )[0]
             # `* 0`, not zeros_like: Grappler folds zeros_like of a known shape into a constant
             # and would drop the allreduce on non-root ranks only (Horovod multiplies too)
-            return averaged if engine.rank == root_rank else averaged * 0
+            return averaged if engine.rank == root else averaged * 0
 
         return y, grad
 
@@ -113,18 +113,19 @@ def broadcast_(
         variables: Variables in the same order on every rank.
         root_rank: Rank whose values win.
         name: Optional name, compared across ranks.
-        process_set: Only the global process set is supported.
+        process_set: The ranks to broadcast among (a registered ``ProcessSet``; ``root_rank``
+            is a job rank in it); None: all.
 
     Returns:
         The variables' values after the broadcast, one tensor per variable.
     """
-    check_process_set(process_set)
+    engine = engine_for(process_set)
+    root = set_root(process_set, root_rank)
     variables = list(variables)
     if not variables:
         return []
-    engine = basics.engine()
     values = bridge.run(
-        lambda *arrays: engine.broadcast(arrays, root_rank, name=name or "broadcast_"),
+        lambda *arrays: engine.broadcast(arrays, root, name=name or "broadcast_"),
         [tf.convert_to_tensor(v) for v in variables],
         [tf.as_dtype(v.dtype).base_dtype for v in variables],
         [tf.TensorShape(v.shape) for v in variables],

@@ -19,8 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core import basics
-from ddl_tf.core.process_sets import check_process_set
+from ddl_tf.core.process_sets import engine_for, set_root
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow import bridge
@@ -49,16 +48,17 @@ def broadcast_variables(
     Args:
         variables: Variables in the same order on every rank.
         root_rank: Rank whose values win.
-        process_set: Only the global process set is supported.
+        process_set: The ranks to broadcast among (a registered ``ProcessSet``; ``root_rank``
+            is a job rank in it); None: all.
         inplace: Accepted for compatibility.
     """
-    check_process_set(process_set)
+    engine = engine_for(process_set)
+    root = set_root(process_set, root_rank)
     variables = list(variables)
     if not variables:
         return None
-    engine = basics.engine()
     values = bridge.run(
-        lambda *arrays: engine.broadcast(arrays, root_rank, name="broadcast_variables"),
+        lambda *arrays: engine.broadcast(arrays, root, name="broadcast_variables"),
         [tf.convert_to_tensor(v) for v in variables],
         [tf.as_dtype(v.dtype).base_dtype for v in variables],
         [tf.TensorShape(v.shape) for v in variables],
@@ -84,16 +84,16 @@ def broadcast_object(
         root_rank: The rank whose object everyone gets.
         session: Ignored (TF1 compatibility).
         name: Name of the collective; None for an automatic one.
-        process_set: Only the global process set (or None) is supported.
+        process_set: The ranks taking part (a registered ``ProcessSet``); None: all.
 
     Returns:
         ``root_rank``'s object, unpickled on every other rank.
 
     Raises:
-        ConfigError: ``process_set`` is not the global set.
+        ConfigError: ``process_set`` is not registered, or this rank is not in it.
     """
-    check_process_set(process_set)
-    return basics.engine().broadcast_object(obj, root_rank, name=name)
+    engine = engine_for(process_set)
+    return engine.broadcast_object(obj, set_root(process_set, root_rank), name=name)
 
 
 def broadcast_object_fn(
@@ -109,18 +109,18 @@ def broadcast_object_fn(
         root_rank: The rank whose object everyone gets.
         session: Ignored.
         name: Name of the collective; None for an automatic one.
-        process_set: Only the global process set (or None) is supported.
+        process_set: The ranks taking part (a registered ``ProcessSet``); None: all.
 
     Returns:
         A function ``obj -> root_rank's obj``.
 
     Raises:
-        ConfigError: ``process_set`` is not the global set.
+        ConfigError: ``process_set`` is not registered, or this rank is not in it.
     """
-    check_process_set(process_set)
+    engine_for(process_set)  # refuse a bad set now, not at the first call
 
     def broadcast(obj: Any) -> Any:
-        return broadcast_object(obj, root_rank, name=name)
+        return broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
     return broadcast
 
@@ -134,16 +134,15 @@ def allgather_object(
         obj: This rank's object (must pickle).
         session: Ignored (TF1 compatibility).
         name: Name of the collective; None for an automatic one.
-        process_set: Only the global process set (or None) is supported.
+        process_set: The ranks taking part (a registered ``ProcessSet``); None: all.
 
     Returns:
         A list of ``size()`` objects, entry ``r`` from rank ``r``.
 
     Raises:
-        ConfigError: ``process_set`` is not the global set.
+        ConfigError: ``process_set`` is not registered, or this rank is not in it.
     """
-    check_process_set(process_set)
-    return basics.engine().allgather_object(obj, name=name)
+    return engine_for(process_set).allgather_object(obj, name=name)
 
 
 def allreduce_gradients(
@@ -156,6 +155,7 @@ def allreduce_gradients(
     name: str | None = None,
     overlap: bool | None = None,
     bucket_bytes: int | None = None,
+    process_set: Any = None,
 ) -> list:
     """Reduce a gradient list across ranks; ``None`` entries stay ``None``.
 
@@ -175,6 +175,7 @@ def allreduce_gradients(
         name: Collective name (bucket ``k`` is named ``<name>_b<k>``).
         overlap: Bucket and overlap inside graphs; None: the job's ``DDL_OVERLAP``.
         bucket_bytes: Bytes per bucket; None: the job's ``DDL_BUCKET_BYTES``.
+        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
 
     Returns:
         The reduced gradients, in the order of ``grads``.
@@ -190,7 +191,7 @@ def allreduce_gradients(
         )
     present = [i for i, g in enumerate(grads) if g is not None]
     use_overlap, nbytes = resolve(overlap, bucket_bytes)
-    if basics.size() == 1 and op in (ReduceOp.AVERAGE, ReduceOp.SUM):
+    if engine_for(process_set).size == 1 and op in (ReduceOp.AVERAGE, ReduceOp.SUM):
         return list(grads)  # nothing to reduce; keep tensors (and IndexedSlices) untouched
     chosen = []
     for i in present:
@@ -207,6 +208,7 @@ def allreduce_gradients(
             prescale_factor=1.0 / gradient_predivide_factor,
             postscale_factor=gradient_predivide_factor,
             name=collective_name,
+            process_set=process_set,
         )
 
     if use_overlap and chosen and not tf.executing_eagerly():

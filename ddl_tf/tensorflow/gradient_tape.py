@@ -26,8 +26,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core import basics
-from ddl_tf.core.process_sets import check_process_set
+from ddl_tf.core.process_sets import engine_for
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import allreduce_gradients
@@ -48,7 +47,7 @@ class DistributedGradientTape:
         gradient_predivide_factor: See :func:`ddl_tf.tensorflow.functions.allreduce_gradients`.
         num_groups: Accepted for compatibility (ddl_tf always fuses into buckets).
         groups: Accepted for compatibility.
-        process_set: Only the global process set is supported.
+        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
         scale_local_gradients: Divide gradients of registered local sources by
             the number of ranks, as Horovod does.
         overlap: Reduce in buckets that overlap the backward pass (graphs
@@ -72,7 +71,8 @@ class DistributedGradientTape:
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
     ) -> None:
-        check_process_set(process_set)
+        engine_for(process_set)  # refuse a bad set here, not at the first gradient
+        self._process_set = process_set
         self._tape = gradtape
         self._overlap = overlap
         self._bucket_bytes = bucket_bytes
@@ -125,12 +125,13 @@ class DistributedGradientTape:
             name="DistributedGradientTape",
             overlap=self._overlap,
             bucket_bytes=self._bucket_bytes,
+            process_set=self._process_set,
         )
         out = list(flat_grads)
         for i, g in zip(shared, reduced, strict=True):
             out[i] = g
         if self._scale_local and len(shared) < len(flat_sources):
-            n = basics.size()
+            n = engine_for(self._process_set).size
             for i, s in enumerate(flat_sources):
                 if self._is_local(s) and out[i] is not None:
                     out[i] = _divide(out[i], n)

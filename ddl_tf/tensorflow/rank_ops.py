@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core import basics
-from ddl_tf.errors import UnsupportedError
+from ddl_tf.core.process_sets import by_id
 
 __all__ = ["rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op"]
 
@@ -33,14 +33,6 @@ def _runtime_int(read: Callable[[], int], name: str) -> tf.Tensor:
     value = tf.numpy_function(lambda: np.int32(read()), [], tf.int32, stateful=True, name=name)
     value.set_shape([])
     return value
-
-
-def _check_set(process_set_id: int) -> None:
-    if process_set_id != 0:
-        raise UnsupportedError(
-            "ddl_tf has only the global process set (id 0). Received "
-            f"process_set_id={process_set_id}; drop the argument."
-        )
 
 
 def rank_op(name: str | None = None) -> tf.Tensor:
@@ -71,17 +63,16 @@ def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """Number of ranks, read when the op runs.
 
     Args:
-        process_set_id: Must be 0, the global process set.
+        process_set_id: The process set's id (0: the whole job).
         name: Op name; None for ``"DDLSize"``.
 
     Returns:
         A scalar int32 tensor.
 
     Raises:
-        UnsupportedError: ``process_set_id`` is not 0.
+        ConfigError: No registered process set has that id.
     """
-    _check_set(process_set_id)
-    return _runtime_int(basics.size, name or "DDLSize")
+    return _runtime_int(by_id(process_set_id).size, name or "DDLSize")
 
 
 def local_size_op(name: str | None = None) -> tf.Tensor:
@@ -97,17 +88,17 @@ def local_size_op(name: str | None = None) -> tf.Tensor:
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    """1: every process belongs to the global process set (the only one ddl_tf has).
+    """1 if this process belongs to the process set, else 0 (read when the op runs).
 
     Args:
-        process_set_id: Must be 0, the global process set.
+        process_set_id: The process set's id (0: the whole job).
         name: Op name; None for ``"DDLProcessSetIncluded"``.
 
     Returns:
-        A scalar int32 tensor holding 1.
+        A scalar int32 tensor.
 
     Raises:
-        UnsupportedError: ``process_set_id`` is not 0.
+        ConfigError: No registered process set has that id.
     """
-    _check_set(process_set_id)
-    return _runtime_int(lambda: 1, name or "DDLProcessSetIncluded")
+    process_set = by_id(process_set_id)
+    return _runtime_int(lambda: int(process_set.included()), name or "DDLProcessSetIncluded")

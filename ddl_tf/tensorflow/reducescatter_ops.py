@@ -27,8 +27,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core import basics
-from ddl_tf.core.process_sets import check_process_set
+from ddl_tf.core.process_sets import engine_for
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import grouped_allgather
@@ -54,7 +53,7 @@ def grouped_reducescatter(
         device_dense: Accepted for compatibility (ignored).
         compression: ``Compression.none/fp16/bf16`` or a Horovod-style compressor.
         op: Average (default) or Sum (Min, Max, Product also work).
-        process_set: Only the global process set is supported.
+        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
         prescale_factor: Multiply before reducing.
         postscale_factor: Multiply after reducing.
         name: Optional name, compared across ranks (a ddl_tf addition).
@@ -62,7 +61,7 @@ def grouped_reducescatter(
     Returns:
         This rank's rows of each reduced tensor.
     """
-    check_process_set(process_set)
+    engine = engine_for(process_set)
     op = parse_op(op)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
@@ -72,7 +71,6 @@ def grouped_reducescatter(
     if tf_compressor is not None:
         pairs = [tf_compressor.compress(t) for t in tensors]
         tensors, contexts = [p[0] for p in pairs], [p[1] for p in pairs]
-    engine = basics.engine()
 
     @tf.custom_gradient
     def scatter(*xs):
@@ -97,7 +95,9 @@ def grouped_reducescatter(
             factor *= postscale_factor
             if factor != 1:
                 dys = [d * tf.cast(factor, d.dtype) for d in dys]
-            return grouped_allgather(dys, name=f"{name}_grad" if name else None)
+            return grouped_allgather(
+                dys, name=f"{name}_grad" if name else None, process_set=process_set
+            )
 
         return ys, grad
 
@@ -128,7 +128,7 @@ def reducescatter(
         compression: ``Compression.none/fp16/bf16`` or a Horovod-style compressor.
         op: Average (default) or Sum (Min, Max, Product also work).
         name: Optional name, compared across ranks.
-        process_set: Only the global process set (or None) is accepted.
+        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
         ignore_name_scope: Accepted for compatibility.
         prescale_factor: Multiply before reducing.
         postscale_factor: Multiply after reducing.

@@ -126,3 +126,23 @@ def test_horovod_knobs_without_equivalent_are_listed_for_one_warning():
     config = DDLConfig.from_env({"HOROVOD_CYCLE_TIME": "5", "HOROVOD_AUTOTUNE": "1"})
     assert config.ignored_settings == ("HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")
     assert DDLConfig.from_env({}).ignored_settings == ()
+
+
+def test_dynamic_process_sets_flag_is_read_and_shared():
+    assert DDLConfig.from_env({"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}).dynamic_process_sets
+    assert not DDLConfig.from_env({}).dynamic_process_sets
+    on, off = DDLConfig.from_env({"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}), DDLConfig.from_env({})
+    assert on.fingerprint() != off.fingerprint()  # ranks must agree on it
+
+
+def test_every_horovod_variable_has_a_status_on_the_migration_page():
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "migrating-from-horovod.md").read_text()
+    names = set(env.HOROVOD_IGNORED) | {
+        getattr(env, n) for n in dir(env) if n.startswith("HOROVOD_") and n != "HOROVOD_IGNORED"
+    }
+    missing = sorted(n for n in names if f"`{n}`" not in page)
+    assert not missing, (
+        f"add these to docs/migrating-from-horovod.md#environment-variables: {missing}"
+    )

@@ -157,8 +157,11 @@ def test_descriptors_are_fixed_size_and_digest_every_field():
     long = Descriptor.make("allreduce", "x" * 1000)
     raw = long.encode(seq=3)
     assert len(raw) == DESCRIPTOR_BYTES
-    seq, digest, error, summary = Descriptor.decode(raw)
+    seq, digest, error, flags, summary = Descriptor.decode(raw)
     assert (seq, digest, error) == (3, long.digest, 0) and summary.startswith("allreduce 'xxx")
+    assert flags == 2  # allreduce: ranks inside join() take part
+    assert Descriptor.decode(Descriptor.make("barrier", None).encode(seq=1)).flags == 0
+    assert Descriptor.decode(Descriptor.joined().encode(seq=1)).flags == 1
 
 
 def test_timeline_streams_per_rank_and_merges(tmp_path):

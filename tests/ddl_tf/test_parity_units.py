@@ -121,7 +121,7 @@ def test_tensor_compression_keeps_numpy_and_tensor_paths(ddl):
 
 def test_single_process_api_additions(ddl):
     assert int(hvd.rank_op()) == 0 and int(hvd.local_size_op()) == 1
-    with pytest.raises(NotImplementedError, match="process_set_id=3"):
+    with pytest.raises(ValueError, match="process_set_id=3"):
         hvd.size_op(process_set_id=3)
     assert hvd.global_process_set.included() and hvd.global_process_set.size() == 1
     graph = tf.Graph()

@@ -55,7 +55,7 @@ def test_init_is_idempotent_and_single_process_values(ddl):
     assert (hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank()) == (1, 0, 1, 0)
     assert (hvd.cross_size(), hvd.cross_rank(), hvd.is_homogeneous()) == (1, 0, True)
     assert hvd.mpi_built() and not hvd.nccl_built()
-    with pytest.raises(ConfigError, match="only the global process set"):
+    with pytest.raises(ConfigError, match="must be a ddl_tf ProcessSet"):
         hvd.allreduce(tf.ones(2), process_set=object())
 
 

@@ -122,7 +122,7 @@ def test_rank_and_size_ops_are_read_when_the_graph_runs(rank, size):
 def test_broadcast_global_variables_is_graph_mode_only(size):
     with pytest.raises(RuntimeError, match="broadcast_variables"):
         hvd.broadcast_global_variables(0)
-    with pytest.raises(NotImplementedError, match="process sets"):
+    with pytest.raises(ValueError, match="HOROVOD_DYNAMIC_PROCESS_SETS=1"):
         hvd.add_process_set([0])
 
 
