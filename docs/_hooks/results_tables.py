@@ -81,6 +81,8 @@ WRITERS = {
     "cluster_training.json": "python benchmarks/bench_cluster_training.py (as root)",
     "defaults_sweep.json": "python benchmarks/bench_defaults.py",
     "demo_summary.json": "make demo (a copy of out/demo/summary.json)",
+    "real_anchors.json": "python benchmarks/bench_real_anchors.py",
+    "refit.json": "python benchmarks/bench_refit.py",
     "resnet50_equivalence.json": "python benchmarks/bench_resnet50_equivalence.py",
     "simulator_fidelity.json": "python benchmarks/bench_fidelity.py",
     "tflms_rewrite.json": "python benchmarks/bench_tflms_rewrite.py",

@@ -285,7 +285,7 @@ def test_a_dataset_gives_its_batch_size(drop_remainder, devices):
     assert expected in callback.batch_source
 
 
-def test_an_unknown_batch_size_is_refused_with_the_fix(devices):
+def test_a_py_dataset_gives_the_batch_size_of_its_first_batch(devices):
     model = _conv()
     x, y = zoo.synthetic_data(model, 8)
 
@@ -296,16 +296,45 @@ def test_an_unknown_batch_size_is_refused_with_the_fix(devices):
         def __getitem__(self, i):
             return x[4 * i : 4 * i + 4], y[4 * i : 4 * i + 4]
 
+    callback = tflms.LMSCallback(**{**OPTIONS, "batch_size": None})
+    with tf.device(devices.compute):
+        model.fit(Data(), epochs=1, verbose=0, callbacks=[callback])
+    assert callback.plan.batch_size == 4 and "PyDataset" in callback.batch_source
+
+
+def test_an_unknown_batch_size_is_refused_with_the_fix(devices):
+    # Driven by hand (no fit on the stack) over data whose batch dimension is open:
+    # nothing says the batch size, so the trace is refused and the model restored.
+    model = _conv()
+    x, y = zoo.synthetic_data(model, 8)
+    spec = (
+        tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype)),
+        tf.TensorSpec([None, *y.shape[1:]], tf.as_dtype(y.dtype)),
+    )
+    data = tf.data.Dataset.from_generator(lambda: iter([(x[:4], y[:4])]), output_signature=spec)
     model.make_train_function()
     before = _state(model)
     callback = tflms.LMSCallback(**{**OPTIONS, "batch_size": None})
+    callback.set_model(model)
+    callback.on_train_begin()
+    assert callback.batch_size is None and callback.batch_source == "no running fit was found"
+    callback.on_train_batch_begin(0)
     with tf.device(devices.compute), pytest.raises(ConfigError, match=r"LMSConfig\(batch_size=N\)"):
-        model.fit(Data(), epochs=1, verbose=0, callbacks=[callback])
+        model.train_function(iter(data))
     assert _state(model) == before
-    callback = tflms.LMSCallback(**{**OPTIONS, "batch_size": 4})
+
+
+def test_a_second_trace_of_the_same_shapes_is_labelled_as_such(devices):
+    # With metrics=["accuracy"] TensorFlow traces the step again after the first trace
+    # created the metric's variables: same input shapes, not "another input shape".
+    model, x, y = mlp(BATCH * 2)
+    model.compile(optimizer="sgd", loss=model.loss, metrics=["accuracy"], jit_compile=False)
+    callback = tflms.LMSCallback(**OPTIONS)
     with tf.device(devices.compute):
-        model.fit(Data(), epochs=1, verbose=0, callbacks=[callback])
-    assert callback.plan.batch_size == 4
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[callback])
+    text = callback.summary()
+    assert len(callback.traces) == 2 and "another input shape" not in text
+    assert "kept by TensorFlow for the same input shapes" in text
 
 
 def test_summary_of_the_one_trace_in_use_has_no_trace_header(devices):
@@ -319,6 +348,35 @@ def test_summary_of_the_one_trace_in_use_has_no_trace_header(devices):
     assert [trace.in_use for trace in callback.traces] == [True]
     assert callback.plan is callback.trace.plan and callback.plan.swaps
     assert "trace 1 of" not in text and callback.plan.summary().splitlines()[0] in text
+
+
+def test_a_second_fit_reuses_the_rewritten_step_until_compile_or_options_change(devices):
+    # Keras keeps a model's train function between fits; so does the callback, with its
+    # rewritten one: no retrace, no replanning, same training as without the callback.
+    plain, x, y = mlp(BATCH * 4)
+    model, _, _ = mlp(BATCH * 4)
+    options = {k: v for k, v in OPTIONS.items() if k != "batch_size"}  # sized by each fit
+    callback = tflms.LMSCallback(**options)
+    with tf.device(devices.compute):
+        for fit in range(3):
+            plain.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+            model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[callback])
+            assert callback.reused is (fit > 0) and len(callback.traces) == 1
+            assert weights_equal(plain, model)
+        first_plan = callback.plan
+        assert callback.summary().startswith("reused from an earlier fit")
+        model.fit(x, y, batch_size=BATCH * 2, verbose=0, callbacks=[callback])  # other sizes
+        assert not callback.reused and callback.plan.batch_size == BATCH * 2
+        model.fit(x, y, batch_size=BATCH * 2, verbose=0, callbacks=[callback])
+        assert callback.reused
+        model.compile(optimizer="sgd", loss=model.loss, jit_compile=False)  # new compile: replan
+        model.fit(x, y, batch_size=BATCH * 2, verbose=0, callbacks=[callback])
+        assert not callback.reused and callback.plan is not first_plan
+        other = tflms.LMSCallback(**{**options, "swapout_threshold": 4})
+        model.fit(x, y, batch_size=BATCH * 2, verbose=0, callbacks=[other])
+        assert not other.reused
+        model.fit(x, y, batch_size=BATCH * 2, verbose=0)  # and without: the model's own step
+    assert not isinstance(model.train_function, GuardedTrainFunction)
 
 
 def _unbuilt_sequential():

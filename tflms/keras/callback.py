@@ -51,12 +51,14 @@ class Trace:
         plan: the plan applied to the traced graph.
         tuning: the :class:`~tflms.tuning.autotuner.AutotuneResult` (with a budget).
         view: the analysis view of the graph before the rewrite.
+        input_shapes: the shapes of the batch the step was traced for.
     """
 
     plan: SwapPlan
     tuning: AutotuneResult | None = None
     view: nx.DiGraph | None = None
     _graph: weakref.ref | None = field(default=None, repr=False)
+    input_shapes: tuple = ()
 
     @property
     def in_use(self) -> bool:
@@ -66,6 +68,41 @@ class Trace:
         relaxed shape replaces it); only kept traces run.
         """
         return self._graph is not None and self._graph() is not None
+
+
+@dataclass
+class _Kept:
+    """A rewritten train function kept for the next ``fit`` of the same model.
+
+    Keras keeps a model's train function between fits until ``compile`` (or a
+    change of ``jit_compile``/``steps_per_execution``) replaces it; the callback
+    does the same with its rewritten one, so a second ``fit`` neither retraces
+    nor replans. ``key`` holds what invalidates it: the model's optimizer and
+    metric objects (``compile`` makes new ones), its step settings, the LMS
+    options and the batch size the plans were sized for.
+    """
+
+    model: weakref.ref
+    key: tuple
+    function: object
+    traces: list[Trace] = field(default_factory=list)
+
+    @staticmethod
+    def _key(model, config: LMSConfig, batch_size: int | None) -> tuple:
+        return (
+            id(model.optimizer),
+            tuple(id(m) for m in model.metrics),
+            model.steps_per_execution,
+            config,
+            batch_size,
+        )
+
+    @classmethod
+    def of(cls, model, config: LMSConfig, batch_size: int | None, function) -> _Kept:
+        return cls(weakref.ref(model), cls._key(model, config, batch_size), function)
+
+    def matches(self, model, config: LMSConfig, batch_size: int | None) -> bool:
+        return self.model() is model and self.key == self._key(model, config, batch_size)
 
 
 class _RewritingTrainStep:
@@ -86,7 +123,13 @@ class _RewritingTrainStep:
         lms = LMS(self.callback.config)
         callback = self.callback
         plan = lms.run(graph, batch_size=callback.batch_size, batch_source=callback.batch_source)
-        self.callback._add_trace(Trace(plan, lms.tuning, lms.view, weakref.ref(graph)))  # noqa: SLF001
+        shapes = tuple(
+            tuple(t.shape.as_list()) if t.shape.rank is not None else None
+            for t in tf.nest.flatten(data)
+            if isinstance(t, tf.Tensor)
+        )
+        trace = Trace(plan, lms.tuning, lms.view, weakref.ref(graph), shapes)
+        self.callback._add_trace(trace)  # noqa: SLF001
         return outputs
 
 
@@ -143,7 +186,11 @@ class LMSCallback(keras.callbacks.Callback):
         """The batch size tensors are sized for in the last ``fit``."""
         self.batch_source: str | None = None
         """Where :attr:`batch_size` came from (or why it is unknown)."""
+        self.reused = False
+        """Whether the last ``fit`` reused the rewritten train function of an earlier one."""
         self._session: FitSession | None = None
+        self._kept: _Kept | None = None  # the rewritten train function of the last good fit
+        self._function = None  # the rewritten train function of the running fit
 
     # -------------------------------------------------------------- results
     @property
@@ -208,14 +255,24 @@ class LMSCallback(keras.callbacks.Callback):
         if not self.traces:
             return "LMSCallback: no train function traced yet (call fit first)."
         in_use = self.trace
-        blocks = []
+        blocks = (
+            [
+                "reused from an earlier fit of this model (same compile, same options): not "
+                "traced or planned again"
+            ]
+            if self.reused
+            else []
+        )
         for k, t in enumerate(self.traces, 1):
             status = (
                 "in use"
                 if t is in_use
-                else "kept by TensorFlow (another input shape)"
-                if t.in_use
                 else "discarded by TensorFlow (never ran)"
+                if not t.in_use
+                else "kept by TensorFlow (another input shape)"
+                if in_use is None or t.input_shapes != in_use.input_shapes
+                else "kept by TensorFlow for the same input shapes (it traced the step again, "
+                "e.g. after a first trace created variables)"
             )
             head = f"trace {k} of {len(self.traces)} ({status}):" if len(self.traces) > 1 else ""
             blocks.append((head + "\n" if head else "") + t.plan.summary())
@@ -269,6 +326,11 @@ class LMSCallback(keras.callbacks.Callback):
         self._session = FitSession(model)
         caller = sys._getframe(1).f_locals.get("self")  # noqa: SLF001 - the fit's CallbackList
         self._session.guard_hooks(caller)
+        kept, self._kept, self._function = self._kept, None, None
+        self.reused = kept is not None and kept.matches(model, self.config, self.batch_size)
+        if kept is not None and self.reused:
+            self.traces = kept.traces  # a retrace (another input shape) appends its plan
+            self._function = kept.function
 
     def on_train_batch_begin(self, batch, logs=None):
         """Install the rewriting train function at the first step.
@@ -279,7 +341,9 @@ class LMSCallback(keras.callbacks.Callback):
         """
         session = self._session
         if session is not None and not session.closed and not session.installed:
-            session.install(_RewritingTrainStep(self.model.train_step, self))
+            self._function = session.install(
+                _RewritingTrainStep(self.model.train_step, self), self._function
+            )
 
     def on_train_end(self, logs=None):
         """Give the model its own train function back.
@@ -290,6 +354,9 @@ class LMSCallback(keras.callbacks.Callback):
         if self._session is not None:
             self._session.restore()
             self._session = None
+        if self._function is not None and self.traces:  # kept for the next fit of this model
+            self._kept = _Kept.of(self.model, self.config, self.batch_size, self._function)
+            self._kept.traces = self.traces
 
     # -------------------------------------------------------------- internals
     def _add_trace(self, trace: Trace) -> None:

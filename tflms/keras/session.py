@@ -124,8 +124,9 @@ def fit_batch_size(frame) -> tuple[int | None, str]:
 
     Looks, in order, at the data adapter's batch size (``fit(batch_size=...)``
     for arrays, a static batch dimension of a ``tf.data`` element spec), the
-    batches Keras peeked from a Python generator, and the first element of a
-    ``tf.data.Dataset`` whose batch dimension is dynamic.
+    batches Keras peeked from a Python generator, the first batch of a
+    ``keras.utils.PyDataset``, and the first element of a ``tf.data.Dataset``
+    whose batch dimension is dynamic.
 
     Args:
         frame: the ``fit`` frame (:func:`fit_frame`), or ``None``.
@@ -149,6 +150,10 @@ def fit_batch_size(frame) -> tuple[int | None, str]:
         if size:
             return size, "the first batch of the generator"
     dataset = frame.f_locals.get("x")
+    if isinstance(dataset, keras.utils.PyDataset) and len(dataset):
+        size = _leading_dim(dataset[0])  # Keras reads the first batch the same way
+        if size:
+            return size, "the first batch of the PyDataset"
     if isinstance(dataset, tf.data.Dataset):
         for element in dataset.take(1):
             size = _leading_dim(element)
@@ -220,7 +225,7 @@ class FitSession:
         for name in GUARDED_HOOKS:
             self._patch(callback_list, name, self._guarded(getattr(callback_list, name)))
 
-    def install(self, rewriting_step: Callable) -> None:
+    def install(self, rewriting_step: Callable, function: Callable | None = None) -> Callable:
         """Build the train function around ``rewriting_step`` and make it ``model.train_function``.
 
         The optimizer is built first, eagerly, when Keras's own train step will
@@ -235,6 +240,12 @@ class FitSession:
         Args:
             rewriting_step: A train step (called like ``model.train_step``) that
                 rewrites the traced graph.
+            function: A train function an earlier fit built around the same
+                kind of step (its traces, already rewritten, are reused); None
+                builds one.
+
+        Returns:
+            The train function (unguarded), for reuse by a later fit.
         """
         model = self.model
         optimizer = getattr(model, "optimizer", None)
@@ -252,19 +263,21 @@ class FitSession:
                 "compile with jit_compile=False to silence this.",
                 getattr(model, "name", "the model"),
             )
-        own_step = vars(model).get("train_step", _MISSING)
-        model.train_step = rewriting_step
-        try:
-            model.make_train_function(force=True)  # Keras captures the step it is given here
-            function = model.train_function
-        finally:
-            if own_step is _MISSING:
-                del model.train_step
-            else:
-                model.train_step = own_step
+        if function is None:
+            own_step = vars(model).get("train_step", _MISSING)
+            model.train_step = rewriting_step
+            try:
+                model.make_train_function(force=True)  # Keras captures the step it is given here
+                function = model.train_function
+            finally:
+                if own_step is _MISSING:
+                    del model.train_step
+                else:
+                    model.train_step = own_step
         model.train_function = GuardedTrainFunction(function, self)
         self._patch(model, "evaluate", self._guarded(model.evaluate))  # validation inside fit
         self.installed = True
+        return function
 
     def owns_call(self) -> bool:
         """Whether the running train-function call comes from this session's fit.
