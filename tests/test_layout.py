@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import importlib
 import io
+import re
 import tokenize
 import warnings
 from collections.abc import Iterator
@@ -368,3 +369,19 @@ def test_no_exported_name_is_also_a_submodule_name(scan):
             if getattr(value, "__name__", None) != f"{module}.{name}":  # not the module itself
                 clashes.append(f"{module}.{name}")
     assert not clashes, f"exported names that are also submodules (rename the module): {clashes}"
+
+
+def test_keras_internals_are_read_in_one_compatibility_module():
+    # Stack frames and private Keras attributes break first when Keras moves; only
+    # tflms/keras/compat.py (tested against the pinned Keras) may read them.
+    allowed = REPO / "tflms" / "keras" / "compat.py"
+    pattern = re.compile(r"_getframe|\bf_locals\b|_first_batches|\bf_back\b")
+    offenders = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for package in PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+        if path != allowed
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not offenders, "move these into tflms/keras/compat.py:\n" + "\n".join(offenders)

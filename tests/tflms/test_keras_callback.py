@@ -455,3 +455,18 @@ def test_mirrored_strategy_is_refused_at_fit_start_with_the_alternative():
     )  # Keras made its own train function; we changed nothing
     assert train_step is None and jit is False and not isinstance(function, GuardedTrainFunction)
     model.fit(x, y, batch_size=BATCH, verbose=0)  # and it trains without the callback
+
+
+def test_one_device_strategy_trains_with_swaps_and_identical_results(devices):
+    # One replica, one graph: the plan is the one device's, as without a strategy. The
+    # strategy places the step when it runs, not its ops, so the CPU stand-in for a GPU
+    # is named (on a GPU machine unplaced ops are the GPU's, tflms's default).
+    strategy = tf.distribute.OneDeviceStrategy(devices.compute)
+    with strategy.scope():
+        plain, x, y = mlp(BATCH * 4)
+        model, _, _ = mlp(BATCH * 4)
+    callback = tflms.LMSCallback(**OPTIONS, device=devices.compute, host_device=devices.host)
+    plain.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[callback])
+    assert callback.plan.swaps and callback.plan.batch_size == BATCH
+    assert weights_equal(plain, model)

@@ -29,7 +29,8 @@ import tensorflow as tf
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.frontends.lms import LMS, resolve_config
-from tflms.keras.session import FitSession, check_xla, fit_batch_size, fit_frame
+from tflms.keras.compat import check_keras_version, running_fit
+from tflms.keras.session import FitSession, check_xla, fit_batch_size, leading_dim
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.devices import check_local_device
 
@@ -122,7 +123,10 @@ class _RewritingTrainStep:
             )
         lms = LMS(self.callback.config)
         callback = self.callback
-        plan = lms.run(graph, batch_size=callback.batch_size, batch_source=callback.batch_source)
+        batch_size, source = callback.batch_size, callback.batch_source
+        if batch_size is None and leading_dim(data):  # the traced step's own batch dimension
+            batch_size, source = leading_dim(data), "the traced step's input tensors"
+        plan = lms.run(graph, batch_size=batch_size, batch_source=source)
         shapes = tuple(
             tuple(t.shape.as_list()) if t.shape.rank is not None else None
             for t in tf.nest.flatten(data)
@@ -317,15 +321,16 @@ class LMSCallback(keras.callbacks.Callback):
         if self._session is not None:  # left over from an interrupted fit
             self._session.restore()
         self.traces = []
-        frame = fit_frame(model)
+        check_keras_version()
+        fit = running_fit(model)
         self.batch_size, self.batch_source = (
             (self.config.batch_size, "LMSConfig.batch_size")
             if self.config.batch_size is not None
-            else fit_batch_size(frame)
+            else fit_batch_size(fit)
         )
         self._session = FitSession(model)
-        caller = sys._getframe(1).f_locals.get("self")  # noqa: SLF001 - the fit's CallbackList
-        self._session.guard_hooks(caller)
+        if fit is not None:
+            self._session.guard_hooks(fit.callbacks)
         kept, self._kept, self._function = self._kept, None, None
         self.reused = kept is not None and kept.matches(model, self.config, self.batch_size)
         if kept is not None and self.reused:

@@ -19,9 +19,9 @@ the callback changes as little as it can, for as short as it can:
   function called from a ``fit`` that is not its own restores the model and
   runs the original train function instead.
 
-The running ``fit`` is found by walking the Python stack (Keras passes its
-data and callback list to no callback); without it - a callback driven by
-hand - only the batch-size lookup and the hook guards are skipped.
+The running ``fit``'s data and callback list, which Keras passes to no
+callback, come from :mod:`tflms.keras.compat`; without them - a callback
+driven by hand - only the batch-size lookup and the hook guards are skipped.
 
 Example:
     >>> import keras
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import weakref
 from collections.abc import Callable
 
@@ -46,8 +45,9 @@ import keras
 import tensorflow as tf
 
 from tflms.errors import ConfigError
+from tflms.keras.compat import RunningFit, peeked_batches, running_fit
 
-__all__ = ["FitSession", "GuardedTrainFunction", "fit_frame", "fit_batch_size", "check_xla"]
+__all__ = ["FitSession", "GuardedTrainFunction", "fit_batch_size", "leading_dim", "check_xla"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,26 +100,7 @@ def check_xla(model) -> bool:
     return bool(model.jit_compile)
 
 
-def fit_frame(model):
-    """The frame of the ``fit`` call of ``model`` that is running in this thread, or ``None``.
-
-    Args:
-        model: The Keras model whose ``fit`` to look for.
-
-    Returns:
-        The Python frame of ``model.fit`` (its locals hold the data and the
-        batch size), or None when no ``fit`` of ``model`` is on this thread's
-        stack.
-    """
-    frame = sys._getframe(1)  # noqa: SLF001 - the documented way to read the call stack
-    while frame is not None:
-        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-            return frame
-        frame = frame.f_back
-    return None
-
-
-def fit_batch_size(frame) -> tuple[int | None, str]:
+def fit_batch_size(fit: RunningFit | None) -> tuple[int | None, str]:
     """The batch size the running ``fit`` feeds, and where it was found.
 
     Looks, in order, at the data adapter's batch size (``fit(batch_size=...)``
@@ -129,13 +110,12 @@ def fit_batch_size(frame) -> tuple[int | None, str]:
     whose batch dimension is dynamic.
 
     Args:
-        frame: the ``fit`` frame (:func:`fit_frame`), or ``None``.
+        fit: the running fit (:func:`~tflms.keras.compat.running_fit`), or ``None``.
 
     Returns:
         ``(batch size, source)``; ``(None, reason)`` when it cannot be known.
     """
-    iterator = frame.f_locals.get("epoch_iterator") if frame is not None else None
-    adapter = getattr(iterator, "data_adapter", None)
+    adapter = fit.adapter if fit is not None else None
     if adapter is None:
         return None, "no running fit was found"
     try:
@@ -144,29 +124,44 @@ def fit_batch_size(frame) -> tuple[int | None, str]:
         size = None
     if isinstance(size, int) and size > 0:
         return size, "the batch size fit feeds (its batch_size, or the dataset's element spec)"
-    peeked = getattr(adapter, "_first_batches", None)  # Keras peeks generators for their specs
+    peeked = peeked_batches(adapter)  # Keras peeks generators for their specs
     if peeked:
-        size = _leading_dim(peeked[0])
+        size = leading_dim(peeked[0])
         if size:
             return size, "the first batch of the generator"
-    dataset = frame.f_locals.get("x")
-    if isinstance(dataset, keras.utils.PyDataset) and len(dataset):
-        size = _leading_dim(dataset[0])  # Keras reads the first batch the same way
+    dataset = fit.data if fit is not None else None
+    if isinstance(dataset, keras.utils.PyDataset):
+        try:
+            size = leading_dim(dataset[0])  # Keras reads the first batch the same way
+        except (IndexError, KeyError, TypeError, ValueError):
+            size = None
         if size:
             return size, "the first batch of the PyDataset"
     if isinstance(dataset, tf.data.Dataset):
         for element in dataset.take(1):
-            size = _leading_dim(element)
+            size = leading_dim(element)
             if size:
                 return size, "the first batch of the dataset"
     return None, f"the data ({type(adapter).__name__}) has no static batch size"
 
 
-def _leading_dim(batch) -> int | None:
+def leading_dim(batch) -> int | None:
+    """The first static dimension of the first tensor-like in ``batch`` that has one.
+
+    Args:
+        batch: A (nested) batch of arrays, eager or symbolic tensors.
+
+    Returns:
+        That dimension, or None when no item has a known first dimension.
+    """
     for item in tf.nest.flatten(batch):
         shape = getattr(item, "shape", None)
-        if shape is not None and len(shape) and shape[0] is not None:
-            return int(shape[0])
+        try:
+            dims = list(shape) if shape is not None else []
+        except (TypeError, ValueError):  # a TensorShape of unknown rank
+            continue
+        if dims and dims[0] is not None:
+            return int(dims[0])
     return None
 
 
@@ -289,11 +284,11 @@ class FitSession:
         """
         if self.closed:
             return False
-        frame = fit_frame(self.model)
-        if frame is None:
+        fit = running_fit(self.model)
+        if fit is None:
             return True
         ours = self._callbacks() if self._callbacks is not None else None
-        return ours is not None and frame.f_locals.get("callbacks") is ours
+        return ours is not None and fit.callbacks is ours
 
     def restore(self) -> None:
         """Put back everything this session changed; safe to call more than once."""
