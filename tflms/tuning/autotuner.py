@@ -19,7 +19,9 @@ whose predicted step time is lowest:
    sibling branches from piling up at the peak (no time cost when the
    simulator finds no slowdown);
 6. only if nothing fits yet: ``sync_mode`` 1-3, ``serialization`` of the
-   levels around the peak, and ``min_tensor_bytes=0``;
+   levels around the peak, ``min_tensor_bytes=0``, and last the most
+   memory-saving plan (every candidate swapped with the earliest triggers,
+   cheap groups recomputed, memory-aware order);
 7. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
    traffic, less overhead - for the best plan, the best plan that re-runs
    dense ops and the best that does not.

@@ -5,7 +5,8 @@ settings and walks them in the order documented in :mod:`tflms.tuning.autotuner`
 the threshold ladder, ``swapin_ahead`` for the most promising thresholds,
 ``swapin_groupby``, simulated-time triggers, recomputation (cheap, then
 dense over a finite link), ordering, the rescue options (sync modes,
-serialization, ``min_tensor_bytes=0``) when nothing fits, and finally the
+serialization, ``min_tensor_bytes=0``, the most memory-saving plan) when
+nothing fits, and finally the
 fewest swaps that still fit. Every simulated plan is kept as a
 :class:`Candidate` for the report.
 
@@ -351,11 +352,15 @@ class Search:
         return self.best(list(self._seen.values()) + trimmed)
 
     def _rescue(self, current: _Evaluated) -> _Evaluated:
-        """Options that lower the peak at a time cost: sync modes, serialization.
+        """Options that lower the peak at a time cost: sync modes, serialization, everything.
 
         They are tried on the best plan so far and on the one that swaps most:
         when copies are slower than compute, only a synchronous plan frees
-        memory in time.
+        memory in time. Last, the most memory-saving plan the planner makes
+        (:data:`MOST_SAVING`: every candidate swapped with the earliest
+        triggers, cheap groups recomputed, memory-aware order), so that a step
+        some plan fits is never reported infeasible because the ladder above
+        missed it.
         """
         most = max(self._seen.values(), key=lambda e: (len(e.plan.swaps), -e.result.step_time_s))
         pool = [current]
@@ -377,6 +382,7 @@ class Search:
         pool.append(
             self.evaluate(retime=current.retime, **_opts(current.config, min_tensor_bytes=0))
         )
+        pool.append(self.evaluate(**_opts(self.base, **MOST_SAVING)))
         return self.pick(pool)
 
     def _trim(self, current: _Evaluated) -> _Evaluated:
@@ -397,6 +403,12 @@ class Search:
     def _peak_level(self, done: _Evaluated) -> int | None:
         node = self.view.nodes.get(done.result.peak_op)
         return None if node is None else node.get("level")
+
+
+MOST_SAVING = dict(
+    swapout_threshold=1, swapin_ahead=1, min_tensor_bytes=0, recompute=True, reorder=True
+)
+"""The planner options that save the most memory in most graphs (the rescue's last try)."""
 
 
 def _opts(config: LMSConfig, **changes) -> dict:
