@@ -9,8 +9,10 @@ graph in place. Weights are never downloaded; only the graphs matter here.
 Models:
     ``resnet50``: ``keras.applications.ResNet50``, 224x224x3, 1000 classes, SGD+momentum.
     ``vgg16``: ``keras.applications.VGG16``, 224x224x3, SGD+momentum.
-    ``unet3d``: the demo's 3D U-Net widened as the seed paper's BraTS model (depth 4,
-        32 base filters, 4 channels, 4 classes), Adam, batch 1.
+    ``unet3d``: the demo's 3D U-Net widened as 3DUnetCNN's plain U-Net (depth 4,
+        32 base filters, 4 channels, 4 classes), Adam, batch 1. Not the seed paper's model.
+    ``isensee2017``: the seed paper's model, 3DUnetCNN's isensee2017 (16 base filters,
+        depth 5, instance norm, weighted Dice), Adam, batch 1.
     ``transformer``: a BERT-base-like encoder (12 blocks, 12 heads, width 768, MLP 3072,
         512 tokens) with a pooled classifier, Adam.
     ``mlp``: 8 dense layers of 8192 units with ReLU on 4096 features, 1000 classes, SGD.
@@ -30,7 +32,16 @@ import tensorflow as tf  # noqa: E402
 import tflms  # noqa: E402
 from tflms import zoo  # noqa: E402
 
-__all__ = ["TrainStep", "resnet50", "vgg16", "unet3d", "transformer", "mlp", "BUILDERS"]
+__all__ = [
+    "TrainStep",
+    "resnet50",
+    "vgg16",
+    "unet3d",
+    "isensee2017",
+    "transformer",
+    "mlp",
+    "BUILDERS",
+]
 
 
 @dataclass
@@ -101,6 +112,23 @@ def unet3d(size: int = 128, depth: int = 4, base: int = 32) -> TrainStep:
     )
 
 
+def isensee2017(size: int = 128, arithmetic: str = "tf1") -> TrainStep:
+    """The seed paper's 3D U-Net (3DUnetCNN's isensee2017) on ``size``^3 cubes of 4 channels.
+
+    ``arithmetic="tf1"`` normalises with keras-contrib's arithmetic, whose
+    temporaries are what the paper's real V100 held (see :mod:`tflms.zoo.isensee`).
+    """
+    return TrainStep(
+        "isensee2017",
+        f"3DUnetCNN isensee2017 (the seed paper's model: 16 base filters, depth 5, instance "
+        f"norm with {arithmetic} arithmetic, 3 segmentation levels, weighted Dice), Adam",
+        lambda shape: zoo.isensee2017(
+            size if shape is None else shape[0], batch_size=None, arithmetic=arithmetic
+        ),
+        (size, size, size, 4),
+    )
+
+
 def transformer(
     seq: int = 512, dim: int = 768, heads: int = 12, blocks: int = 12, mlp_dim: int = 3072
 ) -> TrainStep:
@@ -130,6 +158,7 @@ BUILDERS = {
     "resnet50": resnet50,
     "vgg16": vgg16,
     "unet3d": unet3d,
+    "isensee2017": isensee2017,
     "transformer": transformer,
     "mlp": mlp,
 }

@@ -178,13 +178,13 @@ def test_missing_keys_are_said_plainly_and_new_keys_are_ignored(tmp_path):
     assert rt.render_table(tmp_path, "capacity.json capacity") == full
 
     del data["summary"]
-    del data["models"]["unet3d"]["with_lms"]["nvlink2"]
+    del data["models"]["isensee2017"]["with_lms"]["nvlink2"]
     (tmp_path / "capacity.json").write_text(json.dumps(data))
     text = rt.render_table(tmp_path, "capacity.json capacity")
     assert "missing" in text
     assert (
         "has no `summary.resnet50.ratio_ours`" in text
-        and "`models.unet3d.with_lms.nvlink2.ours`" in text
+        and "`models.isensee2017.with_lms.nvlink2.ours`" in text
     )
     assert "python benchmarks/bench_capacity.py" in text
     assert "missing" in rt.render_value(tmp_path, "capacity.json summary.resnet50.ratio_ours .2f")

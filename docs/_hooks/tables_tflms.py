@@ -36,12 +36,13 @@ def _options(options) -> str:
 
 @table("capacity", "capacity.json")
 def capacity(r: Results) -> str:
-    """Largest batch / cube without and with LMS on the virtual V100, both simulators."""
+    """Largest batch / cube without and with LMS on the realistic V100-16GB, both simulators."""
     header = [
         "model (unit)",
-        "without LMS",
-        "with LMS, PCIe3 (overhead)",
-        "with LMS, NVLink2 (overhead)",
+        "without LMS (tensors only)",
+        "with LMS: best plan",
+        "PCIe3 (overhead)",
+        "NVLink2 (overhead)",
         "ratio",
         "Grappler: without / with LMS (ratio)",
         "first 2x-oversubscribed size: PCIe3 / NVLink2 overhead",
@@ -52,9 +53,15 @@ def capacity(r: Results) -> str:
         model = models[name]
         cells = []
         for link in ("pcie3", "nvlink2"):
-            best = r.get(f"models.{name}.with_lms.{link}.ours")
+            size = r.get(f"models.{name}.with_lms.{link}.ours")
             overhead = r.get(f"models.{name}.with_lms.{link}.at_ours.{link}.overhead")
-            cells.append(f"{best} ({fmt_pct(overhead)})")
+            cells.append(f"{size} ({fmt_pct(overhead)})")
+        agrees = r.get(f"models.{name}.with_lms.best.grappler_fits")
+        best = (
+            f"{r.get(f'models.{name}.with_lms.best.size')} "
+            f"({r.get(f'models.{name}.with_lms.best.plan')})"
+            + ("" if agrees is True else "; Grappler: does not fit")
+        )
         over = model.get("oversubscribed_2x", {})
         fits = [
             r.get(f"models.{name}.oversubscribed_2x.{link}.fits") for link in ("pcie3", "nvlink2")
@@ -69,7 +76,9 @@ def capacity(r: Results) -> str:
         rows.append(
             [
                 f"{model.get('description', name)} ({model.get('unit', 'size')})",
-                r.get(f"models.{name}.without_lms.ours"),
+                f"{r.get(f'models.{name}.without_lms.ours')} "
+                f"({r.get(f'models.{name}.without_lms.tensors_only')})",
+                best,
                 *cells,
                 f"{fmt_ratio(r.get(f'summary.{name}.ratio_ours'))}x ({r.get(f'summary.{name}.ratio_is')})",
                 f"{r.get(f'models.{name}.without_lms.grappler')} / "
@@ -78,32 +87,57 @@ def capacity(r: Results) -> str:
                 f"{over.get('size', MISSING)}: {at_2x}",
             ]
         )
-    targets = r.get("targets")
-    lines = [markdown_table(header, rows)]
-    if isinstance(targets, dict):
-        ratio = targets.get("ratio")
-        grappler = targets.get("ratio_grappler")
-        if isinstance(ratio, dict):
-            ratio = ", ".join(
-                f"{name} {value}x ({grappler.get(name) if isinstance(grappler, dict) else '?'}x "
-                "by Grappler)"
-                for name, value in ratio.items()
+    return markdown_table(header, rows)
+
+
+@table("capacity_plans", "capacity.json")
+def capacity_plans(r: Results) -> str:
+    """The peak of every plan tried at the largest size with LMS: the best one decides."""
+    plans = r.get("plans_tried")
+    names = list(plans) if isinstance(plans, dict) else []
+    header = ["model", "size", *names]
+    rows = []
+    models = r.get("models")
+    for name in models if isinstance(models, dict) else []:
+        peaks = r.get(f"models.{name}.with_lms.best.peaks_of_every_plan")
+        winner = r.get(f"models.{name}.with_lms.best.plan")
+        cells = [
+            (fmt_bytes(peaks.get(k)) + (" (best)" if k == winner else ""))
+            if isinstance(peaks, dict)
+            else "missing"
+            for k in names
+        ]
+        rows.append([name, r.get(f"models.{name}.with_lms.best.size"), *cells])
+    return markdown_table(header, rows)
+
+
+@table("capacity_tuned_grappler", "capacity.json")
+def capacity_tuned_grappler(r: Results) -> str:
+    """Plans tuned with the defaults (10% margin) against the device, by us and by Grappler."""
+    header = [
+        "model",
+        "size",
+        "tuned plan's peak (ours)",
+        "Grappler's (same terms)",
+        "fits: ours / Grappler",
+    ]
+    rows = []
+    models = r.get("models")
+    for name in models if isinstance(models, dict) else []:
+        for row in r.get(f"models.{name}.tuned_in_grappler") or []:
+            if not row.get("feasible"):
+                rows.append([name, row["size"], "no plan fits with the margin", "", ""])
+                continue
+            rows.append(
+                [
+                    name,
+                    row["size"],
+                    fmt_bytes(row["peak_bytes"]),
+                    f"{fmt_bytes(row['grappler_peak_bytes'])} ({fmt_pct(row['grappler_over_ours'], '+.1%')})",
+                    f"{_yes(row['within_budget_ours'])} / {_yes(row['within_budget_grappler'])}",
+                ]
             )
-        else:
-            ratio = f"{ratio}x"
-        lines.append(
-            f"Targets: ratio {ratio}; at a {targets.get('oversubscription')}x "
-            f"oversubscribed size, overhead <= {fmt_pct(targets.get('overhead_nvlink2'), '.0%')} "
-            f"over NVLink2 and <= {fmt_pct(targets.get('overhead_pcie3'), '.0%')} over PCIe3. Met: "
-            + "; ".join(
-                f"{name} ratio {_yes(r.get(f'summary.{name}.target_ratio_met'))} "
-                f"(Grappler {_yes(r.get(f'summary.{name}.target_ratio_grappler_met'))}), "
-                f"overhead {_yes(r.get(f'summary.{name}.target_overhead_met'))}"
-                for name in (models if isinstance(models, dict) else [])
-            )
-            + "."
-        )
-    return "\n\n".join(lines)
+    return markdown_table(header, rows)
 
 
 def _yes(value) -> str:

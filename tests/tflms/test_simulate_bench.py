@@ -40,13 +40,21 @@ def test_fidelity_within_ten_percent_of_grappler():
 def test_capacity_reports_both_judges_and_both_links():
     data = _load("capacity.json")
 
-    assert data["simulated"] is True
-    for name in ("resnet50", "unet3d"):
+    assert data["simulated"] is True and "realistic" in data["device"]
+    for name in ("resnet50", "isensee2017"):
         model = data["models"][name]
         assert model["without_lms"]["ours"] > 0 and model["without_lms"]["grappler"] > 0
+        best = model["with_lms"]["best"]
+        # the best of every plan tried decides the size (point 5 of issue 23)
+        assert best["peak_bytes_instant_copies"] == min(best["peaks_of_every_plan"].values())
+        assert best["peak_bytes_instant_copies"] <= data["budget_bytes"]
+        assert isinstance(best["grappler_fits"], bool)
         for link in ("pcie3", "nvlink2"):
             point = model["with_lms"][link]
             assert point["ours"] >= model["without_lms"]["ours"]
-            assert "grappler_peak_with_variables_bytes" in point["at_ours"][link]
+            assert "grappler_peak_bytes" in point["at_ours"][link]
         assert model["with_lms"]["grappler"]["size"] >= model["without_lms"]["grappler"]
         assert set(data["summary"][name]) >= {"ratio_ours", "ratio_grappler"}
+        assert model["tuned_in_grappler"]
+    assert data["summary"]["resnet50"]["target_ratio_met"]  # >= 4.7x, the TFLMS paper
+    assert data["summary"]["isensee2017"]["largest_with_lms"] >= 208
