@@ -343,8 +343,11 @@ class Negotiator:
                 raise StallError(message)
             waiter.pause()
         verdicts = self._compare()
+        groups: dict[tuple[int, int, str], set[int]] = {}  # one payload per distinct verdict
         for rank in range(1, self.size):
-            sends += self._tell({rank}, *verdicts[rank])
+            groups.setdefault(verdicts[rank], set()).add(rank)
+        for verdict, ranks in groups.items():
+            sends += self._tell(ranks, *verdict)
         MPI.Request.Waitall(sends)
         return verdicts[0]
 

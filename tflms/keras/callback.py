@@ -99,8 +99,8 @@ class _Kept:
         )
 
     @classmethod
-    def of(cls, model, config: LMSConfig, batch_size: int | None, function) -> _Kept:
-        return cls(weakref.ref(model), cls._key(model, config, batch_size), function)
+    def of(cls, model, config: LMSConfig, batch_size: int | None, function, traces) -> _Kept:
+        return cls(weakref.ref(model), cls._key(model, config, batch_size), function, traces)
 
     def matches(self, model, config: LMSConfig, batch_size: int | None) -> bool:
         return self.model() is model and self.key == self._key(model, config, batch_size)
@@ -124,8 +124,9 @@ class _RewritingTrainStep:
         lms = LMS(self.callback.config)
         callback = self.callback
         batch_size, source = callback.batch_size, callback.batch_source
-        if batch_size is None and leading_dim(data):  # the traced step's own batch dimension
-            batch_size, source = leading_dim(data), "the traced step's input tensors"
+        traced = leading_dim(data) if batch_size is None else None
+        if traced:  # the traced step's own batch dimension
+            batch_size, source = traced, "the traced step's input tensors"
         plan = lms.run(graph, batch_size=batch_size, batch_source=source)
         shapes = tuple(
             tuple(t.shape.as_list()) if t.shape.rank is not None else None
@@ -360,8 +361,9 @@ class LMSCallback(keras.callbacks.Callback):
             self._session.restore()
             self._session = None
         if self._function is not None and self.traces:  # kept for the next fit of this model
-            self._kept = _Kept.of(self.model, self.config, self.batch_size, self._function)
-            self._kept.traces = self.traces
+            self._kept = _Kept.of(
+                self.model, self.config, self.batch_size, self._function, self.traces
+            )
 
     # -------------------------------------------------------------- internals
     def _add_trace(self, trace: Trace) -> None:
