@@ -132,3 +132,89 @@ def test_autotune_judges_a_gpu_preset_realistically_and_bytes_by_tensors():
         view, tensors_peak, config=tflms.LMSConfig(min_tensor_bytes=0), safety_margin=0
     )
     assert in_bytes.result.accounting == "tensors" and not in_bytes.lms_needed
+
+
+def test_a_calibrated_stack_names_its_fitted_term_and_the_sourced_one_has_none():
+    view = training_chain(4)
+    sourced = tflms.simulate(view, link="ideal", stack="tf1")
+    stack = gpu_memory.calibrated("tf1", 1.5, "a test")
+    fitted = tflms.simulate(view, link="ideal", stack=stack)
+    assert "calibration" not in sourced.memory_terms
+    terms = fitted.memory_terms
+    assert list(terms)[3:5] == ["tensors", "calibration"]
+    assert terms["tensors"] == sourced.memory_terms["tensors"]
+    assert terms["calibration"] == round(0.5 * terms["tensors"])
+    assert sum(terms.values()) == fitted.device_peak_bytes
+    assert fitted.device_peak_bytes == sourced.device_peak_bytes + terms["calibration"]
+    assert fitted.stack == "tf1+calibrated"
+    assert "calibration (fitted, not sourced)" in fitted.summary()
+    # the timeline carries the fitted memory too
+    assert max(fitted.timeline_device) > max(sourced.timeline_device)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("tf1", 0.9, "x"), "finite number >= 1.0"),
+        (("tf1", float("nan"), "x"), "finite number >= 1.0"),
+        (("tf1", True, "x"), "finite number >= 1.0"),
+        (("tf1", 1.2, " "), "fitted_on must say"),
+        ((gpu_memory.calibrated("tf2", 1.2, "x"), 1.1, "y"), "already calibrated"),
+        (("tf3", 1.2, "x"), "Known: tf2, tf1"),
+    ],
+)
+def test_calibration_refuses_what_it_cannot_mean(args, match):
+    with pytest.raises(ConfigError, match=match):
+        gpu_memory.calibrated(*args)
+
+
+def _chain(size: int, layers: int = 5):
+    """A training chain (as ``training_chain``) whose activations have ``size`` bytes."""
+    nodes = [("x", size)] + [(f"f{i}", size) for i in range(1, layers + 1)]
+    nodes += [(f"b{i}", size) for i in range(layers, 0, -1)]
+    edges = [("x", "f1", 0)] + [(f"f{i - 1}", f"f{i}", 0) for i in range(2, layers + 1)]
+    edges += [(f"f{layers}", f"b{layers}", 0)]
+    edges += [(f"b{i + 1}", f"b{i}", 0) for i in range(1, layers)]
+    edges += [(f"f{i}", f"b{i}", 1) for i in range(1, layers)]
+    return make_view(nodes, edges)
+
+
+def test_autotune_plans_for_the_calibrated_memory():
+    # a 5-layer training chain of activations an eighth of the allocator's
+    # limit fits the sourced model; times a fitted 1.6 it does not, and swaps
+    # of the early activations bring it back under the device's memory
+    view = _chain(gpu_memory.allocator_limit(V100, "tf1") // 8)
+    config = tflms.LMSConfig(min_tensor_bytes=0, swapout_threshold=1, swapin_ahead=1)
+    sourced = tflms.autotune(view, "V100-16GB", config=config, safety_margin=0, stack="tf1")
+    assert not sourced.lms_needed
+    stack = gpu_memory.calibrated("tf1", 1.6, "a test")
+    assert not tflms.simulate(view, stack=stack).fits(V100.memory_bytes)
+    fitted = tflms.autotune(
+        view, "V100-16GB", config=config, safety_margin=0, stack=stack, link="ideal"
+    )
+    assert fitted.lms_needed and fitted.plan.swaps
+    assert fitted.result.memory_terms["calibration"] > 0
+    assert fitted.result.device_peak_bytes <= V100.memory_bytes
+
+
+def test_a_factor_fitted_to_a_boundary_reproduces_it():
+    # on "a real GPU" the chain trained with 1/10-limit activations and ran out
+    # of memory with 1/8: the sourced model says both fit
+    limit = gpu_memory.allocator_limit(V100, "tf1")
+    small, large = _chain(limit // 10), _chain(limit // 8)
+    fit_terms = tflms.simulate(small, link="ideal", stack="tf1").memory_terms
+    no_fit_terms = tflms.simulate(large, link="ideal", stack="tf1").memory_terms
+    fit = gpu_memory.fit_tensor_factor(fit_terms, no_fit_terms, V100.memory_bytes)
+    assert 1.0 < fit.low < fit.fitted <= fit.high
+    stack = gpu_memory.calibrated("tf1", fit.fitted, "the chain: 1/10 fits, 1/8 does not")
+    assert tflms.simulate(small, link="ideal", stack=stack).fits(V100.memory_bytes)
+    assert not tflms.simulate(large, link="ideal", stack=stack).fits(V100.memory_bytes)
+    with pytest.raises(ConfigError, match="largest size that fit first"):
+        gpu_memory.fit_tensor_factor(no_fit_terms, fit_terms, V100.memory_bytes)
+    with pytest.raises(ConfigError, match="with accounting='realistic'"):
+        gpu_memory.fit_tensor_factor({"tensors": 0}, no_fit_terms, V100.memory_bytes)
+    calibrated_terms = tflms.simulate(large, link="ideal", stack=stack).memory_terms
+    with pytest.raises(ConfigError, match="from a calibrated stack"):
+        gpu_memory.fit_tensor_factor(fit_terms, calibrated_terms, V100.memory_bytes)
+    with pytest.raises(ConfigError, match="not optimistic here"):
+        gpu_memory.fit_tensor_factor(fit_terms, no_fit_terms, V100.memory_bytes // 2)

@@ -39,6 +39,13 @@ number from a source (listed in :data:`SOURCES`):
     charged here only where it fits under the allocator's limit
     (:func:`conv_workspace_bytes` gives its size for an explicit-GEMM
     algorithm, the largest common one).
+``calibration``
+    Not sourced, and absent unless asked for: a stack made by
+    :func:`calibrated` multiplies the tensors term by a factor fitted to
+    real measurements (``tensor_factor``), for the memory a real GPU was
+    seen to hold that no term above explains. ``benchmarks/bench_real_anchors.py``
+    fits it to published boundaries, each time holding another one out; the
+    default model never uses it.
 
 Example:
     >>> from tflms.cost.hardware import get_device
@@ -51,7 +58,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tflms.cost.hardware import DeviceModel
 from tflms.errors import ConfigError
@@ -61,10 +68,13 @@ __all__ = [
     "STACKS",
     "GPU_FACTS",
     "GPUFacts",
+    "FactorFit",
     "SoftwareStack",
     "allocator_limit",
+    "calibrated",
     "conv_kind",
     "conv_workspace_bytes",
+    "fit_tensor_factor",
     "get_stack",
     "process_terms",
 ]
@@ -154,6 +164,9 @@ class SoftwareStack:
         workspace_limit_bytes: cuDNN's workspace limit
             (``TF_CUDNN_WORKSPACE_LIMIT_IN_MB``).
         sources: the :data:`SOURCES` keys behind the numbers.
+        tensor_factor: 1.0 for every sourced stack; a :func:`calibrated`
+            stack's fitted multiplier of the tensors term.
+        fitted_on: what ``tensor_factor`` was fitted to (empty when 1.0).
     """
 
     name: str
@@ -161,6 +174,8 @@ class SoftwareStack:
     reserve_rule: str
     workspace_limit_bytes: int = 4 * GIB
     sources: tuple[str, ...] = ()
+    tensor_factor: float = 1.0
+    fitted_on: str = ""
 
 
 STACKS: dict[str, SoftwareStack] = {
@@ -194,6 +209,140 @@ def get_stack(stack: str | SoftwareStack) -> SoftwareStack:
             "on CUDA 12; tf1: TensorFlow 1.x on CUDA 9/10)."
         )
     return STACKS[stack]
+
+
+def calibrated(stack: str | SoftwareStack, tensor_factor: float, fitted_on: str) -> SoftwareStack:
+    """``stack`` with its tensors term multiplied by a factor fitted to real measurements.
+
+    The realistic model counts only what a source explains; when real GPUs
+    run out of memory where it still finds room (see ``docs/real-anchors.md``),
+    a factor fitted to those measurements gives a verdict that agrees with
+    them. The result names the extra memory as its own term,
+    ``calibration`` (``(tensor_factor - 1)`` times the tensors term, variables
+    included), so a calibrated figure is never mistaken for a sourced one.
+
+    Args:
+        stack: the sourced stack to calibrate (a :data:`STACKS` name or a stack).
+        tensor_factor: the fitted multiplier, at least 1.0 (the sourced model
+            is optimistic, never pessimistic, on every known anchor).
+        fitted_on: the measurements it was fitted to, recorded with the figures.
+
+    Returns:
+        A :class:`SoftwareStack` named ``"<stack>+calibrated"``; pass it as
+        ``stack=`` to :func:`tflms.simulate` or :func:`tflms.autotune`.
+
+    Raises:
+        ConfigError: the factor is not a finite number >= 1, ``fitted_on`` is
+            empty, or ``stack`` is already calibrated.
+
+    Example:
+        >>> stack = calibrated("tf1", 1.5, "two 2018 V100 boundaries")
+        >>> stack.name, stack.tensor_factor, stack.context_bytes == STACKS["tf1"].context_bytes
+        ('tf1+calibrated', 1.5, True)
+    """
+    base = get_stack(stack)
+    if base.tensor_factor != 1.0:
+        raise ConfigError(
+            f"Stack {base.name!r} is already calibrated (tensor_factor={base.tensor_factor}); "
+            "calibrate a sourced stack (tf1 or tf2) instead."
+        )
+    if (
+        isinstance(tensor_factor, bool)
+        or not isinstance(tensor_factor, (int, float))
+        or not 1.0 <= tensor_factor < float("inf")
+    ):
+        raise ConfigError(
+            f"tensor_factor must be a finite number >= 1.0 (1.0: the sourced model). "
+            f"Received tensor_factor={tensor_factor!r}."
+        )
+    if not isinstance(fitted_on, str) or not fitted_on.strip():
+        raise ConfigError(
+            "fitted_on must say which measurements the factor was fitted to, e.g. "
+            "'IBM Keras_ResNet50 on a V100-16GB: 2300 fits, 2400 does not'."
+        )
+    return replace(
+        base,
+        name=f"{base.name}+calibrated",
+        tensor_factor=float(tensor_factor),
+        fitted_on=fitted_on,
+    )
+
+
+@dataclass(frozen=True)
+class FactorFit:
+    """The tensor factors with which the realistic model reproduces one real boundary.
+
+    Attributes:
+        low: the factor must exceed this for the first size that did not fit
+            to be judged too large.
+        high: the factor must not exceed this for the largest size that fit
+            to be judged fitting.
+        fitted: the middle of ``(low, high]``, at least 1.0: the value to
+            pass to :func:`calibrated`.
+    """
+
+    low: float
+    high: float
+    fitted: float
+
+
+def fit_tensor_factor(fit_terms: dict, no_fit_terms: dict, memory_bytes: int) -> FactorFit:
+    """Fit :func:`calibrated`'s factor to a boundary measured on a real GPU.
+
+    Simulate the largest size (batch, resolution) that trained on the GPU and
+    the first that ran out of memory, with the sourced realistic model
+    (``SimulationResult.memory_terms``), and pass both. Every term but the
+    tensors is taken as simulated (cuDNN workspaces, being elastic, can only
+    shrink), so check the fitted stack by simulating both sizes again.
+
+    Args:
+        fit_terms: ``memory_terms`` of the largest size that fit.
+        no_fit_terms: ``memory_terms`` of the first size that did not.
+        memory_bytes: the GPU's memory (``DeviceModel.memory_bytes``).
+
+    Returns:
+        A :class:`FactorFit`.
+
+    Raises:
+        ConfigError: a terms dict without ``tensors`` (not a realistic
+            simulation), already calibrated, sizes in the wrong order, or a
+            boundary no factor >= 1 reproduces (the sourced model already
+            judges the fitting size too large: it is not optimistic there).
+
+    Example:
+        >>> GiB = 1 << 30
+        >>> fit = fit_tensor_factor({"tensors": 8 * GiB, "driver": 2 * GiB},
+        ...                         {"tensors": 10 * GiB, "driver": 2 * GiB}, 16 * GiB)
+        >>> fit.low, fit.high, fit.fitted
+        (1.4, 1.75, 1.575)
+    """
+    for name, terms in (("fit_terms", fit_terms), ("no_fit_terms", no_fit_terms)):
+        if not isinstance(terms, dict) or not terms.get("tensors"):
+            raise ConfigError(
+                f"{name} must be the memory_terms of a realistic simulation (with a 'tensors' "
+                "term); simulate with accounting='realistic' on a GPU preset."
+            )
+        if "calibration" in terms:
+            raise ConfigError(
+                f"{name} comes from a calibrated stack; fit with the sourced one (tf1 or tf2)."
+            )
+
+    def threshold(terms: dict) -> float:
+        other = sum(terms.values()) - terms["tensors"]
+        return (memory_bytes - other) / terms["tensors"]
+
+    if no_fit_terms["tensors"] <= fit_terms["tensors"]:
+        raise ConfigError(
+            "The size that did not fit holds no more tensors than the one that did; pass the "
+            "largest size that fit first and the first size that did not second."
+        )
+    low, high = threshold(no_fit_terms), threshold(fit_terms)
+    if high < 1.0:
+        raise ConfigError(
+            f"The sourced model already judges the size that fit too large (it would need a "
+            f"factor of {high:.3f} < 1): it is not optimistic here, and no calibration is needed."
+        )
+    return FactorFit(round(low, 4), round(high, 4), round(max(1.0, (low + high) / 2), 4))
 
 
 def _facts(device: DeviceModel) -> GPUFacts:

@@ -122,7 +122,8 @@ class MemoryTrace:
             Grappler's accounting).
         terms: under ``"realistic"``, the device peak by term (bytes, in
             order: driver, cuda_context, tensorflow_reserve, tensors,
-            workspace, allocator); empty otherwise.
+            calibration (only for a calibrated stack), workspace, allocator);
+            empty otherwise.
         allocator_limit: under ``"realistic"``, the bytes TensorFlow's
             allocator may hand out (:func:`tflms.cost.gpu_memory.allocator_limit`).
     """
@@ -490,6 +491,7 @@ def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack)
     process = gpu_memory.process_terms(graph.device, stack)
     limit = gpu_memory.allocator_limit(graph.device, stack)
     constant = sum(process.values())
+    extra = gpu_memory.get_stack(stack).tensor_factor - 1.0  # a calibrated stack's factor
     bfc = BFCModel(1 << 50, allow_growth=False)  # one region; its high-water is what is needed
     variables = 0
     for size in variable_sizes(graph):
@@ -506,7 +508,7 @@ def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack)
             if phase == 1:
                 ops.append(order[pos])
                 times.append(t)
-                device.append(constant + bfc.in_use)
+                device.append(constant + bfc.in_use + round(extra * tensors))
                 host.append(host_used)
             continue
         space, nbytes = b_space[b], b_bytes[b]
@@ -514,7 +516,7 @@ def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack)
             host_used += sign * nbytes
         elif space == "workspace":
             if sign > 0:
-                handle = bfc.allocate(nbytes, below=limit)
+                handle = bfc.allocate(nbytes, below=limit - round(extra * tensors))
                 if handle is not None:
                     handles[b] = handle
                     workspace += nbytes
@@ -531,10 +533,9 @@ def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack)
         if bfc.high_water > high:
             high, workspace_at_high = bfc.high_water, workspace
     charged = max(0, min(workspace_at_high, high - tensor_peak))
-    terms = {
-        **process,
-        "tensors": tensor_peak,
-        "workspace": charged,
-        "allocator": high - tensor_peak - charged,
-    }
+    terms = {**process, "tensors": tensor_peak}
+    if extra:
+        terms["calibration"] = round(extra * tensor_peak)
+    terms["workspace"] = charged
+    terms["allocator"] = high - tensor_peak - charged
     return ops, times, device, host, terms, limit

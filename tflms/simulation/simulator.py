@@ -105,7 +105,9 @@ class SimulationResult:
         memory_terms: under ``accounting="realistic"``, ``device_peak_bytes``
             by term (bytes): ``driver``, ``cuda_context``,
             ``tensorflow_reserve``, ``tensors``, ``workspace``, ``allocator``
-            (see :mod:`tflms.cost.gpu_memory`); empty otherwise.
+            (see :mod:`tflms.cost.gpu_memory`), and ``calibration`` after
+            ``tensors`` for a calibrated stack (fitted, not sourced); empty
+            otherwise.
         allocator_limit_bytes: under ``"realistic"``, what TensorFlow's
             allocator may hand out on this device (the rest of its memory
             goes to the first three terms).
@@ -183,6 +185,7 @@ class SimulationResult:
                 "cuda_context": "CUDA context",
                 "tensorflow_reserve": "TensorFlow's reserve",
                 "tensors": "tensors",
+                "calibration": "calibration (fitted, not sourced)",
                 "workspace": "cuDNN workspace",
                 "allocator": "allocator rounding and fragmentation",
             }
