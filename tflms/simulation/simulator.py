@@ -339,7 +339,10 @@ def simulate(
         stack: the software stack whose non-tensor terms ``"realistic"``
             counts: ``"tf2"`` (TensorFlow 2.x on CUDA 12, the default) or
             ``"tf1"`` (TensorFlow 1.x on CUDA 9/10, the published
-            measurements' era; :data:`tflms.cost.gpu_memory.STACKS`).
+            measurements' era; :data:`tflms.cost.gpu_memory.STACKS`), or a
+            stack calibrated to real measurements
+            (:func:`tflms.cost.gpu_memory.calibrated`), whose fitted extra
+            memory is the ``calibration`` term.
 
     Returns:
         A :class:`SimulationResult`.

@@ -64,7 +64,7 @@ import networkx as nx
 import tensorflow as tf
 
 from tflms.config import LMSConfig
-from tflms.cost.gpu_memory import GPU_FACTS
+from tflms.cost.gpu_memory import GPU_FACTS, SoftwareStack
 from tflms.cost.hardware import DEVICES, LINKS, DeviceModel, LinkModel, get_device, get_link
 from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
@@ -223,7 +223,7 @@ def autotune(
     safety_margin: float | None = None,
     robust: bool = True,
     accounting: Accounting | None = None,
-    stack: str = "tf2",
+    stack: str | SoftwareStack = "tf2",
 ) -> AutotuneResult:
     """Find the swap plan that fits ``budget`` with the lowest predicted overhead.
 
@@ -251,7 +251,8 @@ def autotune(
             for a budget in bytes or a custom ``DeviceModel``) or ``"grappler"`` (to find plans that Grappler's estimate
             accepts).
         stack: the software stack whose terms ``"realistic"`` counts
-            (:data:`tflms.cost.gpu_memory.STACKS`).
+            (:data:`tflms.cost.gpu_memory.STACKS`), or a calibrated one
+            (:func:`tflms.cost.gpu_memory.calibrated`).
 
     Returns:
         An :class:`AutotuneResult`.

@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass
 
 from tflms.config import LMSConfig
+from tflms.cost.gpu_memory import SoftwareStack
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.allocator import Accounting
 from tflms.simulation.schedule import CompiledGraph, Schedule, compile_view, first_ready
@@ -104,7 +105,7 @@ class Search:
         link,
         robust=True,
         accounting: Accounting | None = None,
-        stack: str = "tf2",
+        stack: str | SoftwareStack = "tf2",
     ):
         self.view, self.base, self.usable = view, config, usable
         self.device, self.link = device, link
