@@ -168,22 +168,11 @@ def test_calibration_refuses_what_it_cannot_mean(args, match):
         gpu_memory.calibrated(*args)
 
 
-def _chain(size: int, layers: int = 5):
-    """A training chain (as ``training_chain``) whose activations have ``size`` bytes."""
-    nodes = [("x", size)] + [(f"f{i}", size) for i in range(1, layers + 1)]
-    nodes += [(f"b{i}", size) for i in range(layers, 0, -1)]
-    edges = [("x", "f1", 0)] + [(f"f{i - 1}", f"f{i}", 0) for i in range(2, layers + 1)]
-    edges += [(f"f{layers}", f"b{layers}", 0)]
-    edges += [(f"b{i + 1}", f"b{i}", 0) for i in range(1, layers)]
-    edges += [(f"f{i}", f"b{i}", 1) for i in range(1, layers)]
-    return make_view(nodes, edges)
-
-
 def test_autotune_plans_for_the_calibrated_memory():
     # a 5-layer training chain of activations an eighth of the allocator's
     # limit fits the sourced model; times a fitted 1.6 it does not, and swaps
     # of the early activations bring it back under the device's memory
-    view = _chain(gpu_memory.allocator_limit(V100, "tf1") // 8)
+    view = training_chain(5, gpu_memory.allocator_limit(V100, "tf1") // 8)
     config = tflms.LMSConfig(min_tensor_bytes=0, swapout_threshold=1, swapin_ahead=1)
     sourced = tflms.autotune(view, "V100-16GB", config=config, safety_margin=0, stack="tf1")
     assert not sourced.lms_needed
@@ -201,7 +190,7 @@ def test_a_factor_fitted_to_a_boundary_reproduces_it():
     # on "a real GPU" the chain trained with 1/10-limit activations and ran out
     # of memory with 1/8: the sourced model says both fit
     limit = gpu_memory.allocator_limit(V100, "tf1")
-    small, large = _chain(limit // 10), _chain(limit // 8)
+    small, large = training_chain(5, limit // 10), training_chain(5, limit // 8)
     fit_terms = tflms.simulate(small, link="ideal", stack="tf1").memory_terms
     no_fit_terms = tflms.simulate(large, link="ideal", stack="tf1").memory_terms
     fit = gpu_memory.fit_tensor_factor(fit_terms, no_fit_terms, V100.memory_bytes)

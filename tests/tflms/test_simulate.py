@@ -71,10 +71,10 @@ def chain(n: int, nbytes: int = A):
     return nodes, edges
 
 
-def training_chain(layers: int):
-    """x -> f1..fL -> bL..b1; b_i reads f_i and b_(i+1) (bL reads fL twice)."""
-    nodes = [("x", A)] + [(f"f{i}", A) for i in range(1, layers + 1)]
-    nodes += [(f"b{i}", A) for i in range(layers, 0, -1)]
+def training_chain(layers: int, size: int = A):
+    """x -> f1..fL -> bL..b1; b_i reads f_i and b_(i+1) (bL reads fL twice); ``size`` bytes each."""
+    nodes = [("x", size)] + [(f"f{i}", size) for i in range(1, layers + 1)]
+    nodes += [(f"b{i}", size) for i in range(layers, 0, -1)]
     edges = [("x", "f1", 0)] + [(f"f{i - 1}", f"f{i}", 0) for i in range(2, layers + 1)]
     edges += [(f"f{layers}", f"b{layers}", 0)]
     edges += [(f"b{i + 1}", f"b{i}", 0) for i in range(1, layers)]
