@@ -9,10 +9,84 @@ Example:
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
+from tflms.errors import ConfigError
 from tflms.zoo.compiling import compiled
 
-__all__ = ["cnn", "resnet", "resnet50", "vgg16"]
+__all__ = ["FusedBatchNormalization", "cnn", "resnet", "resnet50", "vgg16"]
+
+BATCH_NORMS = ("keras3", "fused")
+"""Values of :func:`resnet50`'s ``batch_norm``."""
+
+
+class FusedBatchNormalization(keras.layers.Layer):
+    """Batch normalization over the last axis of a 4-D input as one fused TensorFlow kernel.
+
+    What ``tf.keras`` ran under TensorFlow 1.x and 2.x (``fused=True`` was
+    chosen for 4-D channels-last inputs): ``FusedBatchNormV3`` in training,
+    whose gradient reads the input and the kernel's saved mean and inverse
+    variance only. Keras 3's ``BatchNormalization`` computes the moments and
+    the normalization as separate ops, and its gradient keeps their
+    temporaries. The parameters and the moving statistics are those of
+    ``keras.layers.BatchNormalization(axis=-1)``, so a model's weights load
+    into either, and the outputs and gradients agree to float rounding; the
+    moving variance is updated with the kernel's batch variance, which
+    carries Bessel's correction (``tf.keras``'s fused path did the same;
+    Keras 3 uses the biased one).
+
+    Args:
+        momentum: momentum of the moving statistics.
+        epsilon: added to the variance.
+        **kwargs: ``keras.layers.Layer`` arguments (``name``...).
+    """
+
+    def __init__(self, momentum: float = 0.99, epsilon: float = 1e-3, **kwargs):
+        super().__init__(**kwargs)
+        self.momentum = momentum
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        if len(input_shape) != 4:
+            raise ConfigError(
+                f"FusedBatchNormalization needs a 4-D (batch, height, width, channels) input; "
+                f"got shape {tuple(input_shape)}. Use keras.layers.BatchNormalization."
+            )
+        channels = (input_shape[-1],)
+        self.gamma = self.add_weight(shape=channels, initializer="ones", name="gamma")
+        self.beta = self.add_weight(shape=channels, initializer="zeros", name="beta")
+        self.moving_mean = self.add_weight(
+            shape=channels, initializer="zeros", name="moving_mean", trainable=False
+        )
+        self.moving_variance = self.add_weight(
+            shape=channels, initializer="ones", name="moving_variance", trainable=False
+        )
+
+    def call(self, inputs, training=False, mask=None):  # mask: passed by Keras, unused
+        if training:
+            y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+                inputs, self.gamma, self.beta, epsilon=self.epsilon, is_training=True
+            )
+            keep = self.momentum
+            self.moving_mean.assign(self.moving_mean * keep + mean * (1 - keep))
+            self.moving_variance.assign(self.moving_variance * keep + variance * (1 - keep))
+            return y
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            inputs,
+            self.gamma,
+            self.beta,
+            mean=self.moving_mean,
+            variance=self.moving_variance,
+            epsilon=self.epsilon,
+            is_training=False,
+        )
+        return y
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "momentum": self.momentum, "epsilon": self.epsilon}
 
 
 def _sparse_logits():
@@ -94,7 +168,14 @@ def resnet(
     return compiled(keras.Model(inp, out, name="resnet"), _sparse_logits(), optimizer)
 
 
-def resnet50(image: int = 224, *, classes: int = 1000, optimizer: str = "sgd", seed: int = 0):
+def resnet50(
+    image: int = 224,
+    *,
+    classes: int = 1000,
+    optimizer: str = "sgd",
+    seed: int = 0,
+    batch_norm: str = "keras3",
+):
     """``keras.applications.ResNet50`` (no weights downloaded) on ``image`` x ``image`` RGB.
 
     Args:
@@ -102,15 +183,34 @@ def resnet50(image: int = 224, *, classes: int = 1000, optimizer: str = "sgd", s
         classes: output classes (softmax, sparse labels).
         optimizer: ``"sgd"``, ``"adam"`` or ``"rmsprop"``.
         seed: Keras' random seed for the initial weights.
+        batch_norm: ``"keras3"``: Keras 3's ``BatchNormalization``;
+            ``"fused"``: every one replaced by :class:`FusedBatchNormalization`
+            (same weights), the fused kernel ``tf.keras`` ran under TensorFlow
+            1.x, as in the published ResNet50 measurements.
 
     Returns:
         The compiled model.
+
+    Raises:
+        ConfigError: an unknown ``batch_norm``.
     """
+    if batch_norm not in BATCH_NORMS:
+        raise ConfigError(f"batch_norm must be one of {BATCH_NORMS}. Received {batch_norm!r}.")
     keras.utils.set_random_seed(seed)
     model = keras.applications.ResNet50(
         weights=None, input_shape=(image, image, 3), classes=classes
     )
+    if batch_norm == "fused":
+        model = keras.models.clone_model(model, clone_function=_fused_batch_norm)
     return compiled(model, keras.losses.SparseCategoricalCrossentropy(), optimizer)
+
+
+def _fused_batch_norm(layer):
+    if isinstance(layer, keras.layers.BatchNormalization):
+        return FusedBatchNormalization(
+            momentum=layer.momentum, epsilon=layer.epsilon, name=layer.name
+        )
+    return layer.__class__.from_config(layer.get_config())
 
 
 def vgg16(image: int = 224, *, classes: int = 1000, optimizer: str = "sgd", seed: int = 0):
