@@ -134,6 +134,14 @@ class LMSConfig:
     miss: cuDNN/cuBLAS workspaces, allocator fragmentation and rounding,
     tensors of unknown size. With 0.1 a 16 GiB budget plans for 14.4 GiB."""
 
+    tensor_factor: float = 1.0
+    """Calibration of the realistic memory model (a ``memory_budget`` that
+    names a GPU preset) to your own GPU: the tensors term is multiplied by
+    this factor, and the extra memory is reported as the ``calibration``
+    term. Fit it with ``tflms.cost.gpu_memory.fit_tensor_factor`` from the
+    largest batch that trained and the first that ran out of memory (see the
+    docs page "The simulator against real GPUs"). 1.0: the sourced model."""
+
     link: str = "pcie3"
     """Host link the auto-tuner times swap copies with: ``"pcie3"``,
     ``"pcie4"``, ``"pcie5"``, ``"nvlink2"`` or ``"ideal"``."""
@@ -221,6 +229,27 @@ class LMSConfig:
                 "0.1 keeps 10% of the budget free for workspaces and fragmentation.",
             )
         object.__setattr__(self, "safety_margin", float(margin))
+        factor = self.tensor_factor
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, numbers.Real)
+            or not 1.0 <= factor < float("inf")
+        ):
+            raise _fail(
+                "tensor_factor",
+                factor,
+                "a finite number >= 1.0",
+                "1.0 is the sourced model; fit yours with tflms.cost.gpu_memory.fit_tensor_factor.",
+            )
+        object.__setattr__(self, "tensor_factor", float(factor))
+        if self.tensor_factor != 1.0 and self.memory_budget is None:
+            raise _fail(
+                "tensor_factor",
+                factor,
+                "1.0 unless memory_budget is set",
+                "The factor calibrates the memory model the auto-tuner plans with; set "
+                "memory_budget to your GPU's preset as well (memory_budget='V100-16GB').",
+            )
         if not isinstance(self.link, str) or self.link.lower() not in LINKS:
             raise _fail("link", self.link, f"one of {sorted(LINKS)}", 'Example: link="nvlink2".')
         object.__setattr__(self, "link", self.link.lower())

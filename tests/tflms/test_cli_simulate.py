@@ -103,3 +103,24 @@ def test_a_model_that_fits_the_budget_needs_no_rewrite(capsys, models, tmp_path)
     code, _, err = run(capsys, "rewrite", models["tf2"], tmp_path / "x", "--budget", "80GiB")
     assert code == ExitCode.NOTHING_TO_SWAP and "LMS is not needed" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_calibrated_budget_reports_the_fitted_term(capsys, models):
+    code, out, _ = run(
+        capsys,
+        "simulate",
+        models["tf2"],
+        "--budget",
+        "V100-16GB",
+        "--tensor-factor",
+        "1.5",
+        "--json",
+    )
+    assert code == ExitCode.OK
+    (graph,) = json.loads(out)["graphs"].values()
+    terms = graph["simulation"]["memory_terms"]
+    assert terms["calibration"] == round(0.5 * terms["tensors"])
+    assert graph["simulation"]["stack"] == "tf2+calibrated"
+    # the factor alone calibrates nothing: the command says what is missing
+    code, _, err = run(capsys, "simulate", models["tf2"], "--tensor-factor", "1.5")
+    assert code == ExitCode.USAGE and "set memory_budget" in err

@@ -207,3 +207,39 @@ def test_a_factor_fitted_to_a_boundary_reproduces_it():
         gpu_memory.fit_tensor_factor(fit_terms, calibrated_terms, V100.memory_bytes)
     with pytest.raises(ConfigError, match="not optimistic here"):
         gpu_memory.fit_tensor_factor(fit_terms, no_fit_terms, V100.memory_bytes // 2)
+
+
+def test_lms_config_tensor_factor_calibrates_what_the_auto_tuner_plans_with():
+    view = training_chain(5, gpu_memory.allocator_limit(V100, "tf2") // 8)
+    options = dict(min_tensor_bytes=0, swapout_threshold=1, swapin_ahead=1)
+    config = tflms.LMSConfig(memory_budget="V100-16GB", tensor_factor=1.6, **options)
+    by_config = tflms.autotune(view, config=config, safety_margin=0, link="ideal")
+    stack = gpu_memory.calibrated("tf2", 1.6, "the same factor, given as a stack")
+    by_stack = tflms.autotune(
+        view,
+        "V100-16GB",
+        config=tflms.LMSConfig(**options),
+        safety_margin=0,
+        link="ideal",
+        stack=stack,
+    )
+    assert by_config.lms_needed and by_config.result.stack == "tf2+calibrated"
+    assert by_config.result.device_peak_bytes == by_stack.result.device_peak_bytes
+    assert by_config.plan.swaps == by_stack.plan.swaps
+    with pytest.raises(ConfigError, match="calibrates the realistic GPU memory model"):
+        tflms.autotune(view, "16GiB", config=config)
+    with pytest.raises(ConfigError, match="already calibrated"):
+        tflms.autotune(view, config=config, stack=stack)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"memory_budget": "V100-16GB", "tensor_factor": 0.8}, "a finite number >= 1.0"),
+        ({"memory_budget": "V100-16GB", "tensor_factor": "1.5"}, "a finite number >= 1.0"),
+        ({"tensor_factor": 1.5}, "set memory_budget"),
+    ],
+)
+def test_lms_config_refuses_a_tensor_factor_it_cannot_use(options, match):
+    with pytest.raises(ConfigError, match=match):
+        tflms.LMSConfig(**options)

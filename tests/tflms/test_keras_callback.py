@@ -240,6 +240,17 @@ def test_simulate_predicts_the_traced_step_with_and_without_the_plan(devices):
     assert result.swap_outs == len(callback.plan.swaps)
 
 
+def test_a_calibrated_callback_simulates_with_its_factor(devices):
+    model, x, y = mlp(BATCH * 2)
+    callback = tflms.LMSCallback(memory_budget="V100-16GB", tensor_factor=1.5)
+    with tf.device(devices.compute):
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[callback])
+    result = callback.simulate()
+    assert result.stack == "tf2+calibrated"
+    assert result.memory_terms["calibration"] == round(0.5 * result.memory_terms["tensors"])
+    assert "calibration" not in callback.simulate(stack="tf2").memory_terms
+
+
 def test_the_swap_ops_check_sees_a_rewritten_train_function(devices):
     model, x, y = mlp(BATCH * 2)
     seen = []

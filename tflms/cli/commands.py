@@ -109,6 +109,7 @@ def _predicted_peaks(analysis, progress) -> dict:
 
 def _cmd_simulate(args, progress) -> int:
     try:
+        from tflms.cost.gpu_memory import configured_stack
         from tflms.simulation.simulator import simulate
     except ImportError as err:
         raise ConfigError(
@@ -127,7 +128,8 @@ def _cmd_simulate(args, progress) -> int:
         if done.tuning is not None:
             result = done.tuning.result
             if hardware is not None and hardware.lower() != result.device.lower():
-                result = simulate(done.view, done.plan, device=hardware, link=link)
+                stack = configured_stack("tf2", config.tensor_factor)
+                result = simulate(done.view, done.plan, device=hardware, link=link, stack=stack)
         else:
             result = simulate(
                 done.view,

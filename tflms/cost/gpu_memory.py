@@ -72,6 +72,7 @@ __all__ = [
     "SoftwareStack",
     "allocator_limit",
     "calibrated",
+    "configured_stack",
     "conv_kind",
     "conv_workspace_bytes",
     "fit_tensor_factor",
@@ -266,6 +267,25 @@ def calibrated(stack: str | SoftwareStack, tensor_factor: float, fitted_on: str)
         tensor_factor=float(tensor_factor),
         fitted_on=fitted_on,
     )
+
+
+def configured_stack(stack: str | SoftwareStack, tensor_factor: float) -> str | SoftwareStack:
+    """``stack``, calibrated with ``LMSConfig.tensor_factor`` when it is not 1.0.
+
+    Args:
+        stack: the stack asked for (a name or a stack).
+        tensor_factor: ``LMSConfig.tensor_factor``.
+
+    Returns:
+        ``stack`` itself for 1.0, else ``calibrated(stack, tensor_factor, ...)``.
+
+    Raises:
+        ConfigError: ``stack`` is already calibrated and the config asks for
+            a factor too (one calibration at a time).
+    """
+    if tensor_factor == 1.0:
+        return stack
+    return calibrated(stack, tensor_factor, "LMSConfig.tensor_factor")
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,8 @@ class LMSCallback(keras.callbacks.Callback):
 
         Args:
             **kwargs: passed to :func:`tflms.simulate` (``device``, ``link``,
-                ``accounting``).
+                ``accounting``, ``stack``); ``stack`` defaults to the
+                TensorFlow 2.x one calibrated with ``LMSConfig.tensor_factor``.
 
         Returns:
             The :class:`~tflms.simulation.simulator.SimulationResult`; every figure is simulated.
@@ -247,8 +248,10 @@ class LMSCallback(keras.callbacks.Callback):
         """
         if self.view is None:
             raise ConfigError("LMSCallback.simulate() needs a traced train step: call fit first.")
+        from tflms.cost.gpu_memory import configured_stack
         from tflms.simulation.simulator import simulate
 
+        kwargs.setdefault("stack", configured_stack("tf2", self.config.tensor_factor))
         return simulate(self.view, self.plan, **kwargs)
 
     def summary(self) -> str:

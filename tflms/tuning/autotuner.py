@@ -64,7 +64,7 @@ import networkx as nx
 import tensorflow as tf
 
 from tflms.config import LMSConfig
-from tflms.cost.gpu_memory import GPU_FACTS, SoftwareStack
+from tflms.cost.gpu_memory import GPU_FACTS, SoftwareStack, configured_stack
 from tflms.cost.hardware import DEVICES, LINKS, DeviceModel, LinkModel, get_device, get_link
 from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
@@ -282,6 +282,14 @@ def autotune(
     if accounting is None:
         known_gpu = preset is not None and preset.name in GPU_FACTS
         accounting = "realistic" if known_gpu else "tensors"
+    if config.tensor_factor != 1.0:
+        if accounting != "realistic":
+            raise ConfigError(
+                f"LMSConfig.tensor_factor={config.tensor_factor:g} calibrates the realistic GPU "
+                f"memory model, but this budget is judged by {accounting!r}. Give the budget as "
+                "a GPU preset (memory_budget='V100-16GB') or leave tensor_factor at 1.0."
+            )
+        stack = configured_stack(stack, config.tensor_factor)
     search = Search(view, config, usable, device_model, link_model, robust, accounting, stack)
 
     if search.baseline.device_peak_bytes <= usable:
