@@ -102,11 +102,14 @@ def anchor_lms(r: Results) -> str:
             terms = row.get("terms", {})
             diff = row.get("grappler_vs_tensors")
             overhead = row.get("overhead")
+            fits = _yes(row.get("fits"))
+            if row.get("lms_needed") is False:
+                fits = "fits without LMS"
             rows.append(
                 [
                     row.get("size"),
                     link,
-                    _yes(row.get("fits")),
+                    fits,
                     fmt_bytes(row.get("realistic_peak_bytes", row.get("best_peak_bytes"))),
                     fmt_bytes(terms.get("tensors")),
                     fmt_bytes(row.get("grappler_peak_with_variables_bytes"))
@@ -117,3 +120,132 @@ def anchor_lms(r: Results) -> str:
                 ]
             )
     return markdown_table(header, rows, "rllrrrrr")
+
+
+def _overhead(row: dict | None) -> str:
+    """An auto-tuned plan's overhead, or why there is none."""
+    if row is None:
+        return ""
+    if row.get("fits") is False:
+        return "no plan fits"
+    if row.get("lms_needed") is False:
+        return "no LMS needed"
+    overhead = row.get("overhead")
+    return f"{overhead:+.1%}" if isinstance(overhead, int | float) else "missing"
+
+
+def _by_size(rows) -> dict:
+    return {row.get("size"): row for row in rows} if isinstance(rows, list) else {}
+
+
+@table("anchor_overhead_curve", "real_anchors.json")
+def anchor_overhead_curve(r: Results) -> str:
+    """The paper's NVLink2 overhead curve next to the sourced and the calibrated model's."""
+    sourced = r.get("anchors.paper-unet.with_lms")
+    fitted = r.get("calibration.paper_unet_with_lms.with_lms")
+    real = r.get("anchors.paper-unet.real_overhead_nvlink2")
+    factor = r.get("calibration.paper_unet_with_lms.tensor_factor")
+    columns = []
+    for label, runs in (("sourced model", sourced), (f"calibrated (x{factor})", fitted)):
+        for link in ("nvlink2", "pcie3"):
+            rows = runs.get(link) if isinstance(runs, dict) else None
+            columns.append((f"{label}, {link}", _by_size(rows)))
+    sizes = sorted({size for _, rows in columns for size in rows if isinstance(size, int)})
+    header = ["edge", "paper (real), nvlink2", *(label for label, _ in columns)]
+    body = []
+    for size in sizes:
+        paper = real.get(str(size)) if isinstance(real, dict) else None
+        body.append(
+            [
+                size,
+                f"{paper:+.0%}" if isinstance(paper, int | float) else "",
+                *(_overhead(rows.get(size)) for _, rows in columns),
+            ]
+        )
+    return markdown_table(header, body, "r" + "r" * (len(header) - 1))
+
+
+@table("anchor_link_ratio", "real_anchors.json")
+def anchor_link_ratio(r: Results) -> str:
+    """PCIe3 step time over NVLink2 step time: the paper's against both models'."""
+    real = r.get("anchors.paper-unet.real_link_ratio")
+    sourced = _by_size(r.get("anchors.paper-unet.link_ratios"))
+    fitted = _by_size(r.get("calibration.paper_unet_with_lms.link_ratios"))
+    sizes = sorted({s for s in (*sourced, *fitted) if isinstance(s, int)})
+    body = []
+    for size in sizes:
+        paper = None
+        if isinstance(real, dict) and real.get("size") == size:
+            paper = real.get("pcie3_over_nvlink2")
+        body.append(
+            [
+                size,
+                f"{paper:.2f}" if paper is not None else "",
+                f"{sourced[size]['pcie3_over_nvlink2']:.2f}" if size in sourced else "",
+                f"{fitted[size]['pcie3_over_nvlink2']:.2f}" if size in fitted else "",
+            ]
+        )
+    header = ["edge", "paper (real)", "sourced model", "calibrated model"]
+    return markdown_table(header, body, "rrrr")
+
+
+@table("anchor_calibration", "real_anchors.json")
+def anchor_calibration(r: Results) -> str:
+    """The tensor factor fitted to each anchor in turn, and every anchor judged with it."""
+    header = [
+        "factor fitted to",
+        "factor (interval that reproduces it)",
+        "anchor judged",
+        "real: largest fit / first no fit",
+        "calibrated: largest fit / first no fit (steps off)",
+    ]
+    body = []
+    fits = r.get("calibration.fits")
+    for name in fits if isinstance(fits, dict) else []:
+        interval = fits[name].get("interval", {})
+        judged = fits[name].get("judged", {})
+        for other, result in judged.items():
+            v = result.get("verdict", {})
+            body.append(
+                [
+                    name,
+                    f"{interval.get('fitted')} ({interval.get('low_exclusive')}, "
+                    f"{interval.get('high')}]",
+                    f"{other} ({'held out' if result.get('held_out') else 'fitted'})",
+                    f"{v.get('real_largest_fit')} / {v.get('real_first_no_fit')}",
+                    f"{v.get('predicted_largest_fit')} / {v.get('predicted_first_no_fit')} "
+                    f"({v.get('steps_off')})",
+                ]
+            )
+    return markdown_table(header, body)
+
+
+@table("anchor_trigger_sweep", "real_anchors.json")
+def anchor_trigger_sweep(r: Results) -> str:
+    """Level-based swap-in triggers (TFLMS v1's ``lb``) at one size: peak and overhead per link."""
+    rows = r.get("anchors.paper-unet.trigger_sweep.rows")
+    links = list(rows) if isinstance(rows, dict) else []
+    by_link = {link: {row.get("swapin_ahead"): row for row in rows[link]} for link in links}
+    aheads = sorted({a for link in links for a in by_link[link] if isinstance(a, int)})
+    header = ["swapin_ahead (levels)"]
+    for link in links:
+        header += [f"{link}: realistic peak", f"{link}: overhead"]
+    if len(links) == 2:
+        header.append(f"{links[1]} / {links[0]} step")
+    body = []
+    for ahead in aheads:
+        line: list = [ahead]
+        steps = []
+        for link in links:
+            row = by_link[link].get(ahead, {})
+            overhead = row.get("overhead")
+            fits = "" if row.get("fits") else " (does not fit)"
+            line += [
+                fmt_bytes(row.get("realistic_peak_bytes")) + fits,
+                f"{overhead:+.1%}" if isinstance(overhead, int | float) else "missing",
+            ]
+            steps.append(1 + overhead if isinstance(overhead, int | float) else None)
+        if len(links) == 2:
+            line.append(f"{steps[1] / steps[0]:.2f}" if None not in steps else "")
+        body.append(line)
+    return markdown_table(header, body, "r" * len(header))
