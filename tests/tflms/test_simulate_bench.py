@@ -58,3 +58,38 @@ def test_capacity_reports_both_judges_and_both_links():
         assert model["tuned_in_grappler"]
     assert data["summary"]["resnet50"]["target_ratio_met"]  # >= 4.7x, the TFLMS paper
     assert data["summary"]["isensee2017"]["largest_with_lms"] >= 208
+
+
+def test_real_anchors_are_reproduced_where_fitted_and_held_out_elsewhere():
+    data = _load("real_anchors.json")
+    assert data["simulated"] is True and data["fitted_constants"] == []
+    memory = 16 << 30
+    for name, anchor in data["anchors"].items():
+        assert anchor["held_out"] is True and anchor["anchor_variant"] in anchor["variants"]
+        for variant in anchor["variants"].values():
+            for row in variant["rows"]:
+                assert sum(row["terms"].values()) == row["realistic_peak_bytes"], name
+                assert row["fits_realistic"] == (row["realistic_peak_bytes"] <= memory)
+    fits = data["calibration"]["fits"]
+    assert set(fits) == set(data["anchors"])
+    for name, fit in fits.items():
+        interval = fit["interval"]
+        assert interval["low_exclusive"] < interval["fitted"] <= interval["high"]
+        for judged, result in fit["judged"].items():
+            assert result["held_out"] == (judged != name)
+            if judged == name:  # the anchor a factor is fitted to is reproduced exactly
+                assert result["verdict"]["exact"], name
+            for row in result["rows"]:
+                terms = row["terms"]
+                assert terms["calibration"] == round((interval["fitted"] - 1) * terms["tensors"])
+                assert sum(terms.values()) == row["realistic_peak_bytes"]
+    lms = data["calibration"]["paper_unet_with_lms"]
+    assert lms["tensor_factor"] == fits["ibm-resnet50"]["interval"]["fitted"]
+    for rows in lms["with_lms"].values():
+        for row in rows:
+            assert not row["fits"] or row["realistic_peak_bytes"] <= memory
+    sweep = data["anchors"]["paper-unet"]["trigger_sweep"]["rows"]
+    for rows in sweep.values():  # later swap-ins never make the step faster
+        first, last = rows[0], rows[-1]
+        assert first["swapin_ahead"] < last["swapin_ahead"]
+        assert first["overhead"] >= last["overhead"]
