@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -216,33 +217,23 @@ class LMSConfig:
             )
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", _budget_field(self.memory_budget))
-        margin = self.safety_margin
-        if (
-            isinstance(margin, bool)
-            or not isinstance(margin, numbers.Real)
-            or not 0 <= margin < 0.9
-        ):
-            raise _fail(
-                "safety_margin",
-                margin,
-                "a fraction in [0, 0.9)",
-                "0.1 keeps 10% of the budget free for workspaces and fragmentation.",
-            )
-        object.__setattr__(self, "safety_margin", float(margin))
-        factor = self.tensor_factor
-        if (
-            isinstance(factor, bool)
-            or not isinstance(factor, numbers.Real)
-            or not 1.0 <= factor < float("inf")
-        ):
-            raise _fail(
-                "tensor_factor",
-                factor,
-                "a finite number >= 1.0",
-                "1.0 is the sourced model; fit yours with tflms.cost.gpu_memory.fit_tensor_factor.",
-            )
-        object.__setattr__(self, "tensor_factor", float(factor))
-        if self.tensor_factor != 1.0 and self.memory_budget is None:
+        margin = _check_real(
+            "safety_margin",
+            self.safety_margin,
+            lambda v: 0 <= v < 0.9,
+            "a fraction in [0, 0.9)",
+            "0.1 keeps 10% of the budget free for workspaces and fragmentation.",
+        )
+        object.__setattr__(self, "safety_margin", margin)
+        factor = _check_real(
+            "tensor_factor",
+            self.tensor_factor,
+            lambda v: 1.0 <= v < float("inf"),
+            "a finite number >= 1.0",
+            "1.0 is the sourced model; fit yours with tflms.cost.gpu_memory.fit_tensor_factor.",
+        )
+        object.__setattr__(self, "tensor_factor", factor)
+        if factor != 1.0 and self.memory_budget is None:
             raise _fail(
                 "tensor_factor",
                 factor,
@@ -256,16 +247,15 @@ class LMSConfig:
         for name in ("recompute", "reorder", "swap_weight_gradients"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "True or False", "")
-        dense = self.recompute_dense
-        if isinstance(dense, bool) or not isinstance(dense, numbers.Real) or not 0 <= dense <= 10:
-            raise _fail(
-                "recompute_dense",
-                dense,
-                "a number in [0, 10]",
-                "0.0 re-runs cheap ops only; 0.25 also convolutions that take at most a "
-                "quarter of the time their output's copy takes.",
-            )
-        object.__setattr__(self, "recompute_dense", float(dense))
+        dense = _check_real(
+            "recompute_dense",
+            self.recompute_dense,
+            lambda v: 0 <= v <= 10,
+            "a number in [0, 10]",
+            "0.0 re-runs cheap ops only; 0.25 also convolutions that take at most a "
+            "quarter of the time their output's copy takes.",
+        )
+        object.__setattr__(self, "recompute_dense", dense)
         if self.recompute_dense and not self.recompute:
             raise _fail(
                 "recompute_dense",
@@ -352,6 +342,15 @@ def _check_int(name: str, value: Any, *, minimum: int, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise _fail(name, value, f"an int >= {minimum}", fix)
     return int(value)
+
+
+def _check_real(
+    name: str, value: Any, within: Callable[[float], bool], expected: str, fix: str
+) -> float:
+    """``value`` as a float if it is a real number (not a bool) ``within`` range, else a :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not within(float(value)):
+        raise _fail(name, value, expected, fix)
+    return float(value)
 
 
 def _bytes_field(name: str, value: Any) -> int:

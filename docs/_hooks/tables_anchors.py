@@ -13,6 +13,19 @@ __all__: list[str] = []  # everything here is registered in results_tables.TABLE
 TERMS = ("driver", "cuda_context", "tensorflow_reserve", "tensors", "workspace", "allocator")
 
 
+def _real(verdict: dict) -> str:
+    """The source's boundary: largest size that fit / first that did not."""
+    return f"{verdict.get('real_largest_fit')} / {verdict.get('real_first_no_fit')}"
+
+
+def _predicted(verdict: dict) -> str:
+    """A model's boundary and how many of the sweep's steps it is off."""
+    return (
+        f"{verdict.get('predicted_largest_fit')} / {verdict.get('predicted_first_no_fit')} "
+        f"({verdict.get('steps_off')})"
+    )
+
+
 def _yes(value) -> str:
     return "fits" if value is True else "does not fit" if value is False else "missing"
 
@@ -42,9 +55,8 @@ def anchor_boundaries(r: Results) -> str:
             rows.append(
                 [
                     label,
-                    f"{real.get('real_largest_fit')} / {real.get('real_first_no_fit')}",
-                    f"{real.get('predicted_largest_fit')} / {real.get('predicted_first_no_fit')} "
-                    f"({real.get('steps_off')})",
+                    _real(real),
+                    _predicted(real),
                     f"{tensors.get('predicted_largest_fit')} ({tensors.get('steps_off')})",
                     f">= {ratio}" if ratio is not None else "n/a",
                 ]
@@ -212,9 +224,8 @@ def anchor_calibration(r: Results) -> str:
                     f"{interval.get('fitted')} ({interval.get('low_exclusive')}, "
                     f"{interval.get('high')}]",
                     f"{other} ({'held out' if result.get('held_out') else 'fitted'})",
-                    f"{v.get('real_largest_fit')} / {v.get('real_first_no_fit')}",
-                    f"{v.get('predicted_largest_fit')} / {v.get('predicted_first_no_fit')} "
-                    f"({v.get('steps_off')})",
+                    _real(v),
+                    _predicted(v),
                 ]
             )
     return markdown_table(header, body)
