@@ -69,3 +69,20 @@ def test_bad_inputs_are_refused_with_the_alternative():
         FusedBatchNormalization()(keras.Input((4, 4, 4, 2)))
     layer = FusedBatchNormalization(momentum=0.9, epsilon=1e-5, name="bn")
     assert FusedBatchNormalization.from_config(layer.get_config()).momentum == 0.9
+
+
+def test_the_fused_layer_trains_under_mixed_precision():
+    # float16 activations, float32 parameters and statistics, as the kernel wants
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _small(FusedBatchNormalization())
+        model.compile(optimizer="sgd", loss="mse")
+        x = np.random.default_rng(1).random((4, 16, 16, 3), dtype=np.float32)
+        loss = model.train_on_batch(x, np.zeros((4, 4), np.float32))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    norm = model.layers[2]
+    assert np.isfinite(loss)
+    assert norm.compute_dtype == "float16"
+    assert {w.dtype for w in norm.weights} == {"float32"}
+    assert not np.allclose(norm.moving_mean.numpy(), 0.0)  # the statistics moved

@@ -53,13 +53,16 @@ class FusedBatchNormalization(keras.layers.Layer):
                 f"got shape {tuple(input_shape)}. Use keras.layers.BatchNormalization."
             )
         channels = (input_shape[-1],)
-        self.gamma = self.add_weight(shape=channels, initializer="ones", name="gamma")
-        self.beta = self.add_weight(shape=channels, initializer="zeros", name="beta")
+        # float32 under mixed precision too: the kernel takes float16 inputs
+        # with float32 parameters and statistics (autocast would make them float16)
+        weight = dict(shape=channels, autocast=False)
+        self.gamma = self.add_weight(initializer="ones", name="gamma", **weight)
+        self.beta = self.add_weight(initializer="zeros", name="beta", **weight)
         self.moving_mean = self.add_weight(
-            shape=channels, initializer="zeros", name="moving_mean", trainable=False
+            initializer="zeros", name="moving_mean", trainable=False, **weight
         )
         self.moving_variance = self.add_weight(
-            shape=channels, initializer="ones", name="moving_variance", trainable=False
+            initializer="ones", name="moving_variance", trainable=False, **weight
         )
 
     def call(self, inputs, training=False, mask=None):  # mask: passed by Keras, unused
