@@ -108,9 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     by = {(v["algorithm"], v["compression"]): v for v in variants}
     first = runs[f"{VARIANTS[0][0]}/{VARIANTS[0][1]}"][0]
+    from tflms.utils.cpu import cpu_state  # here: importing tflms imports TensorFlow
+
     report = {
         "benchmark": "cluster_training",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cpu": cpu_state(),
         "seconds": round(time.time() - started, 1),
         "cluster": f"{NODES} nodes x {RANKS_PER_NODE} ranks, {LINK} links (htb), MTU 1500",
         "model": f"Keras CNN, {first['parameters']} parameters ({first['gradient_bytes_fp32'] / 1e6:.1f} MB of float32 gradients per step), batch 32 per rank, SGD momentum",

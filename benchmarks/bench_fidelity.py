@@ -80,6 +80,7 @@ def cpu_judge() -> list[dict]:
     import subprocess
 
     from benchmarks.cpu_judge_worker import MODELS
+    from tflms.utils.cpu import measurement_env
 
     rows = []
     for name in MODELS:
@@ -91,6 +92,7 @@ def cpu_judge() -> list[dict]:
                 text=True,
                 timeout=1800,
                 check=True,
+                env=measurement_env(),  # oneDNN's CPU allocator on any x86-64 CPU
             )
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         peaks = [r["peak_bytes"] for r in runs]

@@ -155,9 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in per_job[0]["weights_identical_on_all_ranks"]
     }
     row = rows[0]
+    from tflms.utils.cpu import cpu_state  # here: importing tflms imports TensorFlow
+
     report = {
         "benchmark": "overlap",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cpu": cpu_state(),
         "seconds": round(time.time() - started, 1),
         "command": "python benchmarks/bench_overlap.py " + " ".join(argv or sys.argv[1:]),
         "cluster": f"2 nodes x 1 rank, {args.link} links (htb), MTU 1500; allreduce "

@@ -46,6 +46,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import tflms  # noqa: E402
+from tflms.utils.cpu import cpu_state  # noqa: E402
 from tflms.utils.files import write_json  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             "compute on /device:CPU:1, host /device:CPU:0"
         ),
         "tensorflow": tf.__version__,
+        "cpu": cpu_state(),
         "configs": rows,
     }
     write_json(Path(args.out), result)

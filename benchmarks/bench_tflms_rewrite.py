@@ -39,6 +39,7 @@ from tflms import (  # noqa: E402
     validate,
     zoo,  # noqa: E402
 )
+from tflms.utils.cpu import cpu_state  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -186,6 +187,7 @@ def main(argv=None) -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "tensorflow": tf.__version__,
+            "cpu": cpu_state(),
         },
         "rewrite": rewrite,
         "scaling_ratio_time_4n_over_n": ratios,

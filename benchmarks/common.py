@@ -16,6 +16,7 @@ import tensorflow as tf  # noqa: E402
 
 from tflms.simulation.grappler import SIMULATOR as GRAPPLER  # noqa: E402
 from tflms.simulation.simulator import SIMULATOR as TFLMS  # noqa: E402
+from tflms.utils.cpu import cpu_state  # noqa: E402
 from tflms.utils.files import write_json  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -32,6 +33,7 @@ def provenance(note: str) -> dict:
         "simulators": {"tflms": TFLMS, "grappler": GRAPPLER},
         "tensorflow": tf.__version__,
         "python": platform.python_version(),
+        "cpu": cpu_state(),
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -1,7 +1,9 @@
 """One process of the CPU judge (run by ``bench_fidelity.py``): measure one model, print JSON.
 
 ``python benchmarks/cpu_judge_worker.py MODEL``. One inter-op thread, so the
-executor's order (and so its peak) is as repeatable as the CPU allows.
+executor's order (and so its peak) is as repeatable as the CPU allows. The
+caller starts it under ``tflms.utils.cpu.measurement_env()`` (oneDNN's CPU
+allocator, on any x86-64 CPU).
 """
 
 from __future__ import annotations

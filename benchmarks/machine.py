@@ -10,12 +10,15 @@ __all__ = ["machine_info", "cpu_busy", "wait_for_quiet"]
 
 
 def machine_info(**extra) -> dict:
-    """CPU count, platform, Python, mpi4py and numpy versions, plus ``extra``."""
+    """CPU count, model and TensorFlow's oneDNN/allocator state there, versions, plus ``extra``."""
     import mpi4py
     import numpy
 
+    from tflms.utils.cpu import cpu_state
+
     return {
         "cpus": os.cpu_count(),
+        "cpu": cpu_state(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "mpi4py": mpi4py.__version__,

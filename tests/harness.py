@@ -3,6 +3,11 @@
 Loaded before any test module or doctest imports TensorFlow, so it can:
 
 * silence TensorFlow's C++ logging,
+* give this process CPU allocator statistics on every CPU
+  (``TF_CPU_ALLOCATOR_USE_BFC``; TensorFlow keeps them by itself only where
+  oneDNN is on) for the in-process examples of ``measure_cpu_step``; the
+  measurements compared with figures run in fresh processes under
+  ``tflms.utils.cpu.measurement_env()``, oneDNN's allocator on any CPU,
 * split the CPU into two logical devices: ``/device:CPU:0`` plays the *host*
   and ``/device:CPU:1`` plays the *device* (the GPU stand-in), so placement
   can be tested without a GPU,
@@ -27,6 +32,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("PYTHONHASHSEED", "0")
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # tflms.utils.cpu.BFC_VARIABLE
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -61,6 +67,13 @@ try:
     )
 except ImportError:  # hypothesis is a dev extra; tests that need it import it themselves
     pass
+
+
+def pytest_report_header(config) -> str:
+    """The machine a failure happened on: CPU model, oneDNN and the BFC CPU allocator."""
+    from tflms.utils.cpu import cpu_state, describe
+
+    return describe(cpu_state())
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,7 @@ def main(argv=None) -> int:
 
     import tflms
     from tflms import zoo
+    from tflms.utils.cpu import cpu_state
     from tflms.utils.files import write_json
 
     from .callbacks import EpochStats
@@ -242,6 +243,7 @@ def main(argv=None) -> int:
         "ranks": ranks,
         "epochs": args.epochs,
         "train_seconds": round(train_seconds, 2),
+        "cpu": cpu_state(),  # oneDNN on or off changes the speed several times over
         "data": {
             "source": source,
             "size": args.size,

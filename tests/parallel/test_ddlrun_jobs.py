@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import mpi_env, mpirun_executable
+from tests.timing import HANG_SECONDS, PROCESS_MARGIN_SECONDS
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = REPO / "tests" / "parallel" / "workers"
@@ -59,7 +60,7 @@ def _stop(tmp_path: Path, worker: str, signum: int, *args: str, start_timeout: f
         pids = [json.loads(p.read_text())["pid"] for p in reports]
         start = time.monotonic()
         job.send_signal(signum)
-        _, err = job.communicate(timeout=30)
+        _, err = job.communicate(timeout=HANG_SECONDS + PROCESS_MARGIN_SECONDS)
         took = time.monotonic() - start
     finally:
         if job.poll() is None:
@@ -74,16 +75,16 @@ def _stop(tmp_path: Path, worker: str, signum: int, *args: str, start_timeout: f
 def test_a_signal_to_ddlrun_ends_every_rank_with_its_status(tmp_path, signum, status):
     code, took, pids, err = _stop(tmp_path, "cluster_sleeper.py", signum, "wait")
     assert code == status, err
-    assert took < 10, f"the job took {took:.1f} s to end"
+    assert took < HANG_SECONDS, f"the job took {took:.1f} s to end"
     assert not [pid for pid in pids if _alive(pid)], "a rank outlived ddlrun"
     assert f"{signal.Signals(signum).name} received; stopping the job" in err
 
 
 @pytest.mark.slow
-def test_sigterm_mid_training_ends_the_job_within_10s_with_143(tmp_path):
+def test_sigterm_mid_training_ends_the_job_with_143(tmp_path):
     code, took, pids, err = _stop(tmp_path, "train_until_stopped.py", signal.SIGTERM)
     assert code == 143, err[-3000:]
-    assert took < 10, f"the job took {took:.1f} s to end"
+    assert took < HANG_SECONDS, f"the job took {took:.1f} s to end"
     assert not [pid for pid in pids if _alive(pid)], "a rank outlived ddlrun"
 
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 import tflms
 from tflms.errors import ConfigError
 from tflms.simulation.allocator import MIN_ALLOCATION, BFCModel, BufferReplay, rounded
+from tflms.utils.cpu import measurement_env
 
 MiB = 1 << 20
 
@@ -67,6 +68,7 @@ def test_model_reports_what_tensorflows_cpu_allocator_reports():
         capture_output=True,
         text=True,
         timeout=300,
+        env=measurement_env(),  # oneDNN's allocator, which BFCModel models, on any CPU
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     measured = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,6 +1,8 @@
 """The CPU judge: TensorFlow's allocator peak and op order against the simulator.
 
-The measurement runs in a fresh process with one inter-op thread: with
+The measurement runs in a fresh process with oneDNN's allocator (the one the
+published figures used, on any x86-64 CPU: ``measurement_env``) and one
+inter-op thread: with
 several, the CPU executor's op order (and so its peak) changes from process
 to process (it sends ops it estimates as expensive to a thread pool).
 """
@@ -8,6 +10,7 @@ to process (it sends ops it estimates as expensive to a thread pool).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +20,7 @@ import pytest
 
 from tflms.errors import ConfigError
 from tflms.simulation.measure import measure_cpu_step, ops_in_start_order
+from tflms.utils.cpu import measurement_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,6 +67,7 @@ def measured(request):
         text=True,
         timeout=600,
         cwd=REPO,
+        env=measurement_env(),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -106,6 +111,32 @@ def test_bad_arguments_and_missing_traces_are_named(tmp_path):
     view = tflms.build_view(_tiny_graph())
     with pytest.raises(ConfigError, match="order must be a sequence of op names"):
         tflms.simulate(view, order="MatMul")
+
+
+NO_STATS = textwrap.dedent(
+    """
+    import tensorflow as tf
+    from tflms.errors import ConfigError
+    from tflms.simulation.measure import measure_cpu_step
+    try:
+        measure_cpu_step(tf.function(lambda: tf.ones((4, 4)) * 2.0), runs=1, profile=False)
+    except ConfigError as err:
+        print(err)
+    """
+)
+
+
+def test_a_cpu_without_allocator_statistics_is_told_what_to_set():
+    # oneDNN off and the BFC allocator refused: TensorFlow's plain CPU allocator, which
+    # keeps no statistics, on every CPU (what an AVX2-only CPU gets by default).
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPU_ALLOCATOR_USE_BFC="false")
+    done = subprocess.run(
+        [sys.executable, "-c", NO_STATS], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CPU:0 keeps no allocator statistics" in done.stdout, done.stdout
+    assert "Start the process with TF_ENABLE_ONEDNN_OPTS=1" in done.stdout, done.stdout
+    assert "TF_CPU_ALLOCATOR_USE_BFC=true" in done.stdout, done.stdout
 
 
 def _tiny_graph():

@@ -3,15 +3,23 @@
 The only real execution these machines can give is TensorFlow's own executor
 on the CPU. TensorFlow 2.21 keeps allocator statistics for ``CPU:0``
 (``tf.config.experimental.get_memory_info`` returns the bytes in use and the
-peak since ``reset_memory_stats``), and its profiler records when each op
-started. :func:`measure_cpu_step` runs a step several times and returns both,
-so that the simulator can be judged three ways (see ``docs/simulator.md``):
+peak since ``reset_memory_stats``) when its CPU allocator is the BFC allocator,
+and its profiler records when each op started. :func:`measure_cpu_step` runs a
+step several times and returns both, so that the simulator can be judged three ways (see ``docs/simulator.md``):
 
 * its own prediction (FirstReady schedule) against the measured peak: the
   whole model, schedule included;
 * the same graph replayed in the measured op order
   (``simulate(view, order=m.order)``): liveness and allocator only;
 * with ``allocator="bfc"``: TensorFlow's chunk rounding and splitting too.
+
+Which CPU: TensorFlow keeps CPU allocator statistics only where oneDNN is on
+(by default, CPUs with AVX-512-class features). On any other x86-64 CPU start
+the measuring process with ``TF_ENABLE_ONEDNN_OPTS=1``
+(:func:`tflms.utils.cpu.measurement_env`): the same allocator, so its peaks are
+comparable with those measured on a oneDNN CPU. ``TF_CPU_ALLOCATOR_USE_BFC=true``
+also gives statistics, from the plain BFC allocator, whose small-tensor
+placement differs (see :mod:`tflms.utils.cpu`).
 
 What no CPU run can show: GPU-only allocations (cuDNN workspaces, cuBLAS
 handles, NCCL buffers), the GPU allocator's fragmentation over many steps,
@@ -42,10 +50,12 @@ import tempfile
 from dataclasses import dataclass
 
 from tflms.errors import ConfigError
+from tflms.utils.cpu import BFC_VARIABLE, ONEDNN_VARIABLE
 
 __all__ = ["CPUMeasurement", "measure_cpu_step", "ops_in_start_order"]
 
 logger = logging.getLogger(__name__)
+
 
 
 @dataclass(frozen=True)
@@ -123,10 +133,17 @@ def measure_cpu_step(
     try:
         tf.config.experimental.get_memory_info(device)
     except (ValueError, tf.errors.OpError) as err:
-        raise ConfigError(
-            f"{device} keeps no allocator statistics ({err}); measure on 'CPU:0' with "
-            "TensorFlow >= 2.16."
-        ) from err
+        if "CPU" in device.upper():
+            why = (
+                "TensorFlow keeps CPU allocator statistics only where oneDNN is on, which "
+                "it turns on by itself only on AVX-512-class CPUs. Start the process with "
+                f"{ONEDNN_VARIABLE}=1 (oneDNN's allocator, comparable with the published "
+                f"figures; tflms.utils.cpu.measurement_env()) or {BFC_VARIABLE}=true (the "
+                "plain BFC allocator) and run again."
+            )
+        else:
+            why = "Measure on 'CPU:0' (TensorFlow >= 2.16)."
+        raise ConfigError(f"{device} keeps no allocator statistics ({err}). {why}") from err
     for _ in range(warmup):
         fn(*args)
     peaks = []
