@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tflms
+from tests.tolerances import EPS32, summation_bound
 from tflms import zoo
 from tflms.errors import ConfigError
 from tflms.zoo.isensee import (
@@ -92,6 +93,24 @@ def keras_contrib_instance_norm(x, gamma, beta, epsilon):
     return (x - mean) / std * gamma + beta
 
 
+def instance_norm_error_bound(x, gamma, beta, epsilon):
+    """First-order bound on the float32 layer's rounding error, in any summation order."""
+    axes = tuple(range(1, x.ndim - 1))
+    n = int(np.prod([x.shape[a] for a in axes]))
+    mean = x.mean(axis=axes, keepdims=True)
+    centered = x - mean
+    std = np.sqrt((centered**2).mean(axis=axes, keepdims=True))
+    scale = np.abs(gamma) / (std + epsilon)
+    # the mean: n terms and the division; the variance: x - mean and its square, n terms, /n
+    d_mean = summation_bound(n + 1, np.abs(x).mean(axis=axes, keepdims=True))
+    d_var = summation_bound(n + 4, std**2)
+    d_std = d_var / (2 * std) + summation_bound(3, std + epsilon)  # then sqrt and + epsilon
+    # (x - mean) / std * gamma + beta: four roundings, on top of the statistics' errors
+    return scale * (d_mean + np.abs(centered) * d_std / (std + epsilon)) + summation_bound(
+        5, scale * np.abs(centered) + np.abs(beta)
+    )
+
+
 @pytest.mark.parametrize("epsilon", [1e-3, 0.5])
 def test_instance_norm_matches_keras_contrib_arithmetic(epsilon):
     rng = np.random.default_rng(1)
@@ -102,26 +121,37 @@ def test_instance_norm_matches_keras_contrib_arithmetic(epsilon):
     beta = rng.standard_normal(6).astype("float32")
     layer.set_weights([gamma, beta])
     out = np.asarray(layer(x))
-    ref = keras_contrib_instance_norm(x.astype("float64"), gamma, beta, epsilon)
-    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
-    # epsilon on the standard deviation: not sqrt(var + eps) as GroupNormalization does
-    var_eps = (x - x.mean(axis=(1, 2, 3), keepdims=True)) / np.sqrt(
-        x.var(axis=(1, 2, 3), keepdims=True) + epsilon
-    ) * gamma + beta
-    assert np.abs(out - var_eps).max() > 1e-3
+    x64, gamma64, beta64 = (a.astype("float64") for a in (x, gamma, beta))
+    ref = keras_contrib_instance_norm(x64, gamma64, beta64, epsilon)
+    bound = instance_norm_error_bound(x64, gamma64, beta64, epsilon)
+    np.testing.assert_array_less(np.abs(out - ref), bound)  # 60-term statistics, any order
+    # epsilon on the standard deviation: not sqrt(var + eps) as GroupNormalization does,
+    # which the check above tells apart (a layer computing it would be out of its bound)
+    var_eps = (x64 - x64.mean(axis=(1, 2, 3), keepdims=True)) / np.sqrt(
+        x64.var(axis=(1, 2, 3), keepdims=True) + epsilon
+    ) * gamma64 + beta64
+    assert np.any(np.abs(var_eps - ref) > 2 * bound)
 
 
 def test_dice_loss_perfect_disjoint_and_numpy():
     loss = WeightedDiceLoss()
     rng = np.random.default_rng(2)
     y = (rng.random((2, 4, 4, 4, 3)) < 0.3).astype("float32")
-    assert float(loss(y, y)) == pytest.approx(-1.0, abs=1e-6)
-    assert float(loss(y, 1.0 - y)) == pytest.approx(0.0, abs=1e-6)
+    # sums of {0, 1} are exact, so numerator and denominator are one float and dice is 1:
+    # exactly under IEEE division, else within the division's and the means' 6 roundings
+    assert float(loss(y, y)) == pytest.approx(-1.0, abs=summation_bound(7, 1.0))
+    # nothing shared: smooth / (64 + smooth) per label, after 4 roundings (+, /, the mean's 2)
+    smooth = float(np.float32(1e-5))
+    expected = -smooth / (64 + smooth)
+    assert float(loss(y, 1.0 - y)) == pytest.approx(expected, rel=summation_bound(5, 1.0))
     p = rng.random((2, 4, 4, 4, 3)).astype("float32")
-    inter = (y * p).sum(axis=(1, 2, 3))
-    dice = (2 * inter + 1e-5) / (y.sum(axis=(1, 2, 3)) + p.sum(axis=(1, 2, 3)) + 1e-5)
-    assert float(loss(y, p)) == pytest.approx(-dice.mean(), rel=1e-5)
-    np.testing.assert_allclose(np.asarray(loss.call(y, p)), -dice.mean(axis=-1), rtol=1e-5)
+    y64, p64 = y.astype("float64"), p.astype("float64")
+    inter = (y64 * p64).sum(axis=(1, 2, 3))
+    dice = (2 * inter + 1e-5) / (y64.sum(axis=(1, 2, 3)) + p64.sum(axis=(1, 2, 3)) + 1e-5)
+    # two 64-term sums of nonnegative terms (relative gamma_63 each), then <= 8 roundings
+    rel = 2 * summation_bound(64, 1.0) + summation_bound(9, 1.0)
+    assert float(loss(y, p)) == pytest.approx(-dice.mean(), rel=rel)
+    np.testing.assert_allclose(np.asarray(loss.call(y, p)), -dice.mean(axis=-1), rtol=rel)
     assert not loss.sparse_labels and loss.binary_labels
 
 
@@ -132,7 +162,7 @@ def test_one_training_step(small):
     history = small.fit(x, y, batch_size=1, epochs=1, verbose=0)
     (value,) = history.history["loss"]
     assert np.isfinite(value) and -1.0 <= value <= 0.0
-    assert float(small.optimizer.learning_rate) == pytest.approx(5e-4)
+    assert float(small.optimizer.learning_rate) == pytest.approx(5e-4)  # float32: one rounding
     assert type(small.optimizer).__name__ == "Adam"
 
 
@@ -171,7 +201,8 @@ def test_config_errors(options, match):
 def test_the_tf1_layers_compute_what_keras3_layers_compute():
     x = np.random.default_rng(0).standard_normal((1, 4, 6, 2, 3)).astype("float32")
     leaky = keras.layers.LeakyReLU(negative_slope=0.3)(x)
-    np.testing.assert_allclose(Keras2LeakyReLU(0.3)(x), leaky, rtol=1e-6, atol=1e-7)
+    # each element is x, or 0.3f * x rounded once (relu(-x) and 0 - y are exact), in both
+    np.testing.assert_allclose(Keras2LeakyReLU(0.3)(x), leaky, rtol=EPS32)
     up = keras.layers.UpSampling3D(2)(x)
     np.testing.assert_array_equal(Keras2UpSampling3D()(x), up)
     assert Keras2UpSampling3D().compute_output_shape((1, 4, 6, 2, 3)) == (1, 8, 12, 4, 3)
