@@ -36,6 +36,13 @@ test: install
 check: install
 	HYPOTHESIS_PROFILE=quick $(PY) -m pytest -m "not slow and not parallel and not bench" $(PYTEST_ARGS)
 
+# The demo and the benchmarks run TensorFlow's oneDNN kernels on every x86-64 CPU:
+# TensorFlow turns them on by itself only on AVX-512-class CPUs, and without them
+# the demo's 3D-convolution gradients run ~9x slower on an AVX2-only CPU
+# (benchmarks/bench_cpu_kernels.py). TF_ENABLE_ONEDNN_OPTS=0 make demo keeps
+# TensorFlow's own choice. The test suite runs with whatever the machine gives.
+demo bench: export TF_ENABLE_ONEDNN_OPTS ?= 1
+
 # The main job: a 3D U-Net with tflms.LMSCallback + ddl_tf on 2 MPI ranks.
 # Pass flags with DEMO_ARGS, e.g. make demo DEMO_ARGS="--epochs 5 --size 32".
 DEMO_ARGS ?=
