@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tflms
-from tests.tflms.graphs import WIDTH, chain_with_skip, fan_out
+from tests.tflms.graphs import WIDTH, chain_with_skip, fan_out, relu
 from tflms import LMS, LMSConfig, apply_plan, apply_to_view, build_view, make_plan, validate
 from tflms.errors import AlreadyRewrittenError, UnsupportedGraphError, ValidationError
 from tflms.graph.view import SWAP_ATTR
@@ -42,7 +42,7 @@ def test_swap_in_goes_to_the_consumers_device(devices):
         h = tf.nn.relu(x, name="h")
         t = h
         for i in range(10):
-            t = tf.nn.relu(t, name=f"t{i}")
+            t = relu(t, name=f"t{i}")
         tf.add(t, h, name="out")
     plan = LMS(device=devices.compute, **OPTIONS).run(g)
     assert plan.swaps

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import function_pb2, node_def_pb2
 
-from tests.tflms.graphs import WIDTH, chain_with_skip, fan_out
+from tests.tflms.graphs import WIDTH, chain_with_skip, fan_out, relu
 from tflms import LMSConfig, apply_plan, build_view, make_plan, validate
 from tflms.apply.core import apply_with
 from tflms.apply.proto_editor import ProtoEditor
@@ -69,7 +69,7 @@ def _split_function():
         a, b = tf.split(x, 2, axis=1, name="split")
         h = a
         for i in range(10):
-            h = tf.nn.relu(h, name=f"r{i}")
+            h = relu(h, name=f"r{i}")
         return tf.subtract(h, b, name="out")  # not commutative: output 1 may be swapped
 
     cf = f.get_concrete_function()

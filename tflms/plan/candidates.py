@@ -21,8 +21,12 @@ from __future__ import annotations
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.graph.grappler_rules import removed_at_run_time
-from tflms.utils.devices import device_type as tf_device_type
+from tflms.graph.grappler_rules import (
+    aliases_a_variable,
+    compute_device_type,
+    folded_to_constants,
+    removed_at_run_time,
+)
 
 __all__ = [
     "ARITHMETIC_CHAIN",
@@ -159,24 +163,6 @@ def tensor_ok(info, config: LMSConfig) -> bool:
     )
 
 
-def compute_device_type(view: nx.DiGraph, node: dict) -> str:
-    """The device type (``"GPU"``, ``"CPU"``) ``node`` runs on; unassigned ops use the view's default.
-
-    Args:
-        view: The analysis view; its ``compute_device`` and
-            ``default_device_type`` graph attributes supply the fallback.
-        node: The node's attribute dict (``view.nodes[name]``), not its name.
-
-    Returns:
-        The upper-case device type; ``""`` when the device string names no
-        type, and ``"GPU"`` when neither the node nor the view says.
-    """
-    device = node["device"] or view.graph.get("compute_device") or ""
-    if device:
-        return (tf_device_type(device) or "").upper()
-    return view.graph.get("default_device_type", "GPU")
-
-
 def _num_data_inputs(view: nx.DiGraph, node: str) -> int:
     return sum(len(edge.get("tensors", ())) for edge in view.pred[node].values())
 
@@ -209,6 +195,10 @@ def veto(view: nx.DiGraph, producer: str, info, uses, far) -> str | None:
         A one-line reason (recorded in ``SwapPlan.skipped``), or ``None``.
     """
     node = view.nodes[producer]
+    if producer in folded_to_constants(view):
+        return "Grappler folds it into a constant (computable from shapes alone): nothing to move"
+    if aliases_a_variable(view, producer):
+        return "it is a view of a variable read (the variable's buffer): moving it frees nothing"
     if order_sensitive(view, producer) or any(order_sensitive(view, c) for c, _ in uses):
         return (
             "an AddN of 3+ inputs reads or writes it (its float sum order depends on buffer reuse)"

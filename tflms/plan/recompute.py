@@ -69,7 +69,12 @@ import networkx as nx
 from tflms.config import LMSConfig
 from tflms.cost.hardware import DEVICES, DeviceModel, get_device, get_link
 from tflms.cost.ops import DENSE_OPS
-from tflms.graph.grappler_rules import removed_at_run_time
+from tflms.graph.grappler_rules import (
+    aliases_a_variable,
+    foldable_link,
+    folded_to_constants,
+    removed_at_run_time,
+)
 from tflms.graph.view import consumers as tensor_consumers
 from tflms.plan.candidates import (
     ARITHMETIC_CHAIN,
@@ -104,30 +109,10 @@ MAX_CHAIN_OPS = 32
 (the clones read clones, so the tensors between them need not be kept or
 swapped) while the merged group has at most this many ops."""
 
-_ADDS = frozenset({"Add", "AddV2", "AddN"})
-_ASSOCIATIVE = frozenset({"Add", "AddV2", "Mul"})
-
 
 def _device_model(config: LMSConfig) -> DeviceModel:
     preset = config.memory_budget if isinstance(config.memory_budget, str) else None
     return get_device(preset if preset in DEVICES else "V100-16GB")
-
-
-def _fold_sensitive(view: nx.DiGraph, producer: str, consumer: str) -> bool:
-    """Whether Grappler's arithmetic optimizer may fold the link ``producer -> consumer``
-    (AddOpsRewrite: adds into adds; MinimizeBroadcasts: chains of one associative op;
-    HoistCommonFactor: an add of multiplications only; RemoveNegation: a negation into an
-    add or subtraction). It folds a link only while the producer's output has this one
-    consumer, and never inside the clones tflms marks to keep, so changing the fanout of
-    such a link, or cloning both its ends, changes float rounding."""
-    p_type, c_type = view.nodes[producer]["type"], view.nodes[consumer]["type"]
-    if p_type in _ADDS and c_type in _ADDS:
-        return True
-    if p_type in _ASSOCIATIVE and p_type == c_type:
-        return True
-    if p_type == "Mul" and c_type in _ADDS:
-        return all(view.nodes[src]["type"] == "Mul" for src, _ in data_inputs(view, consumer))
-    return p_type == "Neg" and c_type in _ADDS | {"Sub"}
 
 
 def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
@@ -147,19 +132,19 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
         for src, k in data_inputs(view, op):
             readers = tensor_consumers(view, src, k)
             if src in members:
-                if len(readers) == 1 and _fold_sensitive(view, src, op):
+                if len(readers) == 1 and foldable_link(view, src, op):
                     return f"Grappler may fold {src} into {op}, but not their clones"
                 continue
             if any(order_sensitive(view, c) for c, _ in readers):
                 return f"an AddN of 3+ inputs reads {src}:{k}, which a clone would also read"
-            if len(readers) == 1 and _fold_sensitive(view, src, readers[0][0]):
+            if len(readers) == 1 and foldable_link(view, src, readers[0][0]):
                 return f"a clone reading {src}:{k} would stop Grappler folding it into its consumer"
     for (op, k), far in rerouted.items():
         uses = tensor_consumers(view, op, k)
         if order_sensitive(view, op) or any(order_sensitive(view, c) for c, _ in uses):
             return f"an AddN of 3+ inputs reads or writes {op}:{k}"
         near = [c for c in uses if c not in far]
-        if len(near) == 1 and _fold_sensitive(view, op, near[0][0]):
+        if len(near) == 1 and foldable_link(view, op, near[0][0]):
             return f"rerouting would let Grappler fold {op}:{k} into its one remaining consumer"
         for c, i in far:
             ctype = view.nodes[c]["type"]
@@ -201,7 +186,11 @@ def plan_recomputes(
     trigger_ok = trigger_filter(view)
     memo: dict[str, tuple[bool, float]] = {}
 
+    kept_free = folded_to_constants(view)
+
     def eligible(node):
+        if node in kept_free or aliases_a_variable(view, node):
+            return False  # a constant to Grappler, or the variable's own buffer: nothing to free
         if node not in memo:
             memo[node] = cheap(view, node, device)
             if not memo[node][0] and config.recompute_dense:

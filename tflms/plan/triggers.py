@@ -26,7 +26,7 @@ from collections.abc import Callable
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.graph.grappler_rules import removed_at_run_time
+from tflms.graph.grappler_rules import in_a_fold, removed_at_run_time
 from tflms.plan.swap_plan import SwapIn
 
 __all__ = ["group_consumers", "plan_swap_in", "find_trigger", "other_inputs", "trigger_filter"]
@@ -40,8 +40,9 @@ def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
 
     Returns:
         A function of an op name that is True for ops placed on the compute
-        device, outside control flow, not inserted by tflms and not removed by
-        Grappler before the step runs.
+        device, outside control flow, not inserted by tflms, not removed by
+        Grappler before the step runs and not inside an arithmetic chain Grappler
+        folds (a control fanout would stop the fold).
     """
 
     def ok(name: str) -> bool:
@@ -51,6 +52,7 @@ def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
             and not node["control_flow"]
             and not node["tflms"]
             and not removed_at_run_time(view, name)  # a control edge out of it would keep it
+            and not in_a_fold(view, name)  # ... or stop Grappler folding its chain
         )
 
     return ok
@@ -185,12 +187,17 @@ def other_inputs(view: nx.DiGraph, consumer: str, producer: str) -> tuple[str, .
         producer: The op to leave out (the producer of the swapped tensor).
 
     Returns:
-        The names, sorted; control-only predecessors are left out.
+        The names, sorted; control-only predecessors are left out, and so are
+        ops inside a chain Grappler folds (a wait edge out of one would change
+        the fold, see :func:`~tflms.graph.grappler_rules.in_a_fold`).
     """
     return tuple(
         sorted(
             p
             for p, edge in view.pred[consumer].items()
-            if p != producer and edge.get("tensors") and not view.nodes[p]["tflms"]
+            if p != producer
+            and edge.get("tensors")
+            and not view.nodes[p]["tflms"]
+            and not in_a_fold(view, p)
         )
     )

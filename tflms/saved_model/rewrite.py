@@ -28,10 +28,10 @@ Example:
     >>> _ = tf.io.write_graph(g, os.path.dirname(path), "train.pb", as_text=False)
     >>> analysis = analyze_model(read_model(path), LMSConfig(swapout_threshold=4, min_tensor_bytes=0))
     >>> [(t.name, len(t.plan.swaps)) for t in analysis.training]
-    [('graph', 8)]
+    [('graph', 7)]
     >>> rewritten = rewrite_model(analysis)
     >>> sum(n.name.startswith("lms/swapout_") for n in rewritten.message.node)
-    8
+    7
 """
 
 from __future__ import annotations

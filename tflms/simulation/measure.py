@@ -57,7 +57,6 @@ __all__ = ["CPUMeasurement", "measure_cpu_step", "ops_in_start_order"]
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class CPUMeasurement:
     """What TensorFlow's CPU executor and allocator did running one step.

@@ -45,8 +45,8 @@ Example:
     ...     for i in range(12):
     ...         h = tf.nn.relu(h * 1.5, name=f"act{i}")
     ...         keep.append(h)
-    ...     for i, k in enumerate(reversed(keep)):
-    ...         h = tf.add(h, k, name=f"back{i}")
+    ...     for i, k in enumerate(reversed(keep)):  # (adds would fold: no triggers there)
+    ...         h = tf.maximum(h, k, name=f"back{i}")
     >>> view = tflms.build_view(g)
     >>> tflms.autotune(view, "64MiB", safety_margin=0).lms_needed
     False

@@ -14,6 +14,8 @@ same model serves a 2-second CPU test and a simulated 16 GiB V100:
 ``isensee2017`` the seed paper's 3D U-Net (BraTS 2017) with its Dice loss
 ``mlp``       dense ReLU layers
 ``transformer`` a BERT-like encoder with a pooled classifier
+``bert``      BERT-base (published configuration), masked-LM loss
+``gpt2``      GPT-2 small (published configuration), causal LM loss
 ``lstm``      dense + LSTM (a ``While`` loop)
 ============  =============================================================
 
@@ -44,6 +46,8 @@ __getattr__, __dir__, _exported = lazy_exports(
         "mlp": "tflms.zoo.sequence",
         "transformer": "tflms.zoo.sequence",
         "lstm": "tflms.zoo.sequence",
+        "bert": "tflms.zoo.language",
+        "gpt2": "tflms.zoo.language",
         "synthetic_data": "tflms.zoo.data",
     },
 )
@@ -57,6 +61,8 @@ MODELS = (
     "isensee2017",
     "mlp",
     "transformer",
+    "bert",
+    "gpt2",
     "lstm",
 )
 """Names :func:`build` accepts."""

@@ -1,8 +1,8 @@
-"""How zoo models are compiled and seeded: fixed seeds, SGD with momentum, Adam or RMSprop, no XLA.
+"""How zoo models are compiled and seeded: fixed seeds, SGD with momentum, Adam(W) or RMSprop, no XLA.
 
 Example:
     >>> [type(optimizer(name)).__name__ for name in OPTIMIZERS]
-    ['SGD', 'Adam', 'RMSprop']
+    ['SGD', 'Adam', 'RMSprop', 'AdamW']
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from tflms.errors import ConfigError
 
 __all__ = ["optimizer", "compiled", "OPTIMIZERS"]
 
-OPTIMIZERS = ("sgd", "adam", "rmsprop")
+OPTIMIZERS = ("sgd", "adam", "rmsprop", "adamw")
 
 
 def optimizer(name: str) -> keras.optimizers.Optimizer:
-    """``"sgd"``: SGD(0.01, momentum 0.9); ``"adam"``: Adam(1e-3); ``"rmsprop"``: RMSprop(1e-3).
+    """``"sgd"``: SGD(0.01, momentum 0.9); ``"adam"``: Adam(1e-3); ``"rmsprop"``: RMSprop(1e-3);
+    ``"adamw"``: AdamW(1e-4, weight decay 0.01, as BERT and GPT-2 trained).
 
     Args:
         name: one of :data:`OPTIMIZERS`.
@@ -34,6 +35,8 @@ def optimizer(name: str) -> keras.optimizers.Optimizer:
         return keras.optimizers.Adam(1e-3)
     if name == "rmsprop":
         return keras.optimizers.RMSprop(1e-3)
+    if name == "adamw":
+        return keras.optimizers.AdamW(1e-4, weight_decay=0.01)
     raise ConfigError(f"optimizer must be one of {OPTIMIZERS}. Received optimizer={name!r}.")
 
 

@@ -81,7 +81,9 @@ def make_cluster(
     """A Grappler virtual cluster of one GPU named ``device`` and one host.
 
     Args:
-        device: name of the virtual GPU, e.g. ``"/device:GPU:0"``.
+        device: name of the virtual GPU, e.g. ``"/device:GPU:0"``; a CPU name
+            (``"/device:CPU:1"``) makes the compute device a virtual CPU of
+            ``memory_bytes`` (what Grappler's CPU-only rewrites key on).
         host_device: name of the virtual host CPU.
         memory_bytes: memory size of the virtual GPU.
         gpu_properties: the GPU's properties (default :func:`virtual_gpu`).
@@ -99,7 +101,8 @@ def make_cluster(
     if isinstance(slowdown, bool) or not isinstance(slowdown, int) or slowdown < 1:
         raise ConfigError(f"slowdown must be an int >= 1. Received slowdown={slowdown!r}.")
     gpu = device_properties_pb2.DeviceProperties()
-    gpu.CopyFrom(gpu_properties or virtual_gpu())
+    on_cpu = (tf.DeviceSpec.from_string(device).device_type or "").upper() == "CPU"
+    gpu.CopyFrom(gpu_properties or (virtual_cpu() if on_cpu else virtual_gpu()))
     gpu.memory_size = memory_bytes
     cpu = device_properties_pb2.DeviceProperties()
     cpu.CopyFrom(cpu_properties or virtual_cpu())

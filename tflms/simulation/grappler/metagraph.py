@@ -78,6 +78,7 @@ def prepare_metagraph(
     host_device: str = "/device:CPU:0",
     batch_size: int | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    device_kinds: tuple[str, ...] = ("GPU",),
 ) -> Prepared:
     """Copy ``graph`` into a MetaGraphDef that Grappler can run offline.
 
@@ -90,6 +91,8 @@ def prepare_metagraph(
         host_device: the graph's host device; it stays a virtual CPU.
         batch_size: replaces an unknown leading placeholder dimension.
         input_shapes: full shapes by placeholder name; wins over ``batch_size``.
+        device_kinds: the device types ``device`` may name (the memory
+            simulation needs a GPU; the optimizer also runs for a CPU).
 
     Returns:
         A :class:`Prepared`.
@@ -98,7 +101,7 @@ def prepare_metagraph(
         ConfigError: a keyword has an invalid value.
         UnsupportedGraphError: the input is not a graph or is empty.
     """
-    _device_spec(device, "GPU", "device")
+    _device_spec(device, device_kinds, "device")
     host = _device_spec(host_device, "CPU", "host_device")
     if batch_size is not None and (
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
@@ -261,16 +264,17 @@ def _is_host(node_device: str, host: tf.DeviceSpec) -> bool:
     ) == (host.device_index or 0)
 
 
-def _device_spec(name, kind: str, keyword: str) -> tf.DeviceSpec:
+def _device_spec(name, kinds: str | tuple[str, ...], keyword: str) -> tf.DeviceSpec:
+    kinds = (kinds,) if isinstance(kinds, str) else kinds
     try:
         spec = tf.DeviceSpec.from_string(name)
     except (ValueError, TypeError, AttributeError) as err:
         raise ConfigError(
-            f"{keyword}={name!r} is not a device name ({err}). Use e.g. '/device:{kind}:0'."
+            f"{keyword}={name!r} is not a device name ({err}). Use e.g. '/device:{kinds[0]}:0'."
         ) from err
-    if (spec.device_type or "").upper() != kind:
+    if (spec.device_type or "").upper() not in kinds:
         raise ConfigError(
-            f"{keyword} must name a {kind} device, e.g. '/device:{kind}:0'. "
+            f"{keyword} must name a {' or '.join(kinds)} device, e.g. '/device:{kinds[0]}:0'. "
             f"Received {keyword}={name!r}."
         )
     return spec

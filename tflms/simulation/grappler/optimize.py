@@ -42,7 +42,8 @@ def grappler_optimize(
     Args:
         graph_or_graphdef: as for :func:`grappler_peak`.
         fetches: as for :func:`grappler_peak`; Grappler never removes them.
-        device: name of the virtual GPU.
+        device: name of the compute device: a virtual GPU, or a CPU to see the
+            rewrites Grappler applies to a step that runs on the CPU.
         host_device: the graph's host device; it becomes a virtual CPU.
         gpu_memory_bytes: memory size of the virtual GPU.
         batch_size: as for :func:`grappler_peak` (optional here).
@@ -72,7 +73,13 @@ def grappler_optimize(
         False
     """
     prepared = prepare_metagraph(
-        graph_or_graphdef, fetches, device, host_device, batch_size, input_shapes
+        graph_or_graphdef,
+        fetches,
+        device,
+        host_device,
+        batch_size,
+        input_shapes,
+        device_kinds=("GPU", "CPU"),
     )
     options = config_pb2.ConfigProto()
     if config is None:
