@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
+from tflms.frontends.fit_report import FitReport, fit_report, visible_gpu_preset
 from tflms.frontends.lms import LMS, resolve_config
 from tflms.keras.compat import check_keras_version, running_fit
 from tflms.keras.session import FitSession, check_xla, fit_batch_size, leading_dim
@@ -187,6 +188,8 @@ class LMSCallback(keras.callbacks.Callback):
             )
         self.verbose = verbose
         self.traces: list[Trace] = []
+        self.fit_reports: list[FitReport] = []
+        """Without ``memory_budget`` on a GPU with a preset: whether each traced plan fits it."""
         self.batch_size: int | None = None
         """The batch size tensors are sized for in the last ``fit``."""
         self.batch_source: str | None = None
@@ -325,6 +328,7 @@ class LMSCallback(keras.callbacks.Callback):
         if self._session is not None:  # left over from an interrupted fit
             self._session.restore()
         self.traces = []
+        self.fit_reports = []
         check_keras_version()
         fit = running_fit(model)
         self.batch_size, self.batch_source = (
@@ -371,9 +375,25 @@ class LMSCallback(keras.callbacks.Callback):
     # -------------------------------------------------------------- internals
     def _add_trace(self, trace: Trace) -> None:
         self.traces.append(trace)
+        if self.config.memory_budget is None and trace.view is not None:
+            preset = visible_gpu_preset()
+            if preset is not None:  # a real GPU with a preset: say whether the plan fits it
+                self._report_fit(trace, preset)
         if self.verbose > 0:
             text = trace.plan.summary()
             if trace.tuning is not None:
                 text = trace.tuning.summary() + ("" if trace.plan.empty else "\n" + text)
             sys.stdout.write(text + "\n")
             sys.stdout.flush()
+
+    def _report_fit(self, trace: Trace, preset: str) -> None:
+        """Log whether ``trace``'s plan fits the ``preset`` GPU (warning when it does not)."""
+        from tflms.cost.gpu_memory import configured_stack
+
+        stack = configured_stack("tf2", self.config.tensor_factor)
+        report = fit_report(trace.view, trace.plan, preset, stack=stack, link=self.config.link)
+        self.fit_reports.append(report)
+        if report.fits:
+            logger.info("%s", report.message)
+        else:
+            logger.warning("%s", report.message)
