@@ -21,7 +21,12 @@ import tflms
 from tflms import zoo
 from tflms.apply.core import apply_with
 from tflms.apply.proto_editor import ProtoEditor
-from tflms.graph.grappler_rules import foldable_link, folds_into_a_consumer, in_a_fold
+from tflms.graph.grappler_rules import (
+    foldable_link,
+    folded_to_constants,
+    folds_into_a_consumer,
+    in_a_fold,
+)
 from tflms.graph.view import SWAP_ATTR
 from tflms.plan.triggers import trigger_filter
 from tflms.simulation.grappler.rewrites import compare_rewrites
@@ -184,3 +189,21 @@ def test_bert_with_dropout_trains_bitwise_under_the_equivalence_options(devices)
     swapped, plan = _train(build, OPTION_SETS["equivalence"], devices)
     assert plan.swaps, plan.summary()
     _assert_bitwise(plain, swapped)
+
+
+def test_what_grappler_folds_to_constants_is_never_moved():
+    """The causal mask and the loss gradient's tiled 1/N are computed from shapes alone:
+    Grappler folds them to constants, so a swap or a clone of them could only add work."""
+    model = LANGUAGE["gpt2"]()
+    x, y = zoo.synthetic_data(model, BATCH)
+    graph = _traced_step(model, x, y)
+    config = tflms.LMSConfig(batch_size=BATCH, recompute=True, **OPTION_SETS["aggressive"])
+    view = tflms.build_view(graph, config=config)
+    folded = folded_to_constants(view)
+    kinds = {view.nodes[op]["type"] for op in folded}
+    assert {"LogicalAnd", "Tile"} & kinds, sorted(kinds)  # the mask, the mean's gradient
+    plan = tflms.make_plan(view, config)
+    assert plan.swaps and not {s.producer for s in plan.swaps} & folded
+    assert not {op for group in plan.recomputes for op in group.ops} & folded
+    reasons = dict(plan.skipped)
+    assert any("folds it into a constant" in why for why in reasons.values()), reasons
