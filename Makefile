@@ -38,8 +38,8 @@ check: install
 
 # The demo and the benchmarks run TensorFlow's oneDNN kernels on every x86-64 CPU:
 # TensorFlow turns them on by itself only on AVX-512-class CPUs, and without them
-# the demo's 3D-convolution gradients run ~9x slower on an AVX2-only CPU
-# (benchmarks/bench_cpu_kernels.py). TF_ENABLE_ONEDNN_OPTS=0 make demo keeps
+# the demo's training step runs 5x slower on an AVX2-only CPU
+# (benchmarks/bench_cpu_kernels.py, results/cpu_kernels.json). TF_ENABLE_ONEDNN_OPTS=0 make demo keeps
 # TensorFlow's own choice. The test suite runs with whatever the machine gives.
 demo bench: export TF_ENABLE_ONEDNN_OPTS ?= 1
 

@@ -15,8 +15,9 @@ no statistics. Two variables change that before TensorFlow starts:
   (it wins over oneDNN's): statistics too, but small tensors share its regions,
   so its peaks differ from oneDNN's by a few hundred KiB of placement.
 
-Other kernels mean other rounding and other speed (a 3D convolution's step is
-~2.7x slower without oneDNN on such a CPU), so every measurement names the
+Other kernels mean other rounding and other speed (the demo's 3D U-Net step
+is 5x slower without oneDNN on such a CPU: ``benchmarks/bench_cpu_kernels.py``),
+so every measurement names the
 state it ran in: :func:`cpu_state` gives it as a dict for a results file, and
 ``python -m tflms.utils.cpu`` prints it (the test suite prints it first).
 
