@@ -50,13 +50,14 @@ ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
 
 _PROBE = """
+import sys
 import tensorflow as tf
 tf.ones((4, 4)) * 2.0
 try:
     tf.config.experimental.get_memory_info("CPU:0")
-    print("BFC=1")
+    sys.stdout.write("BFC=1\\n")
 except ValueError:
-    print("BFC=0")
+    sys.stdout.write("BFC=0\\n")
 """
 _ONEDNN_ON = "oneDNN custom operations are on"
 
