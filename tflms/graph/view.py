@@ -11,7 +11,14 @@ Node attributes:
     ``level`` (Kahn generation over data and control edges, as TFLMS v2),
     ``control_flow`` (the op is a control-flow op or sits inside a TF1
     while/cond context), ``functions`` (names of functions the op calls),
-    ``stateful``, ``tflms`` (``"out"``/``"in"`` for tflms' swap ops, else ``None``).
+    ``stateful``, ``tflms`` (``"out"``/``"in"`` for tflms' swap ops, else ``None``),
+    ``loop`` (``While`` ops only: a :class:`~tflms.graph.loops.LoopLists`),
+    ``body`` (``While`` ops only: one iteration of its body as a view, for its
+    ops' costs; ``None`` where the body cannot be imported). A
+    loop's ``variant`` outputs are sized by the lists they hold at its end
+    (the per-iteration tensors kept for the gradient, see
+    :mod:`tflms.graph.loops`), ``TensorListFromTensor`` by its copy, a cuDNN
+    RNN's reserve space by an estimate (:mod:`tflms.graph.cudnn_rnn`).
 
 Edge attributes: ``tensors``, the ``(output_index, input_index)`` pairs
 carried from source to destination; ``control``, a control edge is there.
@@ -21,7 +28,10 @@ Graph attributes:
     ``"GPU"`` or ``"CPU"``), ``batch_size`` (for unknown first dims, or
     ``None``), ``batch_source``, ``unknown_dims`` (tensors with unknown
     non-batch dims, counted as 1), ``unsized_batch`` (unknown first dims no
-    batch size resolved), ``control_flow_ops``, ``depth``.
+    batch size resolved), ``control_flow_ops``, ``unbounded_loops`` (loops
+    whose growing lists have no trip bound or element size),
+    ``estimated_reserve_space`` (cuDNN RNN ops whose reserve space is an
+    estimate, :mod:`tflms.graph.cudnn_rnn`), ``depth``.
 
 Example:
     >>> import tensorflow as tf
@@ -46,6 +56,8 @@ import tensorflow as tf
 
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError, UnsupportedGraphError
+from tflms.graph import cudnn_rnn, loops
+from tflms.graph.graph_def import graph_from_function_def
 from tflms.utils.devices import DeviceMatcher, default_compute_type
 from tflms.utils.gc_pause import gc_paused
 
@@ -204,6 +216,7 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
             edge["tensors"].append((int(index), in_idx))
             in_idx += 1
     view.add_edges_from((u, v, data) for (u, v), data in edges.items())
+    unbounded_loops = _size_lists(view, graph, ops, batch)
 
     view.graph.update(
         compute_device=config.device or "",
@@ -213,6 +226,7 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
         unknown_dims=unknown_dims,
         unsized_batch=unsized_batch,
         control_flow_ops=control_flow_ops,
+        unbounded_loops=unbounded_loops,
     )
     assign_levels(view)
     logger.debug(
@@ -315,6 +329,77 @@ def consumers(view: nx.DiGraph, node: str, index: int) -> list[tuple[str, int]]:
 
 
 # --------------------------------------------------------------------------- internals
+
+
+def _size_lists(view: nx.DiGraph, graph: tf.Graph, ops, batch) -> list[str]:
+    """Give loop and ``TensorListFromTensor`` outputs the bytes their lists hold.
+
+    Returns the loops whose growing lists could not be sized, each logged.
+    """
+    found = loops.loop_list_bytes(graph, batch=batch)
+    estimated = []
+    for op in ops:
+        if op.type in ("TensorListFromTensor", "ZerosLike") and op.outputs[0].dtype == tf.variant:
+            _resize(view, op.name, 0, loops.list_op_bytes(op, batch, found))
+        elif op.type in cudnn_rnn.CUDNN_RNN_TYPES:
+            nbytes = cudnn_rnn.reserve_space_bytes(op, batch)
+            if nbytes is not None:
+                _resize(view, op.name, cudnn_rnn.RESERVE_SPACE_INDEX, nbytes)
+                estimated.append(op.name)
+    view.graph["estimated_reserve_space"] = estimated
+    unbounded = []
+    variables = _captured_variables(graph) if found else {}
+    for name, facts in found.items():
+        view.nodes[name]["loop"] = facts
+        view.nodes[name]["body"] = _body_view(graph.get_operation_by_name(name), variables, batch)
+        for index, nbytes in facts.list_bytes.items():
+            _resize(view, name, index, nbytes)
+        if facts.unbounded:
+            unbounded.append(name)
+            logger.warning(
+                "Loop %s keeps %d lists that grow each iteration but cannot be sized (%s); "
+                "the simulator counts them as empty, so its peak is too low.",
+                name,
+                len(facts.unbounded),
+                facts.bound if facts.trips is None else "element shapes unknown",
+            )
+    return unbounded
+
+
+def _captured_variables(graph: tf.Graph) -> dict[str, tf.Variable]:
+    """Placeholder op name -> the variable a ``FuncGraph`` captured through it."""
+    by_handle = {id(v.handle): v for v in getattr(graph, "variables", ())}
+    found = {}
+    for external, internal in getattr(graph, "captures", ()):
+        variable = by_handle.get(id(external))
+        if variable is not None:
+            found[internal.op.name] = variable
+    return found
+
+
+def _body_view(op: tf.Operation, variables: dict, batch) -> nx.DiGraph | None:
+    """One iteration of a loop's body as a view (its ops' costs), or ``None`` if it can't be read."""
+    library = op.graph.as_graph_def().library
+    fdef = next((f for f in library.function if f.signature.name == op.get_attr("body").name), None)
+    if fdef is None:
+        return None
+    resources = {}
+    for k, t in enumerate(op.inputs):
+        variable = variables.get(t.op.name) if t.dtype == tf.resource else None
+        if variable is not None:
+            resources[k] = (variable.dtype.as_datatype_enum, variable.shape.as_proto())
+    try:
+        body = graph_from_function_def(fdef, library, resources=resources)
+    except UnsupportedGraphError as err:
+        logger.debug("body of %s not read: %s", op.name, err)
+        return None
+    return _build(body, LMSConfig(), batch, "the loop's graph")
+
+
+def _resize(view: nx.DiGraph, name: str, index: int, nbytes: int) -> None:
+    outputs = list(view.nodes[name]["outputs"])
+    outputs[index] = outputs[index]._replace(bytes=nbytes)
+    view.nodes[name]["outputs"] = tuple(outputs)
 
 
 _CALLS_FUNCTIONS = FUNCTIONAL_CONTROL_FLOW | {

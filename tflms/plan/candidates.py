@@ -27,6 +27,7 @@ from tflms.graph.grappler_rules import (
     folded_to_constants,
     removed_at_run_time,
 )
+from tflms.graph.loops import WHILE_TYPES
 
 __all__ = [
     "ARITHMETIC_CHAIN",
@@ -38,6 +39,7 @@ __all__ = [
     "ORDER_SENSITIVE",
     "producer_ok",
     "tensor_ok",
+    "kept_list",
     "compute_device_type",
     "order_sensitive",
     "veto",
@@ -125,8 +127,10 @@ def producer_ok(name: str, node: dict, config: LMSConfig) -> bool:
         ``True`` for compute-device ops outside control flow that are not
         tflms ops, not in :data:`NEVER_SWAP_PRODUCERS` and pass the filters.
     """
-    if node["placement"] != "compute" or node["control_flow"] or node["tflms"]:
+    if node["placement"] != "compute" or node["tflms"]:
         return False
+    if node["control_flow"] and not node.get("loop"):
+        return False  # a loop's own outputs: only its kept lists (see kept_list)
     if node["type"] in NEVER_SWAP_PRODUCERS:
         return False
     if node["type"] in WEIGHT_GRADIENT_OPS and not config.swap_weight_gradients:
@@ -142,17 +146,45 @@ def producer_ok(name: str, node: dict, config: LMSConfig) -> bool:
     return True
 
 
-def tensor_ok(info, config: LMSConfig) -> bool:
+def kept_list(node: dict, info) -> bool:
+    """Whether ``info`` is a loop's list of per-iteration tensors kept for its gradient.
+
+    An RNN's forward time loop hands these lists (its saved activations) to
+    the gradient loop; their bytes come from :mod:`tflms.graph.loops`. They
+    are swapped whole: TensorFlow copies a ``TensorList`` between host and
+    device element by element (its registered variant device copy), and
+    ``Identity`` has host and GPU kernels for ``variant``.
+
+    Args:
+        node: the producer's view attributes.
+        info: one of its outputs.
+    """
+    loop = node.get("loop")
+    return (
+        loop is not None
+        and info.dtype == "variant"
+        and info.index in loop.list_bytes
+        and info.bytes > 0
+    )
+
+
+def tensor_ok(info, config: LMSConfig, node: dict | None = None) -> bool:
     """Whether the output ``info`` (a :class:`~tflms.graph.view.TensorInfo`) is worth swapping.
 
     Args:
         info: the tensor.
         config: supplies ``min_tensor_bytes``.
 
+        node: the producer's view attributes; with them, a loop's kept list
+            (:func:`kept_list`) is a candidate too.
+
     Returns:
         ``True`` for non-reference tensors of rank >= 2, a swappable dtype
-        and at least ``config.min_tensor_bytes`` (and more than 0) bytes.
+        and at least ``config.min_tensor_bytes`` (and more than 0) bytes; a
+        loop's kept list of at least ``min_tensor_bytes``; else ``False``.
     """
+    if node is not None and node["control_flow"]:
+        return kept_list(node, info) and info.bytes >= config.min_tensor_bytes
     return (
         not info.is_ref
         and info.dtype not in NEVER_SWAP_DTYPES
@@ -205,9 +237,10 @@ def veto(view: nx.DiGraph, producer: str, info, uses, far) -> str | None:
         )
     for c, i in far:
         cnode = view.nodes[c]
+        gradient_loop = kept_list(node, info) and cnode["type"] in WHILE_TYPES
         if (
             cnode["placement"] != "compute"
-            or cnode["control_flow"]
+            or (cnode["control_flow"] and not gradient_loop)
             or cnode["tflms"] not in (None, "recompute")  # a recompute clone may read a swap-in
         ):
             return f"a far consumer ({cnode['type']}) is in control flow or off the compute device"

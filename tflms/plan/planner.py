@@ -97,8 +97,8 @@ def plan_swaps(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
         if not producer_ok(producer, node, config):
             continue
         for info in node["outputs"]:
-            if not tensor_ok(info, config):
-                if tensor_ok(info, any_size):
+            if not tensor_ok(info, config, node):
+                if tensor_ok(info, any_size, node):
                     small.append(info.bytes)
                 continue
             swap, reason = _plan_tensor(view, producer, node, info, levels, config, trigger_ok)
@@ -239,6 +239,16 @@ def _notes(view: nx.DiGraph):
         yield (
             f"{len(calls)} function calls (e.g. {calls[0]}) are treated as single ops; "
             "tensors inside their bodies are not swapped"
+        )
+    if g.get("unbounded_loops"):
+        yield (
+            f"{len(g['unbounded_loops'])} loops (e.g. {g['unbounded_loops'][0]}) keep lists "
+            "without a known trip bound; they are counted as empty (pass maximum_iterations=)"
+        )
+    if g.get("estimated_reserve_space"):
+        yield (
+            f"{len(g['estimated_reserve_space'])} cuDNN RNN reserve spaces are estimated from "
+            "the per-step tensors the same RNN keeps as a loop (tflms.graph.cudnn_rnn)"
         )
     if g.get("unsized_batch"):
         yield (

@@ -357,6 +357,25 @@ def trace_memory(
         free_key.append(f_key)
         events.append((*a_key, b, 1))
         events.append((*f_key, b, -1))
+    for i in order:  # a loop's iterations in flight: held from its start to its end
+        nbytes = graph.scratch[i] if graph.scratch and graph.spaces[i] == "device" else 0
+        if nbytes:
+            b = len(b_space)
+            b_space.append("device")
+            b_bytes.append(nbytes)
+            b_producer.append(i)
+            b_tensors.append([])
+            t_alloc = schedule.alloc_time(i)
+            if realistic:
+                a_key = (t_alloc, 1, position[i])
+                f_key = (end[i], 0 if end[i] > t_alloc else 2, position[i])
+            else:
+                a_key = (_whole_us(t_alloc), 1, position[i])
+                f_key = (_whole_us(end[i]) + 1e-9, 0, position[i])
+            alloc_key.append(a_key)
+            free_key.append(f_key)
+            events.append((*a_key, b, 1))
+            events.append((*f_key, b, -1))
     if gpu:
         ws_limit = gpu_memory.get_stack(stack).workspace_limit_bytes
         for i in order:
@@ -416,10 +435,15 @@ def trace_memory(
         peak_key = (t_peak, 1, position[ops[dev_point]])
         for b in range(len(b_space)):
             if b_space[b] == "device" and alloc_key[b] <= peak_key < free_key[b]:
-                i, k = b_tensors[b][0]
+                if not b_tensors[b]:  # a loop's scratch
+                    i = b_producer[b]
+                    name = f"{graph.names[i]} (iterations in flight)"
+                else:
+                    i, k = b_tensors[b][0]
+                    name = graph.outputs[i][k].name
                 live.append(
                     LiveBuffer(
-                        graph.outputs[i][k].name,
+                        name,
                         graph.types[i],
                         b_bytes[b],
                         alloc_key[b][0],

@@ -51,7 +51,7 @@ Example:
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -88,6 +88,8 @@ class CompiledGraph:
         flops: counted FLOPs per op.
         copy: ``"d2h"``/``"h2d"`` for copy ops, else ``None``.
         device, link: the models used for the durations.
+        scratch: bytes each op holds while it runs besides its outputs (a
+            loop's iterations in flight, :mod:`tflms.graph.loops`).
     """
 
     names: list
@@ -104,6 +106,7 @@ class CompiledGraph:
     copy: list
     device: DeviceModel
     link: LinkModel
+    scratch: list = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -222,6 +225,11 @@ def compile_view(
         cost = op_cost(node["type"], ins, node["outputs"], model)
         durations[i] = cost.seconds
         flops[i] = cost.flops
+        trips = node["loop"].trips if node.get("loop") is not None else None
+        if trips and node.get("body") is not None:  # a loop: its body, once per iteration
+            seconds, body_flops = _iteration(node["body"], model, link)
+            durations[i] = max(durations[i], trips * seconds)
+            flops[i] = trips * body_flops
     return CompiledGraph(
         names=names,
         types=[node["type"] for node in nodes],
@@ -237,7 +245,18 @@ def compile_view(
         copy=copy,
         device=device,
         link=link,
+        scratch=[node["loop"].scratch_bytes if "loop" in node else 0 for node in nodes],
     )
+
+
+def _iteration(body: nx.DiGraph, device: DeviceModel, link: LinkModel) -> tuple[float, float]:
+    """Seconds and FLOPs of one iteration of a loop body's view, its ops one after another."""
+    cache = body.graph.setdefault("iteration_cost", {})
+    key = (device, link)
+    if key not in cache:
+        compiled = compile_view(body, device=device, link=link)
+        cache[key] = (sum(compiled.durations), sum(compiled.flops))
+    return cache[key]
 
 
 def _copy_kind(node: dict, data_inputs, spaces) -> str | None:

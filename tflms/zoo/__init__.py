@@ -17,6 +17,7 @@ same model serves a 2-second CPU test and a simulated 16 GiB V100:
 ``bert``      BERT-base (published configuration), masked-LM loss
 ``gpt2``      GPT-2 small (published configuration), causal LM loss
 ``lstm``      dense + LSTM (a ``While`` loop)
+``lstm_lm``   the medium LSTM language model of Zaremba et al. (2014)
 ============  =============================================================
 
 Example:
@@ -48,6 +49,7 @@ __getattr__, __dir__, _exported = lazy_exports(
         "lstm": "tflms.zoo.sequence",
         "bert": "tflms.zoo.language",
         "gpt2": "tflms.zoo.language",
+        "lstm_lm": "tflms.zoo.language",
         "synthetic_data": "tflms.zoo.data",
     },
 )
@@ -64,6 +66,7 @@ MODELS = (
     "bert",
     "gpt2",
     "lstm",
+    "lstm_lm",
 )
 """Names :func:`build` accepts."""
 

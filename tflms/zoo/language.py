@@ -1,4 +1,4 @@
-"""Language models of the zoo with their published configurations: BERT-base and GPT-2 small.
+"""Language models of the zoo with their published configurations: BERT-base, GPT-2 small, an LSTM LM.
 
 Both are built from ``keras.layers`` as a user would (``Embedding``,
 ``MultiHeadAttention``, ``LayerNormalization``, ``Dropout``, GELU MLPs) and
@@ -16,6 +16,11 @@ parameter, so a test trains the same architecture at a few thousand weights.
            LayerNorm epsilon 1e-5, causal attention, a final LayerNorm; trained as
            a causal LM. Its output projection is a separate ``Dense`` (GPT-2 ties
            it to the token embedding: 38.6M fewer weights, the same activations)
+``lstm_lm`` the medium LSTM language model of Zaremba, Sutskever and Vinyals
+           ("Recurrent Neural Network Regularization", 2014): 2 LSTM layers of
+           650 units, 650-wide embeddings, vocabulary 10000 (Penn Treebank), 35
+           unrolled steps, dropout 0.5 on the non-recurrent connections, SGD; its
+           time loops are ``While`` ops (on a GPU Keras runs cuDNN's fused LSTM)
 =========  ========================================================================
 
 Example:
@@ -30,7 +35,7 @@ import keras
 
 from tflms.zoo.compiling import compiled
 
-__all__ = ["bert", "gpt2"]
+__all__ = ["bert", "gpt2", "lstm_lm"]
 
 
 def _token_loss():
@@ -134,3 +139,37 @@ def gpt2(
     x = keras.layers.LayerNormalization(epsilon=1e-5)(x)
     logits = keras.layers.Dense(vocab, name="lm_logits")(x)
     return compiled(keras.Model(tokens, logits, name="gpt2"), _token_loss(), optimizer)
+
+
+def lstm_lm(
+    vocab: int = 10000,
+    seq: int = 35,
+    units: int = 650,
+    *,
+    layers: int = 2,
+    dropout: float = 0.5,
+    optimizer: str = "sgd",
+    seed: int = 7,
+) -> keras.Model:
+    """The medium LSTM language model of Zaremba et al. (see above).
+
+    Args:
+        vocab: vocabulary size (10000).
+        seq: unrolled time steps (35).
+        units: LSTM units and embedding width (650).
+        layers: stacked LSTM layers (2).
+        dropout: dropout rate between layers, not on the recurrent state (0.5).
+        optimizer: a name of :data:`~tflms.zoo.compiling.OPTIMIZERS` (SGD).
+        seed: Keras' random seed for the initial weights and dropout.
+
+    Returns:
+        The compiled model: int32 token ids ``(batch, seq)`` in, next-token
+        logits ``(batch, seq, vocab)`` out, sparse token targets.
+    """
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((seq,), dtype="int32", name="tokens")
+    x = keras.layers.Dropout(dropout)(keras.layers.Embedding(vocab, units)(tokens))
+    for _ in range(layers):
+        x = keras.layers.Dropout(dropout)(keras.layers.LSTM(units, return_sequences=True)(x))
+    logits = keras.layers.Dense(vocab, name="lm_logits")(x)
+    return compiled(keras.Model(tokens, logits, name="lstm_lm"), _token_loss(), optimizer)
