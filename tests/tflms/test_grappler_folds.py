@@ -16,6 +16,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tflms
 from tflms import zoo
@@ -189,6 +191,39 @@ def test_bert_with_dropout_trains_bitwise_under_the_equivalence_options(devices)
     swapped, plan = _train(build, OPTION_SETS["equivalence"], devices)
     assert plan.swaps, plan.summary()
     _assert_bitwise(plain, swapped)
+
+
+_PLAIN: dict = {}
+
+
+@pytest.mark.slow
+# each example trains a model: a handful, not the profile's thousands; `devices` is the
+# same logical-device pair for every example
+@settings(
+    max_examples=6,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    options=st.fixed_dictionaries(
+        {
+            "swapout_threshold": st.integers(1, 12),
+            "swapin_ahead": st.integers(1, 6),
+            "swapin_groupby": st.integers(0, 6),
+            "sync_mode": st.sampled_from([0, 1, 2, 3]),
+            "min_tensor_bytes": st.sampled_from([0, 256, 4096]),
+            "recompute": st.booleans(),
+            "swap_weight_gradients": st.booleans(),
+        }
+    )
+)
+def test_any_options_train_a_small_gpt_bitwise(options, devices):
+    """A property over the plan's options: a GPT-2-style decoder with dropout and a causal
+    mask trains bit for bit as without LMS, whatever the plan swaps or re-runs."""
+    if "plain" not in _PLAIN:
+        _PLAIN["plain"] = _train(LANGUAGE["gpt2"], None, devices)[0].get_weights()
+    swapped, plan = _train(LANGUAGE["gpt2"], options, devices)
+    for a, b in zip(_PLAIN["plain"], swapped.get_weights(), strict=True):
+        np.testing.assert_array_equal(b, a, err_msg=plan.summary())
 
 
 def test_what_grappler_folds_to_constants_is_never_moved():
