@@ -8,7 +8,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tests.tflms.graphs import chain_with_skip
 from tflms import LMS, validate
 from tflms.errors import ValidationError
-from tflms.graph.view import SWAP_ATTR
+from tflms.graph.view import SWAP_ATTR, build_view
 
 OPTIONS = dict(swapout_threshold=5, swapin_ahead=2, min_tensor_bytes=0)
 
@@ -63,4 +63,26 @@ def test_a_cyclic_view_is_reported():
     view.add_edge("a", "b", tensors=[(0, 0)], control=False)
     view.add_edge("b", "a", tensors=[], control=True)
     with pytest.raises(ValidationError, match="cycle"):
+        validate(view)
+
+
+def test_a_swap_that_blocks_a_grappler_fold_is_refused():
+    """The swap ops must not change what Grappler's arithmetic optimizer folds: a
+    swapped tensor inside an add chain, a trigger hung on a product chain."""
+    g = tf.Graph()
+    with g.as_default():
+        a, b, c, p, q, r = (tf.compat.v1.placeholder(tf.float32, [4, 4], name=n) for n in "abcpqr")
+        add1 = tf.add(a, b, name="add1")
+        out = tf.identity(add1, name="swap_out")
+        swap_in = tf.identity(out, name="swap_in")
+        tf.add(swap_in, c, name="add2")  # add1 -> add2 is an AddOpsRewrite fold
+        m1 = tf.multiply(p, q, name="m1")
+        tf.multiply(m1, r, name="m2")  # m1 -> m2: a chain of one associative op
+    view = build_view(g, batch_size=4)
+    view.nodes["swap_out"].update(tflms="out", device="/device:CPU:0")
+    view.nodes["swap_in"]["tflms"] = "in"
+    with pytest.raises(ValidationError, match="adds a consumer to add1"):
+        validate(view)
+    view.add_edge("m1", "swap_in", tensors=[], control=True)  # a trigger inside a fold
+    with pytest.raises(ValidationError, match="m1 has a control edge to swap_in"):
         validate(view)

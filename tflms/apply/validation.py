@@ -9,7 +9,13 @@ optionally against the :class:`~tflms.plan.swap_plan.SwapPlan` that was applied:
 * every swap-in is an Identity reading a swap-out, placed on its consumers'
   device, and every consumer it serves reads it at the planned input;
 * every trigger and wait edge of the plan is present;
-* there are no swap ops the plan does not account for.
+* there are no swap ops the plan does not account for;
+* no swap keeps Grappler's arithmetic optimizer from a fold it would apply
+  to the graph without the plan (:mod:`tflms.graph.grappler_rules`): no
+  swapped tensor's producer folds into its one consumer, no op of a fold
+  gains a control fanout to a swap op. These are tflms' own rules of what
+  Grappler does; ``tflms.simulation.grappler.compare_rewrites`` runs Grappler
+  itself on both graphs (the test suite does, on every model it plans).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import networkx as nx
 
 from tflms.config import LMSConfig
 from tflms.errors import UnsupportedGraphError, ValidationError
+from tflms.graph.grappler_rules import folds_into_a_consumer, in_a_fold
 from tflms.graph.view import assign_levels, build_view
 from tflms.plan.entries import SCOPE
 from tflms.plan.swap_plan import SwapPlan
@@ -58,6 +65,7 @@ def validate(graph, plan: SwapPlan | None = None, *, host_device: str | None = N
             raise ValidationError(str(err)) from err
     host = host_device or (plan.config.host_device if plan else LMSConfig().host_device)
     problems = _structural(view, host)
+    problems.extend(_blocked_folds(view))
     if plan is not None:
         problems.extend(_against_plan(view, plan))
     if problems:
@@ -118,6 +126,49 @@ def _structural(view: nx.DiGraph, host: str) -> list[str]:
                     )
         else:
             problems.append(f"op {name} has an unknown swap kind {kind!r}")
+    return problems
+
+
+def _blocked_folds(view: nx.DiGraph) -> list[str]:
+    """Folds of Grappler's arithmetic optimizer the swap ops would block (see the module doc)."""
+    swap_ops = [n for n, d in view.nodes(data=True) if d.get("tflms") in ("out", "in")]
+    if not swap_ops:
+        return []
+    restored = view.copy()  # the graph as it was: consumers read the producers again
+    for name in swap_ops:
+        if view.nodes[name]["tflms"] != "in":
+            continue
+        swap_out = _data_inputs(view, name).get(0)
+        source = _data_inputs(view, swap_out[0]).get(0) if swap_out else None
+        if source is None:
+            continue  # _structural names it
+        for reader, edge in view.succ[name].items():
+            for _, in_idx in edge.get("tensors", ()):
+                tensors = restored.get_edge_data(source[0], reader, {}).get("tensors", [])
+                restored.add_edge(
+                    source[0],
+                    reader,
+                    tensors=[*tensors, (source[1], in_idx)],
+                    control=restored.get_edge_data(source[0], reader, {}).get("control", False),
+                )
+    restored.remove_nodes_from(swap_ops)
+    problems = []
+    for name in swap_ops:
+        kind = view.nodes[name]["tflms"]
+        if kind == "out":
+            for src, _ in _data_inputs(view, name).values():
+                if src in restored and folds_into_a_consumer(restored, src):
+                    problems.append(
+                        f"swap-out {name} adds a consumer to {src}, which Grappler's arithmetic "
+                        "optimizer folds into its one consumer: the swap changes the float "
+                        "arithmetic of the step"
+                    )
+        for src, edge in view.pred[name].items():
+            if edge.get("control") and src in restored and in_a_fold(restored, src):
+                problems.append(
+                    f"{src} has a control edge to {name} but takes part in a fold of Grappler's "
+                    "arithmetic optimizer: the edge changes the float arithmetic of the step"
+                )
     return problems
 
 

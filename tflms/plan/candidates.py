@@ -25,6 +25,7 @@ from tflms.graph.grappler_rules import (
     aliases_a_variable,
     compute_device_type,
     folded_to_constants,
+    folds_into_a_consumer,
     removed_at_run_time,
 )
 from tflms.graph.loops import WHILE_TYPES
@@ -234,6 +235,11 @@ def veto(view: nx.DiGraph, producer: str, info, uses, far) -> str | None:
     if order_sensitive(view, producer) or any(order_sensitive(view, c) for c, _ in uses):
         return (
             "an AddN of 3+ inputs reads or writes it (its float sum order depends on buffer reuse)"
+        )
+    if folds_into_a_consumer(view, producer):
+        return (
+            "Grappler's arithmetic optimizer folds its producer into its one consumer; a "
+            "swap-out would add a consumer and change the float arithmetic"
         )
     for c, i in far:
         cnode = view.nodes[c]

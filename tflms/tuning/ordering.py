@@ -20,8 +20,9 @@ No edge can close a cycle: nothing in ``B`` is an ancestor of ``J1``. No edge
 may change which input buffer an ``AddN`` of 3+ inputs sums into (TensorFlow
 reuses a buffer only when its other readers are done, and the summation
 order follows): an edge set that would newly order such an ``AddN`` and
-another reader of one of its inputs is discarded. Training stays bitwise
-identical.
+another reader of one of its inputs is discarded, and so is one that starts at
+an op of a chain Grappler's arithmetic optimizer folds (a control fanout
+changes that rewrite). Training stays bitwise identical.
 
 Example:
     >>> import networkx as nx
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from tflms.cost.hardware import DeviceModel, LinkModel
-from tflms.graph.grappler_rules import removed_at_run_time
+from tflms.graph.grappler_rules import in_a_fold, removed_at_run_time
 from tflms.plan.candidates import ORDER_SENSITIVE
 from tflms.simulation.allocator import Accounting
 from tflms.simulation.memory import trace_memory
@@ -114,6 +115,7 @@ class _Graph:
                 for j in succ:
                     preds[j].append(i)
         self.fixed = fixed  # ops Grappler removes: an order edge would make Grappler keep them
+        self.folds: set[int] = set()  # ops of an arithmetic fold: no order edge may start there
 
     def simulate(self, extra=()):
         g = self.g
@@ -193,6 +195,7 @@ def order_edges(
     )
     removed = {i for i, name in enumerate(compiled.names) if removed_at_run_time(view, name)}
     graph = _Graph(compiled, accounting, written, removed)
+    graph.folds = {i for i, name in enumerate(compiled.names) if in_a_fold(view, name)}
     g = graph.g
     concern = _addn_concerns(graph)
     schedule, memory = graph.simulate()
@@ -355,7 +358,14 @@ def _addn_concerns(graph: _Graph) -> list[tuple[int, int]]:
 
 
 def _safe(graph: _Graph, edges, concern) -> bool:
-    """Whether ``edges`` leave every unordered concern pair unordered."""
+    """Whether ``edges`` leave every unordered concern pair unordered and every fold alone.
+
+    An op of a chain Grappler's arithmetic optimizer folds must not gain a control
+    fanout (:func:`~tflms.graph.grappler_rules.in_a_fold`): the rewrite, and the float
+    rounding, would change.
+    """
+    if any(a in graph.folds for a, _ in edges):
+        return False
     if not concern:
         return True
     before = set()
