@@ -229,6 +229,46 @@ def cpu_judge(r: Results) -> str:
     return markdown_table(header, rows, "lrrrrrr") + "\n\n" + summary
 
 
+@table("loops", "loops.json")
+def loops(r: Results) -> str:
+    """Recurrent models: measured CPU allocator peaks against three simulated peaks, and autotune."""
+    header = [
+        "model",
+        "measured peak (range over runs)",
+        "lists empty (before)",
+        "with the lists",
+        "+ iterations in flight (prediction)",
+        "autotune at 80%: peak, lists swapped, overhead",
+    ]
+    rows = []
+    models = r.get("rows")
+    for name in models if isinstance(models, dict) else []:
+        cell = lambda key, name=name: r.get(f"rows.{name}.{key}")  # noqa: E731
+        peaks = cell("measured_peaks")
+        spread = (
+            f"{fmt_bytes(min(peaks))} - {fmt_bytes(max(peaks))}"
+            if isinstance(peaks, list) and peaks
+            else "missing"
+        )
+        simulated = [
+            f"{fmt_bytes(cell(key))} ({fmt_ratio(cell(f'{key}_ratio'))}x)"
+            for key in ("blind", "lists", "lists_in_flight")
+        ]
+        if cell("autotune.fits") is True:
+            tuned = (
+                f"{fmt_bytes(cell('autotune.peak_bytes'))}, {cell('autotune.loop_list_swaps')} of "
+                f"{cell('autotune.swaps')} swaps, {fmt_pct(cell('autotune.overhead'), '+.1%')}"
+            )
+        else:
+            tuned = "does not fit"
+        rows.append([name, spread, *simulated, tuned])
+    note = (
+        "Ratios are simulated / the highest measured peak. Autotune figures are simulated on "
+        "the V100-16GB preset over PCIe3, budget 80% of the prediction, no safety margin."
+    )
+    return markdown_table(header, rows, "lrrrrl") + "\n\n" + note
+
+
 def _diff(value, reference) -> str:
     if (
         not isinstance(value, int | float)
