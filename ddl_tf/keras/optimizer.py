@@ -40,10 +40,11 @@ import tensorflow as tf
 from keras import ops
 
 from ddl_tf.core.compression import Compression, Compressor
-from ddl_tf.core.process_sets import engine_for
+from ddl_tf.core.process_sets import excludes_this_rank
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import allreduce_gradients
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "unwrap_optimizer"]
 
@@ -115,7 +116,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
     ) -> None:
-        engine_for(process_set)  # refuse a bad set here, not inside fit
+        excludes_this_rank(process_set)  # refuse a bad set here, not inside fit
         _warn_ignored(device_dense=device_dense, device_sparse=device_sparse)
         _warn_ignored(num_groups=num_groups, groups=groups)
         inner = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
@@ -272,6 +273,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def reduce(self, grads: list, variables: list, overlap: bool | None = None) -> list:
         """The gradients averaged (or summed) across ranks, local variables' kept on this rank.
 
+        On a rank outside ``process_set`` every gradient stays local, as in Horovod.
+
         Args:
             grads: One gradient per variable (tensors, ``tf.IndexedSlices`` or None).
             variables: The variables, in the same order.
@@ -282,6 +285,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             The reduced gradients, in the same order.
         """
         grads = list(grads)
+        if excludes_this_rank(self.process_set):
+            return grads  # as in Horovod: a rank outside the set trains on its own gradients
         overlap = self.overlap if overlap is None else overlap
         shared = [i for i, v in enumerate(variables) if _key(v) not in self._local_vars]
         reduced = allreduce_gradients(

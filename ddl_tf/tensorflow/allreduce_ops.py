@@ -36,12 +36,12 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core.compression import Compressor
-from ddl_tf.core.process_sets import engine_for
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError, UnsupportedError
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import grouped_allgather
 from ddl_tf.tensorflow.compression import Compression
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["allreduce", "grouped_allreduce", "barrier", "join", "split_compression"]
 
