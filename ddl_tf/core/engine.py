@@ -42,6 +42,7 @@ import numpy as np
 
 from ddl_tf.config import DDLConfig
 from ddl_tf.core import join, movement, mpi
+from ddl_tf.core.adasum import Adasum, HierarchicalAdasum, check_dtype
 from ddl_tf.core.algorithms import Allreduce, make_allreduce
 from ddl_tf.core.aligned import BufferPool, aligned_empty
 from ddl_tf.core.comms import Communicators, build_communicators
@@ -124,6 +125,7 @@ class Engine:
         self._choices: dict[tuple[int, np.dtype], Allreduce] = {}
         self._descriptors: dict[tuple, Descriptor] = {}
         self._reducible: set[tuple[np.dtype, ReduceOp]] = set()
+        self._adasum: Adasum | HierarchicalAdasum | None = None
         steps = topology.steps()
         # (nodes, ranks per node) only when uniform: every rank must see the same key
         self._layout = (topology.num_nodes, topology.local_size) if topology.is_uniform else None
@@ -221,7 +223,8 @@ class Engine:
         Args:
             arrays: Arrays with the same dtypes and shapes, in the same order,
                 on every rank.
-            op: Average (default), Sum, Min, Max or Product.
+            op: Average (default), Sum, Min, Max, Product or Adasum
+                (float16/32/64 only; see :meth:`adasum`).
             compression: Wire compression; None uses the configured default.
             name: Optional name (compared across ranks).
             prescale_factor: Multiply inputs before reducing.
@@ -229,8 +232,14 @@ class Engine:
 
         Returns:
             New arrays with the reduced values, same dtypes and shapes.
+
+        Raises:
+            UnsupportedError: Adasum on a number of ranks (nodes, in the
+                hierarchical form) that is not a power of two, on every rank.
         """
         op = parse_op(op)
+        if op is ReduceOp.ADASUM:
+            self.adasum()  # the layout is the same everywhere: every rank refuses alike
         comp = Compression.get(compression if compression is not None else self.config.compression)
         arrays = [np.asarray(a) for a in arrays]
         layout = tuple((a.dtype, a.shape) for a in arrays)
@@ -246,10 +255,12 @@ class Engine:
         ):
             for array in arrays:  # dtypes and op are negotiated: every rank reaches one verdict
                 if (array.dtype, op) not in self._reducible:
-                    check_reducible(array.dtype, op)
+                    (check_dtype if op is ReduceOp.ADASUM else check_reducible)(array.dtype, op)
                     self._reducible.add((array.dtype, op))
             if prescale_factor != 1.0:  # in the tensor's own dtype, before any compression
                 arrays = [scale(a, prescale_factor) for a in arrays]
+            if op is ReduceOp.ADASUM:
+                return self._adasum_arrays(arrays, comp, postscale_factor)
             with self.timeline.phase("compress", compression=comp.name):
                 if comp.casts_only:  # the cast happens while packing: no extra copy
                     sources, contexts = arrays, None
@@ -296,6 +307,44 @@ class Engine:
                         cast_into(view, restored)  # the casting compressor's way back
                         out[i] = scale(restored, factor, out=restored)
             return out
+
+    def adasum(self) -> Adasum | HierarchicalAdasum:
+        """This engine's Adasum: across nodes after a per-node average when the allreduce is
+        hierarchical (``DDL_ALLREDUCE_ALGO=hierarchical`` or ``HOROVOD_HIERARCHICAL_ALLREDUCE=1``)
+        on several uniform nodes of several ranks, else over all ranks.
+
+        Raises:
+            UnsupportedError: The tree's width (ranks or nodes) is not a power of two.
+        """
+        if self._adasum is None:
+            topo, comms = self.topology, self.comms
+            across_nodes = topo.is_uniform and topo.num_nodes > 1 and topo.local_size > 1
+            if self.config.algorithm == "hierarchical" and across_nodes:
+                self._adasum = HierarchicalAdasum(comms.node, comms.cross)
+            else:
+                self._adasum = Adasum(comms.data)
+        self._adasum.check()
+        return self._adasum
+
+    def _adasum_arrays(self, arrays: list[np.ndarray], comp: Compressor, post: float) -> list:
+        """Adasum of ``arrays`` (compressed first), fused per wire dtype, tensor by tensor."""
+        pairs = [comp.compress(a) for a in arrays]
+        out: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+        groups: dict[np.dtype, list[int]] = {}
+        for i, (wire, _) in enumerate(pairs):
+            groups.setdefault(wire.dtype, []).append(i)
+        for dtype, members in groups.items():
+            check_dtype(dtype, ReduceOp.ADASUM)  # e.g. bf16 compression: refused, every rank
+            counts = [pairs[i][0].size for i in members]
+            buf = np.concatenate([pairs[i][0].reshape(-1) for i in members])
+            with self.timeline.phase("adasum", bytes=buf.nbytes, tensors=len(members)):
+                self.adasum().reduce(buf, counts)
+            offset = 0
+            for i, n in zip(members, counts, strict=True):
+                view = buf[offset : offset + n].reshape(arrays[i].shape)
+                out[i] = scale(comp.decompress(view, pairs[i][1]), post)
+                offset += n
+        return out
 
     # ------------------------------------------------------------------ reducescatter
 

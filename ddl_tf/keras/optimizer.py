@@ -65,7 +65,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         sparse_as_dense: Densify ``tf.IndexedSlices`` gradients before reducing.
         gradient_predivide_factor: With Average, scale by ``1/f`` before the sum
             and ``f/size`` after it.
-        op: ``Average`` (default) or ``Sum``.
+        op: ``Average`` (default), ``Sum`` or ``Adasum`` (Horovod's Keras optimizer refuses
+            Adasum; ddl_tf combines the gradients with it, see :mod:`ddl_tf.core.adasum`).
         backward_passes_per_step: Accumulate this many gradient calls locally
             before one reduction and update.
         average_aggregated_gradients: Divide accumulated gradients by
@@ -75,6 +76,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             overlap), with a warning once when set.
         groups: As ``num_groups``.
         process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
+            A rank outside the set keeps its own gradients (as in Horovod).
         scale_local_gradients: Divide the gradients of local variables
             (:meth:`register_local_var`) by the number of ranks, as Horovod does.
         overlap: Reduce in buckets that overlap the backward pass (graphs
@@ -133,9 +135,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 f"backward_passes_per_step={backward_passes_per_step!r}."
             )
         op = parse_op(op)
-        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
             raise ConfigError(
-                f"DistributedOptimizer combines gradients with Average or Sum. Received op={op!r}."
+                "DistributedOptimizer combines gradients with Average, Sum or Adasum. Received "
+                f"op={op!r}."
+            )
+        if op is ReduceOp.ADASUM and average_aggregated_gradients:
+            raise ConfigError(  # Horovod's rule (a ValueError there too)
+                "Adasum does not support average_aggregated_gradients=True (Adasum combines "
+                "whole gradients by their directions). Received op=Adasum, "
+                "average_aggregated_gradients=True; leave it False."
             )
         super().__init__(learning_rate=0.0, name=name or f"Distributed{type(inner).__name__}")
         self.inner_optimizer = inner

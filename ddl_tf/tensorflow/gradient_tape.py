@@ -44,11 +44,12 @@ class DistributedGradientTape:
         device_sparse: Accepted for compatibility (ignored).
         compression: ``Compression.none`` (default), ``.fp16`` or ``.bf16``.
         sparse_as_dense: Densify ``tf.IndexedSlices`` gradients first.
-        op: Average (default) or Sum.
+        op: Average (default), Sum or Adasum.
         gradient_predivide_factor: See :func:`ddl_tf.tensorflow.functions.allreduce_gradients`.
         num_groups: Accepted for compatibility (ddl_tf always fuses into buckets).
         groups: Accepted for compatibility.
-        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
+        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all. A rank
+            outside the set keeps its own gradients (as in Horovod).
         scale_local_gradients: Divide gradients of registered local sources by
             the number of ranks, as Horovod does.
         overlap: Reduce in buckets that overlap the backward pass (graphs
