@@ -59,13 +59,17 @@ from ddl_tf.core.selection import AutoPolicy
 from ddl_tf.core.steps import shard_layout
 from ddl_tf.core.timeline import NullTimeline, Timeline, Tracer, merge_traces
 from ddl_tf.core.topology import Topology
-from ddl_tf.errors import CollectiveArgumentError, DDLError
+from ddl_tf.errors import CollectiveArgumentError, DDLError, StallError
 
 __all__ = ["Engine"]
 
 logger = logging.getLogger(__name__)
 
 _POOL_BYTES = 256 << 20
+
+FAILED_EXIT_SECONDS = 30.0
+"""How long a rank whose collectives failed waits, in its shutdown, for the other ranks to
+shut down too (they are not left waiting for it; past this the job aborts at exit)."""
 
 
 class Engine:
@@ -700,23 +704,32 @@ class Engine:
     def shutdown(self) -> None:
         """Collectively stop: check every rank is shutting down, merge the timeline, free comms.
 
+        After a failure on this rank the shutdown still takes part, so that
+        the other ranks are not left waiting for it (at exit, then in
+        ``MPI_Finalize``): it presents the same ``shutdown`` descriptor, but
+        waits for the others at most :data:`FAILED_EXIT_SECONDS`.
+
         Raises:
             CollectiveMismatchError: Another rank is still issuing collectives
                 (e.g. it is in an allreduce while this rank exits).
+            StallError: After a failure: the other ranks did not all shut down
+                within :data:`FAILED_EXIT_SECONDS` (at exit the job then aborts).
         """
         with self.state.lock:
             if self.state.closed:
                 return
             try:
+                for set_id in sorted(self.subsets):  # same order on every member
+                    self.subsets.pop(set_id).shutdown()
                 if self.state.failure is None:
-                    for set_id in sorted(self.subsets):  # same order on every member
-                        self.subsets.pop(set_id).shutdown()
                     with self.collective("shutdown", None):
                         pass
-                    self._merge_timeline()
-                    if self.negotiator is not None:
-                        self.negotiator.close()
-                    self.comms.free()
+                elif not self._shutdown_after_failure():
+                    return
+                self._merge_timeline()
+                if self.negotiator is not None:
+                    self.negotiator.close()
+                self.comms.free()
             finally:
                 self.state.close()
                 self.timeline.close()
@@ -734,6 +747,26 @@ class Engine:
             self.config = self.config.replace(timeline=path)
             self.timeline = Timeline(path, self.rank, self._host) if path else NullTimeline()
             self._tracer.timeline = self.timeline
+
+    def _shutdown_after_failure(self) -> bool:
+        """The ``shutdown`` negotiation of a failed engine, bounded; whether the others agreed.
+
+        Without collective checks there is nothing to agree on (False: leave
+        the communicators alone, as the ranks may be out of step).
+        """
+        if self.negotiator is None or self.size == 1:
+            return self.size == 1
+        descriptor = self.descriptor("shutdown", None, (), None)
+        try:
+            self.negotiator.negotiate(descriptor, limit=FAILED_EXIT_SECONDS)
+        except DDLError:
+            raise
+        except Exception as err:  # e.g. a request left active by the failure
+            raise StallError(
+                f"rank {self.rank} could not shut down after its failure "
+                f"({self.state.failure!r}): {err!r}"
+            ) from err
+        return True
 
     def _merge_timeline(self) -> None:
         if not self.timeline.enabled:
