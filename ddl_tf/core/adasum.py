@@ -179,8 +179,13 @@ class Adasum:
             sums = self._group_sum(_partial_sums(a, b, bounds, *keep), distance, MPI)
             ca, cb = pair_coefficients(sums[:, 0], sums[:, 1], sums[:, 2])
             lengths = np.diff(np.clip(bounds, *keep))
-            wide = np.repeat(ca, lengths) * a + np.repeat(cb, lengths) * b  # float64
-            mine[...] = wide.astype(buf.dtype)
+            if np.count_nonzero(lengths) == 1:  # one tensor here: scalar coefficients
+                t = int(np.flatnonzero(lengths)[0])
+                wide = ca[t] * a.astype(np.float64)
+                wide += cb[t] * b.astype(np.float64)
+            else:
+                wide = np.repeat(ca, lengths) * a + np.repeat(cb, lengths) * b  # float64
+            mine[...] = wide
             lo, hi = keep
             distance *= 2
         self._allgather(buf, lo, hi, MPI)
@@ -200,12 +205,25 @@ class Adasum:
         return sums
 
     def _allgather(self, buf: np.ndarray, lo: int, hi: int, MPI: Any) -> None:
-        ranges = self.comm.allgather((lo, hi))  # a few ints per rank
+        ranges = [_final_range(r, self.comm.size, buf.size) for r in range(self.comm.size)]
         item = buf.dtype.itemsize
         counts = [(h - lo_) * item for lo_, h in ranges]
         displs = [lo_ * item for lo_, _ in ranges]
         piece = buf[lo:hi].copy()
         self.comm.Allgatherv(_bytes(piece, MPI), [buf.view(np.uint8), counts, displs, MPI.BYTE])
+
+
+def _final_range(rank: int, size: int, n: int) -> tuple[int, int]:
+    """The elements ``[lo, hi)`` of an ``n``-element buffer that ``rank`` holds after halving."""
+    lo, hi, distance = 0, n, 1
+    while distance < size:
+        mid = lo + (hi - lo) // 2
+        lo, hi = (lo, mid) if not rank & distance else (mid, hi)
+        distance *= 2
+    return lo, hi
+
+
+_FEW_TENSORS = 32  # up to this many tensors in a piece: one BLAS dot each, else reduceat
 
 
 def _partial_sums(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, lo: int, hi: int):
@@ -217,7 +235,11 @@ def _partial_sums(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, lo: int, hi:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     starts = np.clip(bounds, lo, hi) - lo
     present = np.flatnonzero(starts[1:] > starts[:-1])
-    if present.size:
+    if present.size <= _FEW_TENSORS:
+        for t in present:
+            x, y = a64[starts[t] : starts[t + 1]], b64[starts[t] : starts[t + 1]]
+            sums[t] = (x @ y, x @ x, y @ y)
+    else:
         at = starts[present]
         sums[present, 0] = np.add.reduceat(a64 * b64, at)
         sums[present, 1] = np.add.reduceat(a64 * a64, at)
