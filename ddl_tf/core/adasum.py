@@ -48,12 +48,15 @@ from typing import Any
 import numpy as np
 
 from ddl_tf.core import mpi
+from ddl_tf.core.compression import Compressor
+from ddl_tf.core.scaling import scale
 from ddl_tf.errors import ConfigError, UnsupportedError
 
 __all__ = [
     "ADASUM_DTYPES",
     "Adasum",
     "HierarchicalAdasum",
+    "adasum_arrays",
     "check_dtype",
     "check_size",
     "is_power_of_two",
@@ -223,7 +226,7 @@ def _final_range(rank: int, size: int, n: int) -> tuple[int, int]:
     return lo, hi
 
 
-_FEW_TENSORS = 32  # up to this many tensors in a piece: one BLAS dot each, else reduceat
+_FEW_TENSORS = 32  # up to this many tensors in a piece: one dot loop each, else reduceat
 
 
 def _partial_sums(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, lo: int, hi: int):
@@ -238,7 +241,8 @@ def _partial_sums(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, lo: int, hi:
     if present.size <= _FEW_TENSORS:
         for t in present:
             x, y = a64[starts[t] : starts[t + 1]], b64[starts[t] : starts[t + 1]]
-            sums[t] = (x @ y, x @ x, y @ y)
+            # einsum's own loop: BLAS's threads would spin against the other ranks' cores
+            sums[t] = (np.einsum("i,i->", x, y), np.einsum("i,i->", x, x), np.einsum("i,i->", y, y))
     else:
         at = starts[present]
         sums[present, 0] = np.add.reduceat(a64 * b64, at)
@@ -279,3 +283,44 @@ class HierarchicalAdasum:
             self.node.Allreduce(mpi.load().IN_PLACE, wide, op=mpi.load().SUM)
             buf[...] = (wide / self.node.size).astype(buf.dtype)
         self.across.reduce(buf, counts)
+
+
+def adasum_arrays(
+    reducer: Adasum | HierarchicalAdasum,
+    arrays: Sequence[np.ndarray],
+    comp: Compressor,
+    postscale: float,
+    timeline: Any,
+) -> list[np.ndarray]:
+    """The engine's Adasum of ``arrays``: compressed first, fused per wire dtype, tensor by tensor.
+
+    Args:
+        reducer: The engine's :class:`Adasum` or :class:`HierarchicalAdasum`.
+        arrays: The tensors, the same dtypes and shapes on every rank.
+        comp: The wire compressor (``fp16`` casts to float16 before Adasum, as Horovod).
+        postscale: Multiply the results by this.
+        timeline: The engine's timeline (an ``adasum`` phase per dtype).
+
+    Returns:
+        New arrays with the combined values, in the input dtypes and shapes.
+
+    Raises:
+        ConfigError: A wire dtype Adasum does not combine (e.g. ``bf16`` compression).
+    """
+    pairs = [comp.compress(a) for a in arrays]
+    out: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    groups: dict[np.dtype, list[int]] = {}
+    for i, (wire, _) in enumerate(pairs):
+        groups.setdefault(wire.dtype, []).append(i)
+    for dtype, members in groups.items():
+        check_dtype(dtype)  # the same wire dtypes everywhere: every rank refuses alike
+        counts = [pairs[i][0].size for i in members]
+        buf = np.concatenate([pairs[i][0].reshape(-1) for i in members])
+        with timeline.phase("adasum", bytes=buf.nbytes, tensors=len(members)):
+            reducer.reduce(buf, counts)
+        offset = 0
+        for i, n in zip(members, counts, strict=True):
+            view = buf[offset : offset + n].reshape(arrays[i].shape)
+            out[i] = scale(comp.decompress(view, pairs[i][1]), postscale)
+            offset += n
+    return out

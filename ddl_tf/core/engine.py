@@ -42,7 +42,7 @@ import numpy as np
 
 from ddl_tf.config import DDLConfig
 from ddl_tf.core import join, movement, mpi
-from ddl_tf.core.adasum import Adasum, HierarchicalAdasum, check_dtype
+from ddl_tf.core.adasum import Adasum, HierarchicalAdasum, adasum_arrays, check_dtype
 from ddl_tf.core.algorithms import Allreduce, make_allreduce
 from ddl_tf.core.aligned import BufferPool, aligned_empty
 from ddl_tf.core.comms import Communicators, build_communicators
@@ -264,7 +264,7 @@ class Engine:
             if prescale_factor != 1.0:  # in the tensor's own dtype, before any compression
                 arrays = [scale(a, prescale_factor) for a in arrays]
             if op is ReduceOp.ADASUM:
-                return self._adasum_arrays(arrays, comp, postscale_factor)
+                return adasum_arrays(self.adasum(), arrays, comp, postscale_factor, self.timeline)
             with self.timeline.phase("compress", compression=comp.name):
                 if comp.casts_only:  # the cast happens while packing: no extra copy
                     sources, contexts = arrays, None
@@ -329,26 +329,6 @@ class Engine:
                 self._adasum = Adasum(comms.data)
         self._adasum.check()
         return self._adasum
-
-    def _adasum_arrays(self, arrays: list[np.ndarray], comp: Compressor, post: float) -> list:
-        """Adasum of ``arrays`` (compressed first), fused per wire dtype, tensor by tensor."""
-        pairs = [comp.compress(a) for a in arrays]
-        out: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
-        groups: dict[np.dtype, list[int]] = {}
-        for i, (wire, _) in enumerate(pairs):
-            groups.setdefault(wire.dtype, []).append(i)
-        for dtype, members in groups.items():
-            check_dtype(dtype, ReduceOp.ADASUM)  # e.g. bf16 compression: refused, every rank
-            counts = [pairs[i][0].size for i in members]
-            buf = np.concatenate([pairs[i][0].reshape(-1) for i in members])
-            with self.timeline.phase("adasum", bytes=buf.nbytes, tensors=len(members)):
-                self.adasum().reduce(buf, counts)
-            offset = 0
-            for i, n in zip(members, counts, strict=True):
-                view = buf[offset : offset + n].reshape(arrays[i].shape)
-                out[i] = scale(comp.decompress(view, pairs[i][1]), post)
-                offset += n
-        return out
 
     # ------------------------------------------------------------------ reducescatter
 

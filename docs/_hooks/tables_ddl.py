@@ -178,6 +178,12 @@ def adasum_cost(r: Results) -> str:
     return markdown_table(header, body, "l" + "r" * (len(header) - 1))
 
 
+@table("adasum_load", "adasum.json")
+def adasum_load(r: Results) -> str:
+    """Load average (1, 5, 15 minutes) before and after each layout of the Adasum run."""
+    return allreduce_load(r)
+
+
 @table("allreduce_load", "allreduce.json")
 def allreduce_load(r: Results) -> str:
     """Load average (1, 5, 15 minutes) before and after each layout's run."""

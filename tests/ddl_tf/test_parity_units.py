@@ -50,7 +50,10 @@ def test_refusals_travel_with_their_class_and_message():
     descriptor = Descriptor.refusal("allreduce", "grads", err)
     decoded = Descriptor.decode(descriptor.encode(seq=9))
     assert decoded.seq == 9 and REFUSALS[decoded.error - 1] is errors.UnsupportedError
-    assert decoded.text == "allreduce 'grads': UnsupportedError: Min is not supported with tf.IndexedSlices"
+    assert (
+        decoded.text
+        == "allreduce 'grads': UnsupportedError: Min is not supported with tf.IndexedSlices"
+    )
     plain = Descriptor.make("allreduce", None, ("float32", (2,)))
     assert Descriptor.decode(plain.encode(seq=1)).error == 0
 

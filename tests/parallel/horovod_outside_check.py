@@ -160,6 +160,8 @@ def run_job(
     from ddl_tf.launch.command import find_mpirun
 
     outdir.mkdir(parents=True, exist_ok=True)
+    for stale in outdir.glob("rank*.jsonl"):  # outcomes are appended: start from none
+        stale.unlink()
     (outdir / "rank_main.py").write_text(RANK_MAIN)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
