@@ -201,7 +201,7 @@ def _sparse_allreduce(engine, process_set, slices, op, name, pre, post) -> list[
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         problem = (
             "tf.IndexedSlices support only Sum and Average (they are allgathered, not "
-            f"reduced). Received op={op.name}; pass sparse_as_dense=True to the optimizer or "
+            f"reduced). Received op={op!r}; pass sparse_as_dense=True to the optimizer or "
             "tape, or convert with tf.convert_to_tensor."
         )
     elif pre != 1.0 or post != 1.0:
