@@ -179,16 +179,19 @@ class Adasum:
             )
             mine = buf[keep[0] : keep[1]]
             a, b = (mine, theirs) if lower else (theirs, mine)
-            sums = self._group_sum(_partial_sums(a, b, bounds, *keep), distance, MPI)
+            a64, b64 = a.astype(np.float64), b.astype(np.float64)  # copies: ours to overwrite
+            sums = self._group_sum(_partial_sums(a64, b64, bounds, *keep), distance, MPI)
             ca, cb = pair_coefficients(sums[:, 0], sums[:, 1], sums[:, 2])
             lengths = np.diff(np.clip(bounds, *keep))
             if np.count_nonzero(lengths) == 1:  # one tensor here: scalar coefficients
                 t = int(np.flatnonzero(lengths)[0])
-                wide = ca[t] * a.astype(np.float64)
-                wide += cb[t] * b.astype(np.float64)
+                a64 *= ca[t]
+                b64 *= cb[t]
             else:
-                wide = np.repeat(ca, lengths) * a + np.repeat(cb, lengths) * b  # float64
-            mine[...] = wide
+                a64 *= np.repeat(ca, lengths)
+                b64 *= np.repeat(cb, lengths)
+            a64 += b64
+            mine[...] = a64
             lo, hi = keep
             distance *= 2
         self._allgather(buf, lo, hi, MPI)
@@ -229,13 +232,12 @@ def _final_range(rank: int, size: int, n: int) -> tuple[int, int]:
 _FEW_TENSORS = 32  # up to this many tensors in a piece: one dot loop each, else reduceat
 
 
-def _partial_sums(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, lo: int, hi: int):
-    """``[a.b, |a|^2, |b|^2]`` per tensor over the elements ``lo:hi`` that ``a`` and ``b``
-    hold (float64; zeros for tensors with no element there)."""
+def _partial_sums(a64: np.ndarray, b64: np.ndarray, bounds: np.ndarray, lo: int, hi: int):
+    """``[a.b, |a|^2, |b|^2]`` per tensor over the elements ``lo:hi`` that ``a64`` and ``b64``
+    (float64) hold; zeros for tensors with no element there."""
     sums = np.zeros((len(bounds) - 1, 3))
     if hi == lo:
         return sums
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
     starts = np.clip(bounds, lo, hi) - lo
     present = np.flatnonzero(starts[1:] > starts[:-1])
     if present.size <= _FEW_TENSORS:
