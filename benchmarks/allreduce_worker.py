@@ -16,6 +16,8 @@ happened to run in a quiet moment. Rows:
 * ``engine``: the full ``engine.allreduce`` call (descriptor check across
   ranks, fusion copy, compression) that ``hvd.allreduce`` runs;
 * ``engine-unchecked``: the same with ``DDL_CHECK_COLLECTIVES=0``.
+* ``average``/``adasum``: ``engine.allreduce`` with ``op=Average`` and
+  ``op=Adasum`` (``bench_allreduce.py --adasum``; no target phase then).
 
 Then a *target* phase repeats, for 8 KiB and 1..256 MiB, a tighter A/B of
 ``auto`` against ``mpi4py`` alone (at least 9 rounds), which is what the
@@ -56,6 +58,8 @@ def make_call(engine, comm, algo, data, compression):
         return lambda: comm.Allreduce(MPI.IN_PLACE, [data, MPI.FLOAT], op=MPI.SUM)
     if algo == "engine":
         return lambda: engine.allreduce([data], op="sum", compression=compression)
+    if algo in ("average", "adasum"):
+        return lambda: engine.allreduce([data], op=algo, compression=compression)
     if algo == "engine-unchecked":
         unchecked = engine.unchecked
         return lambda: unchecked.allreduce([data], op="sum", compression=compression)
@@ -162,7 +166,7 @@ def main():
                         flush=True,
                     )
     # targets: a tighter A/B of auto against plain MPI_Allreduce (two algorithms, more rounds)
-    for nbytes in [b for b in TARGET_SIZES if b in sizes]:
+    for nbytes in [b for b in TARGET_SIZES if b in sizes and "auto" in algos]:
         data = np.zeros(nbytes // 4, np.float32)
         calls = {a: make_call(engine, comm, a, data, "none") for a in ("mpi4py", "auto")}
         results = measure(comm, calls, min_rounds=9)

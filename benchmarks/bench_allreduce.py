@@ -1,6 +1,7 @@
 """Allreduce benchmark: ddl_tf's algorithms vs plain mpi4py MPI_Allreduce, 1 KiB .. 256 MiB.
 
-Run by ``make bench`` (or ``python benchmarks/bench_allreduce.py [--quick]``).
+Run by ``make bench`` (or ``python benchmarks/bench_allreduce.py [--quick]``;
+``--adasum`` times only ``op=Adasum`` next to ``op=Average``, see :func:`adasum_cost`).
 It starts ``benchmarks/allreduce_worker.py`` under the virtual environment's
 mpirun for three layouts of this machine:
 
@@ -63,6 +64,16 @@ LAYOUTS = [
     ("4 ranks, 2 pseudo-nodes", 4, {"DDL_PSEUDO_NODES": "2"}, "mpi4py,flat,hierarchical,auto"),
 ]
 TOLERANCE = 0.05  # "no slower" allows 5 % for run-to-run noise
+ADASUM_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+ADASUM_LAYOUTS = [
+    ("2 ranks, 1 node", 2, {}),
+    ("4 ranks, 1 node", 4, {}),
+    (
+        "4 ranks, 2 pseudo-nodes, hierarchical",
+        4,
+        {"DDL_PSEUDO_NODES": "2", **{"DDL_ALLREDUCE_ALGO": "hierarchical"}},
+    ),
+]
 
 
 def run_layout(np_: int, env: dict, algos: str, sizes: list[int], compressions: str) -> dict:
@@ -145,9 +156,67 @@ def _time(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
 
 
+def adasum_cost() -> int:
+    """``engine.allreduce`` with ``op=Adasum`` next to ``op=Average``: ``results/adasum.json``.
+
+    Both through the full engine call that ``hvd.allreduce`` runs, float32, on
+    2 and 4 ranks of this machine and on 4 ranks as 2 pseudo-nodes with the
+    hierarchical allreduce (Average: the hierarchical algorithm; Adasum: the
+    node average, then Adasum across the 2 nodes). A few sizes only, to keep
+    the run short (about a minute).
+    """
+    started = time.time()
+    layouts = []
+    for label, np_, env in ADASUM_LAYOUTS:
+        print(f"== {label}", flush=True)
+        load_before = os.getloadavg()
+        result = run_layout(np_, env, "average,adasum", ADASUM_SIZES, "none")
+        rows = result["rows"]
+        seconds = {(r["bytes"], r["algorithm"]): r["seconds"] for r in rows}
+        layouts.append(
+            {
+                "layout": label,
+                "ranks": np_,
+                "env": env,
+                "topology": result["topology"],
+                "load_average_before": [round(x, 2) for x in load_before],
+                "load_average_after": [round(x, 2) for x in os.getloadavg()],
+                "adasum_over_average": {
+                    str(b): round(seconds[(b, "adasum")] / seconds[(b, "average")], 3)
+                    for b in ADASUM_SIZES
+                },
+                "rows": rows,
+            }
+        )
+        print(json.dumps(layouts[-1]["adasum_over_average"]), flush=True)
+    report = {
+        "benchmark": "adasum",
+        "command": "python benchmarks/bench_allreduce.py --adasum",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(time.time() - started, 1),
+        "machine": machine_info(mpirun=find_mpirun()),
+        "method": (
+            "float32, one tensor per call; engine.allreduce(op=Average) and "
+            "engine.allreduce(op=Adasum) run interleaved in rounds of back-to-back calls; "
+            "time = median over rounds of the per-call mean on the slowest rank."
+        ),
+        "layouts": layouts,
+    }
+    from tflms.utils.files import write_json  # here: importing tflms still imports TensorFlow
+
+    write_json(RESULTS / "adasum.json", report)
+    print(f"wrote {RESULTS / 'adasum.json'} in {time.time() - started:.0f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 sizes, for a smoke run")
+    parser.add_argument(
+        "--adasum",
+        action="store_true",
+        help="only Adasum next to Average (engine.allreduce), 4 sizes: results/adasum.json",
+    )
     parser.add_argument("--out", default=str(RESULTS / "allreduce.json"))
     parser.add_argument(
         "--markdown",
@@ -155,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         help="print the tables of an existing --out file and exit",
     )
     args = parser.parse_args(argv)
+    if args.adasum:
+        return adasum_cost()
     if args.markdown:
         report = json.loads(Path(args.out).read_text())
         for layout in report["layouts"]:

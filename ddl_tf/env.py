@@ -175,7 +175,8 @@ HOROVOD_IGNORED = {
     "HOROVOD_CCL_CACHE": "there is no oneCCL backend",
     "HOROVOD_GLOO_IFACE": "there is no Gloo backend; pick the interface with ddlrun "
     "--network-interface",
-    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "Adasum is not provided",
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "Adasum sends each half-buffer in one MPI message (MPI "
+    "splits large messages itself)",
     "HOROVOD_THREAD_AFFINITY": "there is no background thread to pin; bind ranks with the "
     "launcher (mpirun --bind-to)",
     "HOROVOD_DISABLE_GROUP_FUSION": "grouped collectives are fused by size "

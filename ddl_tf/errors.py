@@ -9,8 +9,9 @@ Where Horovod raises a Python built-in, the ddl_tf class subclasses it too
 (:class:`UnsupportedError` is a ``NotImplementedError``,
 :class:`CollectiveArgumentError` a ``ValueError``), so ``except`` clauses
 written for Horovod keep working. The TensorFlow-typed variants
-(``tf.errors.FailedPreconditionError``, ``tf.errors.InvalidArgumentError``)
-live in :mod:`ddl_tf.tensorflow.tf_errors`, which the TensorFlow layer raises.
+(``tf.errors.FailedPreconditionError``, ``tf.errors.InvalidArgumentError``,
+the latter for collective argument errors and for a process set that excludes
+the calling rank) live in :mod:`ddl_tf.tensorflow.tf_errors`, which the TensorFlow layer raises.
 
 Example:
     >>> from ddl_tf.errors import CollectiveMismatchError, DDLError
@@ -21,6 +22,7 @@ Example:
 __all__ = [
     "DDLError",
     "ConfigError",
+    "NotInProcessSetError",
     "NotInitializedError",
     "TopologyError",
     "CollectiveMismatchError",
@@ -38,6 +40,11 @@ class DDLError(Exception):
 
 class ConfigError(DDLError, ValueError):
     """An option or environment variable has an invalid value."""
+
+
+class NotInProcessSetError(ConfigError):
+    """A collective on a process set that does not include the calling rank (the TensorFlow
+    layer raises it as a ``tf.errors.InvalidArgumentError`` too, as Horovod does)."""
 
 
 class NotInitializedError(DDLError, RuntimeError):

@@ -19,3 +19,8 @@ HANG_SECONDS = 120.0
 #: What a caller gives its process (mpirun, a subprocess) on top of the bound it
 #: asserts, so that the assertion, not the kill, reports a slow case.
 PROCESS_MARGIN_SECONDS = 60.0
+
+#: How long after its last rank's ``main`` returned a job may take to end: the
+#: shutdown at exit, ``MPI_Finalize`` and mpirun's teardown take about 0.2 s
+#: here, a rank waiting for a peer that already left takes forever.
+END_SECONDS = 15.0

@@ -42,6 +42,7 @@ import numpy as np
 
 from ddl_tf.config import DDLConfig
 from ddl_tf.core import join, movement, mpi
+from ddl_tf.core.adasum import Adasum, HierarchicalAdasum, adasum_arrays, check_dtype
 from ddl_tf.core.algorithms import Allreduce, make_allreduce
 from ddl_tf.core.aligned import BufferPool, aligned_empty
 from ddl_tf.core.comms import Communicators, build_communicators
@@ -58,13 +59,17 @@ from ddl_tf.core.selection import AutoPolicy
 from ddl_tf.core.steps import shard_layout
 from ddl_tf.core.timeline import NullTimeline, Timeline, Tracer, merge_traces
 from ddl_tf.core.topology import Topology
-from ddl_tf.errors import CollectiveArgumentError, DDLError
+from ddl_tf.errors import CollectiveArgumentError, DDLError, StallError
 
 __all__ = ["Engine"]
 
 logger = logging.getLogger(__name__)
 
 _POOL_BYTES = 256 << 20
+
+FAILED_EXIT_SECONDS = 30.0
+"""How long a rank whose collectives failed waits, in its shutdown, for the other ranks to
+shut down too (they are not left waiting for it; past this the job aborts at exit)."""
 
 
 class Engine:
@@ -124,6 +129,7 @@ class Engine:
         self._choices: dict[tuple[int, np.dtype], Allreduce] = {}
         self._descriptors: dict[tuple, Descriptor] = {}
         self._reducible: set[tuple[np.dtype, ReduceOp]] = set()
+        self._adasum: Adasum | HierarchicalAdasum | None = None
         steps = topology.steps()
         # (nodes, ranks per node) only when uniform: every rank must see the same key
         self._layout = (topology.num_nodes, topology.local_size) if topology.is_uniform else None
@@ -221,7 +227,8 @@ class Engine:
         Args:
             arrays: Arrays with the same dtypes and shapes, in the same order,
                 on every rank.
-            op: Average (default), Sum, Min, Max or Product.
+            op: Average (default), Sum, Min, Max, Product or Adasum
+                (float16/32/64 only; see :meth:`adasum`).
             compression: Wire compression; None uses the configured default.
             name: Optional name (compared across ranks).
             prescale_factor: Multiply inputs before reducing.
@@ -229,8 +236,14 @@ class Engine:
 
         Returns:
             New arrays with the reduced values, same dtypes and shapes.
+
+        Raises:
+            UnsupportedError: Adasum on a number of ranks (nodes, in the
+                hierarchical form) that is not a power of two, on every rank.
         """
         op = parse_op(op)
+        if op is ReduceOp.ADASUM:
+            self.adasum()  # the layout is the same everywhere: every rank refuses alike
         comp = Compression.get(compression if compression is not None else self.config.compression)
         arrays = [np.asarray(a) for a in arrays]
         layout = tuple((a.dtype, a.shape) for a in arrays)
@@ -246,10 +259,12 @@ class Engine:
         ):
             for array in arrays:  # dtypes and op are negotiated: every rank reaches one verdict
                 if (array.dtype, op) not in self._reducible:
-                    check_reducible(array.dtype, op)
+                    (check_dtype if op is ReduceOp.ADASUM else check_reducible)(array.dtype, op)
                     self._reducible.add((array.dtype, op))
             if prescale_factor != 1.0:  # in the tensor's own dtype, before any compression
                 arrays = [scale(a, prescale_factor) for a in arrays]
+            if op is ReduceOp.ADASUM:
+                return adasum_arrays(self.adasum(), arrays, comp, postscale_factor, self.timeline)
             with self.timeline.phase("compress", compression=comp.name):
                 if comp.casts_only:  # the cast happens while packing: no extra copy
                     sources, contexts = arrays, None
@@ -296,6 +311,24 @@ class Engine:
                         cast_into(view, restored)  # the casting compressor's way back
                         out[i] = scale(restored, factor, out=restored)
             return out
+
+    def adasum(self) -> Adasum | HierarchicalAdasum:
+        """This engine's Adasum: across nodes after a per-node average when the allreduce is
+        hierarchical (``DDL_ALLREDUCE_ALGO=hierarchical`` or ``HOROVOD_HIERARCHICAL_ALLREDUCE=1``)
+        on several uniform nodes of several ranks, else over all ranks.
+
+        Raises:
+            UnsupportedError: The tree's width (ranks or nodes) is not a power of two.
+        """
+        if self._adasum is None:
+            topo, comms = self.topology, self.comms
+            across_nodes = topo.is_uniform and topo.num_nodes > 1 and topo.local_size > 1
+            if self.config.algorithm == "hierarchical" and across_nodes:
+                self._adasum = HierarchicalAdasum(comms.node, comms.cross)
+            else:
+                self._adasum = Adasum(comms.data)
+        self._adasum.check()
+        return self._adasum
 
     # ------------------------------------------------------------------ reducescatter
 
@@ -651,23 +684,32 @@ class Engine:
     def shutdown(self) -> None:
         """Collectively stop: check every rank is shutting down, merge the timeline, free comms.
 
+        After a failure on this rank the shutdown still takes part, so that
+        the other ranks are not left waiting for it (at exit, then in
+        ``MPI_Finalize``): it presents the same ``shutdown`` descriptor, but
+        waits for the others at most :data:`FAILED_EXIT_SECONDS`.
+
         Raises:
             CollectiveMismatchError: Another rank is still issuing collectives
                 (e.g. it is in an allreduce while this rank exits).
+            StallError: After a failure: the other ranks did not all shut down
+                within :data:`FAILED_EXIT_SECONDS` (at exit the job then aborts).
         """
         with self.state.lock:
             if self.state.closed:
                 return
             try:
+                for set_id in sorted(self.subsets):  # same order on every member
+                    self.subsets.pop(set_id).shutdown()
                 if self.state.failure is None:
-                    for set_id in sorted(self.subsets):  # same order on every member
-                        self.subsets.pop(set_id).shutdown()
                     with self.collective("shutdown", None):
                         pass
-                    self._merge_timeline()
-                    if self.negotiator is not None:
-                        self.negotiator.close()
-                    self.comms.free()
+                elif not self._shutdown_after_failure():
+                    return
+                self._merge_timeline()
+                if self.negotiator is not None:
+                    self.negotiator.close()
+                self.comms.free()
             finally:
                 self.state.close()
                 self.timeline.close()
@@ -685,6 +727,26 @@ class Engine:
             self.config = self.config.replace(timeline=path)
             self.timeline = Timeline(path, self.rank, self._host) if path else NullTimeline()
             self._tracer.timeline = self.timeline
+
+    def _shutdown_after_failure(self) -> bool:
+        """The ``shutdown`` negotiation of a failed engine, bounded; whether the others agreed.
+
+        Without collective checks there is nothing to agree on (False: leave
+        the communicators alone, as the ranks may be out of step).
+        """
+        if self.negotiator is None or self.size == 1:
+            return self.size == 1
+        descriptor = self.descriptor("shutdown", None, (), None)
+        try:
+            self.negotiator.negotiate(descriptor, limit=FAILED_EXIT_SECONDS)
+        except DDLError:
+            raise
+        except Exception as err:  # e.g. a request left active by the failure
+            raise StallError(
+                f"rank {self.rank} could not shut down after its failure "
+                f"({self.state.failure!r}): {err!r}"
+            ) from err
+        return True
 
     def _merge_timeline(self) -> None:
         if not self.timeline.enabled:

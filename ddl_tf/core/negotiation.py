@@ -260,7 +260,7 @@ class Negotiator:
             self._send = comm.Send_init([self._mine, mpi.load().BYTE], 0, _TAG_DESCRIPTOR)
             self._recv = comm.Recv_init([self._verdict, mpi.load().BYTE], 0, _TAG_VERDICT)
 
-    def negotiate(self, descriptor: Descriptor) -> Verdict:
+    def negotiate(self, descriptor: Descriptor, limit: float | None = None) -> Verdict:
         """Block until every rank presents the same descriptor (or has joined).
 
         With one rank there is nobody to agree with: the call returns at once
@@ -269,6 +269,8 @@ class Negotiator:
         Args:
             descriptor: This rank's description of the collective it is about to
                 run (or its refusal, or :meth:`Descriptor.joined`).
+            limit: Wait at most this long (as ``stall_shutdown_seconds`` does;
+                the shorter of the two wins), e.g. a failed engine's shutdown.
 
         Returns:
             The :class:`Verdict`: plain (kind 0) unless some rank has joined.
@@ -284,10 +286,16 @@ class Negotiator:
         if self.size == 1:
             return Verdict(ALL_JOINED, (0,)) if descriptor.flags & _FLAG_JOINED else _PLAIN
         self._mine[:] = np.frombuffer(descriptor.encode(self.seq), np.uint8)
-        if self.rank == 0:
-            kind, code, text = self._coordinate(descriptor)
-        else:
-            kind, code, text = self._follow(descriptor)
+        configured = self.shutdown
+        if limit is not None:
+            self.shutdown = min(configured, limit) if configured else limit
+        try:
+            if self.rank == 0:
+                kind, code, text = self._coordinate(descriptor)
+            else:
+                kind, code, text = self._follow(descriptor)
+        finally:
+            self.shutdown = configured
         if kind == _OK:
             return _PLAIN
         if kind in (OK_JOINED, PARTICIPATE, SKIP, ALL_JOINED):

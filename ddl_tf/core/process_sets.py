@@ -12,18 +12,26 @@ them, in the same order, with the same ranks (a mismatch raises everywhere).
 
 Semantics follow Horovod: ranks are the job's ranks (``root_rank`` of a
 broadcast too); ``ProcessSet.rank()`` is the position in the set (-1 outside
-it); a collective on a set that does not include the calling rank raises.
+it); a collective on a set that does not include the calling rank raises
+:class:`~ddl_tf.errors.NotInProcessSetError` (the TensorFlow layer raises it as a
+``tf.errors.InvalidArgumentError`` too). A removed set's ``process_set_id`` is
+None again and the object can be added again; a new set takes the lowest free
+id; a set with the same ranks as a registered one, or as the whole job, is
+refused.
 
-Example (one process: the set of rank 0 is the whole job):
+Example (one process):
     >>> from ddl_tf.core import basics
     >>> from ddl_tf.core.process_sets import ProcessSet, global_process_set
     >>> _ = basics.init(process_sets="dynamic")
-    >>> first = add_process_set([0]); first
-    ProcessSet(process_set_id=1, ranks=[0])
+    >>> global_process_set
+    ProcessSet(process_set_id=0, ranks=[0], mpi_comm=None)
+    >>> first = ProcessSet([0])
     >>> first.size(), first.rank(), first.included(), global_process_set.size()
     (1, 0, True, 1)
-    >>> remove_process_set(first)
-    True
+    >>> add_process_set(first)
+    Traceback (most recent call last):
+    ...
+    ddl_tf.errors.ConfigError: ProcessSet(process_set_id=None, ranks=[0], mpi_comm=None) has the ranks of the global process set ...
     >>> basics.shutdown()
 """
 
@@ -33,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ddl_tf.core import basics
-from ddl_tf.errors import CollectiveArgumentError, ConfigError
+from ddl_tf.errors import CollectiveArgumentError, ConfigError, NotInProcessSetError
 
 __all__ = [
     "ProcessSet",
@@ -45,6 +53,8 @@ __all__ = [
     "engine_for",
     "set_root",
     "by_id",
+    "registered",
+    "excludes_this_rank",
 ]
 
 # process_set_id -> registered set, for the job engine in _state["owner"]; init() starts afresh
@@ -123,10 +133,11 @@ class ProcessSet:
             )
         return self.ranks.index(root_rank)
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # Horovod's form; ranks of the global set need init()
+        ranks = self._ranks
         if self.process_set_id == 0:
-            return "ProcessSet(global)"
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self._ranks})"
+            ranks = list(range(basics.size())) if basics.is_initialized() else []
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={ranks}, mpi_comm=None)"
 
 
 global_process_set = ProcessSet()
@@ -142,7 +153,8 @@ def engine_for(process_set: Any) -> Any:
         The :class:`~ddl_tf.core.engine.Engine` of the set on this rank.
 
     Raises:
-        ConfigError: Not a registered process set, or this rank is not in it.
+        ConfigError: Not a registered process set.
+        NotInProcessSetError: This rank is not in the set (a ``ConfigError``).
     """
     job = basics.engine()
     if process_set is None or process_set is global_process_set:
@@ -162,11 +174,28 @@ def engine_for(process_set: Any) -> Any:
         )
     sub = job.subsets.get(set_id)
     if sub is None:
-        raise ConfigError(
+        raise NotInProcessSetError(
             f"rank {job.rank} is not in {process_set!r}: only its members run its "
             "collectives. Guard the call with `if process_set.included():`."
         )
     return sub
+
+
+def excludes_this_rank(process_set: Any) -> bool:
+    """Whether ``process_set`` is a registered set that this rank is not in.
+
+    Horovod's gradient reducers (``DistributedGradientTape``,
+    ``DistributedOptimizer``) leave the gradients of such a rank local: it
+    trains alone while the set's members reduce among themselves.
+
+    Raises:
+        ConfigError: ``process_set`` is neither None nor a registered set.
+    """
+    try:
+        engine_for(process_set)
+    except NotInProcessSetError:
+        return True
+    return False
 
 
 def by_id(process_set_id: int) -> ProcessSet:
@@ -183,6 +212,17 @@ def by_id(process_set_id: int) -> ProcessSet:
             f"No process set has process_set_id={process_set_id}; registered: "
             f"{sorted(_registered) or 'none'} (0 is the whole job)."
         )
+    return found
+
+
+def registered() -> dict[int, list[int]]:
+    """Every registered set's ranks by ``process_set_id``, the global set (0) included.
+
+    Horovod's ``_basics._get_process_set_ids_and_ranks()``.
+    """
+    found = {0: list(range(basics.size()))}
+    if _state["owner"] is basics.engine():
+        found.update((set_id, list(s.ranks)) for set_id, s in sorted(_registered.items()))
     return found
 
 
@@ -226,7 +266,7 @@ def register_at_init(job: Any, process_sets: Any) -> None:
     if process_sets is None or process_sets == "dynamic":
         return
     for process_set in process_sets:
-        _add(job, process_set)
+        _add(job, process_set, at_init=True)
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
@@ -272,10 +312,11 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         return False
     job.drop_subset(set_id)
     del _registered[set_id]
+    process_set.process_set_id = None  # as in Horovod: the object can be added again
     return True
 
 
-def _add(job: Any, process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+def _add(job: Any, process_set: ProcessSet | Sequence[int], at_init: bool = False) -> ProcessSet:
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
@@ -286,11 +327,19 @@ def _add(job: Any, process_set: ProcessSet | Sequence[int]) -> ProcessSet:
             f"{process_set!r} names ranks outside the job (size {job.size}); use ranks "
             f"0..{job.size - 1}."
         )
+    if ranks == tuple(range(job.size)):
+        if at_init:  # as in Horovod's init(): the set is the global set, id 0
+            process_set.process_set_id = 0
+            return process_set
+        raise ConfigError(
+            f"{process_set!r} has the ranks of the global process set (the whole job); use "
+            "hvd.global_process_set instead of adding it."
+        )
     if any(tuple(other.ranks) == ranks for other in _registered.values()):
         raise ConfigError(
             f"A process set with ranks {list(ranks)} is already registered; reuse it."
         )
-    set_id = max(_registered, default=0) + 1
+    set_id = next(i for i in range(1, len(_registered) + 2) if i not in _registered)
     job.subset(ranks, set_id)
     process_set.process_set_id = set_id
     _registered[set_id] = process_set

@@ -1,7 +1,9 @@
 """Reduction operations, named as Horovod names them.
 
 ``Average`` is a ``Sum`` followed by a division by the number of ranks;
-the algorithms only ever see ``SUM``, ``MIN``, ``MAX`` and ``PRODUCT``.
+the allreduce algorithms only ever see ``SUM``, ``MIN``, ``MAX`` and
+``PRODUCT``. ``Adasum`` is not an elementwise reduction (it combines whole
+tensors by their dot products); the engine runs it by :mod:`ddl_tf.core.adasum`.
 
 Example:
     >>> from ddl_tf.core.reduce_ops import Average, ReduceOp, parse_op
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-from ddl_tf.errors import ConfigError, UnsupportedError
+from ddl_tf.errors import ConfigError
 
 __all__ = ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum", "parse_op"]
 
@@ -61,8 +63,6 @@ def parse_op(op: ReduceOp | str | None, average: bool | None = None) -> ReduceOp
 
     Raises:
         ConfigError: Both were given, or the name is unknown.
-        UnsupportedError: The op is ``Adasum`` (not implemented by ddl_tf); a
-            ``NotImplementedError``.
     """
     if op is not None and average is not None:
         raise ConfigError(
@@ -75,17 +75,12 @@ def parse_op(op: ReduceOp | str | None, average: bool | None = None) -> ReduceOp
         try:
             op = ReduceOp(op.lower())
         except ValueError:
-            names = ", ".join(o.value for o in ReduceOp if o is not ReduceOp.ADASUM)
+            names = ", ".join(o.value for o in ReduceOp)
             raise ConfigError(
                 f"Unknown reduction {op!r}. Received op={op!r}; use one of {names}."
             ) from None
     if not isinstance(op, ReduceOp):
         raise ConfigError(
-            f"op must be one of ddl_tf.Average, Sum, Min, Max, Product. Received op={op!r}."
-        )
-    if op is ReduceOp.ADASUM:
-        raise UnsupportedError(
-            "Adasum is not implemented by ddl_tf. Received op=Adasum; use op=ddl_tf.Average "
-            "(the gradient average Horovod uses by default)."
+            f"op must be one of ddl_tf.Average, Sum, Min, Max, Product, Adasum. Received op={op!r}."
         )
     return op

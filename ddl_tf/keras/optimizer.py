@@ -40,10 +40,11 @@ import tensorflow as tf
 from keras import ops
 
 from ddl_tf.core.compression import Compression, Compressor
-from ddl_tf.core.process_sets import engine_for
+from ddl_tf.core.process_sets import excludes_this_rank
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import allreduce_gradients
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "unwrap_optimizer"]
 
@@ -64,7 +65,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         sparse_as_dense: Densify ``tf.IndexedSlices`` gradients before reducing.
         gradient_predivide_factor: With Average, scale by ``1/f`` before the sum
             and ``f/size`` after it.
-        op: ``Average`` (default) or ``Sum``.
+        op: ``Average`` (default), ``Sum`` or ``Adasum`` (Horovod's Keras optimizer refuses
+            Adasum; ddl_tf combines the gradients with it, see :mod:`ddl_tf.core.adasum`).
         backward_passes_per_step: Accumulate this many gradient calls locally
             before one reduction and update.
         average_aggregated_gradients: Divide accumulated gradients by
@@ -74,6 +76,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             overlap), with a warning once when set.
         groups: As ``num_groups``.
         process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
+            A rank outside the set keeps its own gradients (as in Horovod).
         scale_local_gradients: Divide the gradients of local variables
             (:meth:`register_local_var`) by the number of ranks, as Horovod does.
         overlap: Reduce in buckets that overlap the backward pass (graphs
@@ -115,7 +118,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
     ) -> None:
-        engine_for(process_set)  # refuse a bad set here, not inside fit
+        excludes_this_rank(process_set)  # refuse a bad set here, not inside fit
         _warn_ignored(device_dense=device_dense, device_sparse=device_sparse)
         _warn_ignored(num_groups=num_groups, groups=groups)
         inner = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
@@ -132,9 +135,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 f"backward_passes_per_step={backward_passes_per_step!r}."
             )
         op = parse_op(op)
-        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
             raise ConfigError(
-                f"DistributedOptimizer combines gradients with Average or Sum. Received op={op!r}."
+                "DistributedOptimizer combines gradients with Average, Sum or Adasum. Received "
+                f"op={op!r}."
+            )
+        if op is ReduceOp.ADASUM and average_aggregated_gradients:
+            raise ConfigError(  # Horovod's rule (a ValueError there too)
+                "Adasum does not support average_aggregated_gradients=True (Adasum combines "
+                "whole gradients by their directions). Received op=Adasum, "
+                "average_aggregated_gradients=True; leave it False."
             )
         super().__init__(learning_rate=0.0, name=name or f"Distributed{type(inner).__name__}")
         self.inner_optimizer = inner
@@ -272,6 +282,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def reduce(self, grads: list, variables: list, overlap: bool | None = None) -> list:
         """The gradients averaged (or summed) across ranks, local variables' kept on this rank.
 
+        On a rank outside ``process_set`` every gradient stays local, as in Horovod.
+
         Args:
             grads: One gradient per variable (tensors, ``tf.IndexedSlices`` or None).
             variables: The variables, in the same order.
@@ -282,6 +294,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             The reduced gradients, in the same order.
         """
         grads = list(grads)
+        if excludes_this_rank(self.process_set):
+            return grads  # as in Horovod: a rank outside the set trains on its own gradients
         overlap = self.overlap if overlap is None else overlap
         shared = [i for i, v in enumerate(variables) if _key(v) not in self._local_vars]
         reduced = allreduce_gradients(

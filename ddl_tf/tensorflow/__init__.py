@@ -62,7 +62,14 @@ API = {
         "ddl_tf.core.process_sets",
     ),
     **dict.fromkeys(
-        ("rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op"),
+        (
+            "rank_op",
+            "local_rank_op",
+            "size_op",
+            "local_size_op",
+            "process_set_included_op",
+            "gpu_available",
+        ),
         "ddl_tf.tensorflow.rank_ops",
     ),
     **dict.fromkeys(

@@ -28,9 +28,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.process_sets import engine_for
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.tensorflow import bridge
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["allgather", "grouped_allgather", "gathered_shape"]
 

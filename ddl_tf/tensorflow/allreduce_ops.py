@@ -2,7 +2,10 @@
 grouped_allreduce and barrier.
 
 Shapes and dtypes are preserved. Every Horovod dtype and op works as
-Horovod defines it, including ``Average`` of integers (the truncated mean)
+Horovod defines it, including ``Average`` of integers (the truncated mean), ``Adasum``
+of float16/32/64 tensors (:mod:`ddl_tf.core.adasum`; ``2^k`` ranks, or ``2^k``
+nodes with a hierarchical allreduce; any registered process set; after the
+engine's or a Horovod-style compression, as Horovod compresses first)
 and ``prescale_factor`` / ``postscale_factor`` on integers (float64 math,
 truncated; see :mod:`ddl_tf.core.scaling`). A ``tf.IndexedSlices`` is
 allgathered (values and indices) instead of reduced, as in Horovod, which
@@ -36,12 +39,12 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core.compression import Compressor
-from ddl_tf.core.process_sets import engine_for
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError, UnsupportedError
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import grouped_allgather
 from ddl_tf.tensorflow.compression import Compression
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["allreduce", "grouped_allreduce", "barrier", "join", "split_compression"]
 
@@ -111,7 +114,7 @@ def grouped_allreduce(
         device_dense: Accepted for compatibility (ignored).
         device_sparse: Accepted for compatibility (ignored).
         compression: ``Compression.none/fp16/bf16`` or a Horovod-style compressor.
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max, Product or Adasum.
         prescale_factor: Multiply before reducing.
         postscale_factor: Multiply after reducing.
         process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
@@ -122,8 +125,9 @@ def grouped_allreduce(
         Reduced tensors, same order, dtypes and shapes.
 
     Raises:
-        UnsupportedError: Adasum, or ``tf.IndexedSlices`` with an op other than
-            Sum/Average or with scale factors (on every rank).
+        UnsupportedError: Adasum on a width that is not a power of two, or
+            ``tf.IndexedSlices`` with an op other than Sum/Average or with scale
+            factors (on every rank).
         CollectiveMismatchError: Ranks passed different tensors (a
             ``tf.errors.FailedPreconditionError``).
     """
@@ -131,10 +135,9 @@ def grouped_allreduce(
     tensors = list(tensors)
     if not tensors:
         return []
-    try:
-        op = parse_op(op, average)
-    except UnsupportedError as err:
-        bridge.refuse("allreduce", err, name=name, engine=engine)
+    op = parse_op(op, average)
+    if op is ReduceOp.ADASUM:
+        engine.adasum()  # a width that is not 2^k: UnsupportedError now, on every rank alike
     out: list = [None] * len(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     if sparse:
@@ -198,7 +201,7 @@ def _sparse_allreduce(engine, process_set, slices, op, name, pre, post) -> list[
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         problem = (
             "tf.IndexedSlices support only Sum and Average (they are allgathered, not "
-            f"reduced). Received op={op.name}; pass sparse_as_dense=True to the optimizer or "
+            f"reduced). Received op={op!r}; pass sparse_as_dense=True to the optimizer or "
             "tape, or convert with tf.convert_to_tensor."
         )
     elif pre != 1.0 or post != 1.0:
@@ -252,7 +255,7 @@ def allreduce(
         device_dense: Accepted for compatibility (ignored).
         device_sparse: Accepted for compatibility (ignored).
         compression: ``Compression.none/fp16/bf16`` or a Horovod-style compressor.
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max, Product or Adasum.
         prescale_factor: Multiply before reducing.
         postscale_factor: Multiply after reducing.
         name: Optional name, compared across ranks.
@@ -263,7 +266,7 @@ def allreduce(
         The reduced tensor, same dtype and shape.
 
     Raises:
-        UnsupportedError: Adasum, or ``tf.IndexedSlices`` with an op other
+        UnsupportedError: Adasum on a width that is not a power of two, or ``tf.IndexedSlices`` with an op other
             than Sum/Average or with scale factors.
     """
     return grouped_allreduce(

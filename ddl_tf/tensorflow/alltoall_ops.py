@@ -22,9 +22,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.process_sets import engine_for
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import gathered_shape
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["alltoall"]
 

@@ -29,11 +29,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.process_sets import engine_for, set_root
+from ddl_tf.core.process_sets import set_root
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.errors import ExecutionModeError
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.functions import broadcast_variables
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = [
     "broadcast",

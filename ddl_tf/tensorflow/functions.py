@@ -19,12 +19,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.process_sets import engine_for, set_root
+from ddl_tf.core.process_sets import set_root
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allreduce_ops import grouped_allreduce
 from ddl_tf.tensorflow.overlap import reduce_in_buckets, resolve
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = [
     "broadcast_variables",

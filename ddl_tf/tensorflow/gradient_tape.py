@@ -26,10 +26,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.process_sets import engine_for
+from ddl_tf.core.process_sets import excludes_this_rank
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import allreduce_gradients
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -43,11 +44,12 @@ class DistributedGradientTape:
         device_sparse: Accepted for compatibility (ignored).
         compression: ``Compression.none`` (default), ``.fp16`` or ``.bf16``.
         sparse_as_dense: Densify ``tf.IndexedSlices`` gradients first.
-        op: Average (default) or Sum.
+        op: Average (default), Sum or Adasum.
         gradient_predivide_factor: See :func:`ddl_tf.tensorflow.functions.allreduce_gradients`.
         num_groups: Accepted for compatibility (ddl_tf always fuses into buckets).
         groups: Accepted for compatibility.
-        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all.
+        process_set: The ranks to reduce over (a registered ``ProcessSet``); None: all. A rank
+            outside the set keeps its own gradients (as in Horovod).
         scale_local_gradients: Divide gradients of registered local sources by
             the number of ranks, as Horovod does.
         overlap: Reduce in buckets that overlap the backward pass (graphs
@@ -71,7 +73,7 @@ class DistributedGradientTape:
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
     ) -> None:
-        engine_for(process_set)  # refuse a bad set here, not at the first gradient
+        excludes_this_rank(process_set)  # refuse a bad set here, not at the first gradient
         self._process_set = process_set
         self._tape = gradtape
         self._overlap = overlap
@@ -98,6 +100,9 @@ class DistributedGradientTape:
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False, **kwargs):
         """Local gradients of ``target``, allreduced (same structure as ``sources``).
 
+        On a rank outside the tape's ``process_set`` the local gradients come
+        back unreduced, as in Horovod (that rank trains alone).
+
         Gradients of registered local sources are not reduced (divided by the
         number of ranks when ``scale_local_gradients``). ``use_generic_names``
         is accepted for Horovod compatibility.
@@ -113,6 +118,8 @@ class DistributedGradientTape:
             Gradients in the structure of ``sources`` (None for unconnected ones).
         """
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
+        if excludes_this_rank(self._process_set):
+            return grads  # as in Horovod: a rank outside the set trains on its own gradients
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
         shared = [i for i, s in enumerate(flat_sources) if not self._is_local(s)]

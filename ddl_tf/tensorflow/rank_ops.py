@@ -1,4 +1,5 @@
-"""Horovod's rank and size *ops*: values read when the graph runs, not when it is built.
+"""Horovod's rank and size *ops*: values read when the graph runs, not when it is built
+(and Horovod's ``gpu_available``).
 
 ``rank_op()`` and friends return int32 scalars. Eagerly they are constants;
 in a graph each is a small stateless-looking Python op (``tf.numpy_function``,
@@ -24,7 +25,14 @@ import tensorflow as tf
 from ddl_tf.core import basics
 from ddl_tf.core.process_sets import by_id
 
-__all__ = ["rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op"]
+__all__ = [
+    "rank_op",
+    "local_rank_op",
+    "size_op",
+    "local_size_op",
+    "process_set_included_op",
+    "gpu_available",
+]
 
 
 def _runtime_int(read: Callable[[], int], name: str) -> tf.Tensor:
@@ -102,3 +110,17 @@ def process_set_included_op(process_set_id: int = 0, name: str | None = None) ->
     """
     process_set = by_id(process_set_id)
     return _runtime_int(lambda: int(process_set.included()), name or "DDLProcessSetIncluded")
+
+
+def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
+    """Horovod's ``gpu_available``: whether the framework named sees a GPU.
+
+    ddl_tf has a TensorFlow extension only: ``"tensorflow"`` asks TensorFlow
+    (``tf.config.list_physical_devices("GPU")``); any other name is False, as
+    Horovod answers for a framework it was not built for. ``verbose`` is
+    accepted. ddl_tf's collectives go through host memory either way
+    (``nccl_built()`` and ``cuda_built()`` are False).
+    """
+    if ext_base_name != "tensorflow":
+        return False
+    return bool(tf.config.list_physical_devices("GPU"))

@@ -27,11 +27,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.process_sets import engine_for
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import grouped_allgather
 from ddl_tf.tensorflow.allreduce_ops import split_compression
+from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["reducescatter", "grouped_reducescatter"]
 

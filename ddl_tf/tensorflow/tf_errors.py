@@ -3,7 +3,8 @@
 Horovod's collectives are TensorFlow ops, so their failures are
 ``tf.errors.OpError`` subclasses: ``FailedPreconditionError`` when ranks
 disagree on a tensor's shape, dtype, name or root, ``InvalidArgumentError``
-for bad alltoall splits. The TensorFlow layer of ddl_tf raises the classes
+for bad alltoall splits and for a process set that does not include the
+calling rank. The TensorFlow layer of ddl_tf raises the classes
 below instead of the framework-neutral ones of :mod:`ddl_tf.errors`; each is
 both (``except ddl_tf.errors.CollectiveMismatchError`` and ``except
 tf.errors.FailedPreconditionError`` catch the same error).
@@ -29,11 +30,20 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 
 from ddl_tf import errors
+from ddl_tf.core import process_sets
 
-__all__ = ["CollectiveMismatchError", "CollectiveArgumentError", "typed"]
+__all__ = [
+    "CollectiveMismatchError",
+    "CollectiveArgumentError",
+    "NotInProcessSetError",
+    "typed",
+    "engine_for",
+]
 
 
 class CollectiveMismatchError(errors.CollectiveMismatchError, tf.errors.FailedPreconditionError):
@@ -50,9 +60,17 @@ class CollectiveArgumentError(errors.CollectiveArgumentError, tf.errors.InvalidA
         tf.errors.InvalidArgumentError.__init__(self, None, None, message)
 
 
+class NotInProcessSetError(errors.NotInProcessSetError, tf.errors.InvalidArgumentError):
+    """A collective on a set that excludes this rank; also a ``tf.errors.InvalidArgumentError``."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
 _TYPED = (
     (errors.CollectiveMismatchError, CollectiveMismatchError),
     (errors.CollectiveArgumentError, CollectiveArgumentError),
+    (errors.NotInProcessSetError, NotInProcessSetError),
 )
 
 
@@ -71,3 +89,17 @@ def typed(err: BaseException) -> BaseException:
         if isinstance(err, core):
             return tf_class(str(err))
     return err
+
+
+def engine_for(process_set: Any) -> Any:
+    """:func:`ddl_tf.core.process_sets.engine_for`, with its errors TensorFlow-typed.
+
+    Raises:
+        NotInProcessSetError: This rank is not in ``process_set`` (also a
+            ``tf.errors.InvalidArgumentError`` and a ``ConfigError``).
+        ddl_tf.errors.ConfigError: ``process_set`` is not a registered set.
+    """
+    try:
+        return process_sets.engine_for(process_set)
+    except errors.NotInProcessSetError as err:
+        raise typed(err) from None

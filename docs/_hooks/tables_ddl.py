@@ -152,6 +152,38 @@ def allreduce_targets(r: Results) -> str:
     )
 
 
+@table("adasum_cost", "adasum.json")
+def adasum_cost(r: Results) -> str:
+    """``engine.allreduce`` time with Average and with Adasum per size and layout, and the ratio."""
+    layouts = r.get("layouts") or []
+    header = ["size"]
+    for layout in layouts:
+        header += [f"{layout.get('layout')}: Average", "Adasum", "ratio"]
+    sizes = sorted({row["bytes"] for layout in layouts for row in layout.get("rows") or []})
+    body = []
+    for size in sizes:
+        line = [fmt_size(size)]
+        for i, layout in enumerate(layouts):
+            cells = {
+                row["algorithm"]: row["seconds"]
+                for row in layout.get("rows") or []
+                if row["bytes"] == size
+            }
+            line += [
+                fmt_seconds(cells.get("average", MISSING)),
+                fmt_seconds(cells.get("adasum", MISSING)),
+                fmt_ratio(r.get(["layouts", i, "adasum_over_average", str(size)]), 2),
+            ]
+        body.append(line)
+    return markdown_table(header, body, "l" + "r" * (len(header) - 1))
+
+
+@table("adasum_load", "adasum.json")
+def adasum_load(r: Results) -> str:
+    """Load average (1, 5, 15 minutes) before and after each layout of the Adasum run."""
+    return allreduce_load(r)
+
+
 @table("allreduce_load", "allreduce.json")
 def allreduce_load(r: Results) -> str:
     """Load average (1, 5, 15 minutes) before and after each layout's run."""

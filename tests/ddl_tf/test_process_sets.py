@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import ddl_tf as hvd
 from ddl_tf.core import basics
+from ddl_tf.core.process_sets import registered
 from ddl_tf.errors import ConfigError
 
 
@@ -45,13 +46,15 @@ def test_adding_after_init_needs_dynamic_process_sets():
         hvd.shutdown()
 
 
-def test_sets_given_to_init_are_registered_in_order():
-    first = hvd.ProcessSet([0])
+def test_a_set_of_every_rank_given_to_init_is_the_global_set():
+    first = hvd.ProcessSet([0])  # one process: rank 0 is the whole job
     hvd.init(process_sets=[first])
     try:
-        assert first.process_set_id == 1 and first.included() and first.rank() == 0
-        assert int(hvd.size_op(process_set_id=1)) == 1
+        assert first.process_set_id == 0 and first.included() and first.rank() == 0  # Horovod's
+        assert registered() == {0: [0]}
+        assert int(hvd.size_op(process_set_id=0)) == 1
         assert hvd.allreduce(tf.constant([2.0]), process_set=first).numpy().tolist() == [2.0]
+        assert not hvd.remove_process_set(first)
     finally:
         hvd.shutdown()
     with pytest.raises(ConfigError, match="list of ProcessSet or 'dynamic'"):
@@ -60,18 +63,18 @@ def test_sets_given_to_init_are_registered_in_order():
 
 
 def test_registration_rules(dynamic):
-    one = hvd.add_process_set([0])
-    assert repr(one) == "ProcessSet(process_set_id=1, ranks=[0])"
-    with pytest.raises(ConfigError, match="already registered; reuse it"):
-        hvd.add_process_set([0])
-    with pytest.raises(ConfigError, match="already registered; make a new"):
+    """One process: every set of ranks is the global set (the sets of other ranks, removal
+    and id reuse run on 4 ranks in tests/parallel/test_ddl_join_process_sets.py)."""
+    assert str(hvd.global_process_set) == "ProcessSet(process_set_id=0, ranks=[0], mpi_comm=None)"
+    one = hvd.ProcessSet([0])
+    assert repr(one) == "ProcessSet(process_set_id=None, ranks=[0], mpi_comm=None)"
+    with pytest.raises(ValueError, match="ranks of the global process set"):
         hvd.add_process_set(one)
+    assert one.process_set_id is None
     with pytest.raises(ConfigError, match="outside the job"):
         hvd.add_process_set([0, 5])
-    with pytest.raises(ValueError, match="root_rank=2 is not in"):
-        hvd.broadcast(tf.ones(1), root_rank=2, process_set=one)
-    assert hvd.remove_process_set(one) and not hvd.remove_process_set(one)
     assert not hvd.remove_process_set(hvd.global_process_set)
+    assert not hvd.remove_process_set(one)
     with pytest.raises(ConfigError, match="not registered with this job"):
         hvd.allreduce(tf.ones(1), process_set=one)
     with pytest.raises(ConfigError, match="process_set_id=1"):
@@ -79,9 +82,10 @@ def test_registration_rules(dynamic):
 
 
 def test_a_set_does_not_outlive_its_job():
-    hvd.init(process_sets="dynamic")
-    one = hvd.add_process_set([0])
+    one = hvd.ProcessSet([0])
+    hvd.init(process_sets=[one])
     hvd.shutdown()
+    one.process_set_id = 1  # as if it had been registered in a larger job
     hvd.init(process_sets="dynamic")
     try:
         with pytest.raises(ConfigError, match="not registered with this job"):

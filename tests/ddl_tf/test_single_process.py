@@ -218,7 +218,7 @@ def test_distributed_optimizer_rejects_what_it_cannot_wrap(ddl):
         hvd_keras.DistributedOptimizer(tf.Variable(1.0))
     with pytest.raises(ConfigError, match="backward_passes_per_step"):
         hvd_keras.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
-    with pytest.raises(ConfigError, match="Average or Sum"):
+    with pytest.raises(ConfigError, match="Average, Sum or Adasum"):
         hvd_keras.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Max)
 
 

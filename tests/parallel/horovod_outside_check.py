@@ -1,4 +1,4 @@
-"""Outside check: Horovod's own ``test/parallel/test_tensorflow.py`` against ddl_tf, on 2 ranks.
+"""Outside check: Horovod's own ``test/parallel`` TensorFlow test files against ddl_tf.
 
 Horovod's tests are not part of this repository (they are Horovod's); get
 Horovod 0.28.1's ``test/parallel/test_tensorflow.py``,
@@ -10,14 +10,19 @@ folder (keeping that layout), then::
 
 ``file`` runs the whole file in one ``mpirun -np 2``; ``each`` runs one
 ``mpirun`` per test. ``--ddl PATH`` tests a copy of ddl_tf at PATH (e.g. an
-older commit from ``git archive``) instead of the installed one.
+older commit from ``git archive``) instead of the installed one. ``--test-file``
+picks another file of ``parallel/`` (``test_tensorflow_process_sets.py``,
+``test_tensorflow_process_sets_dynamic.py``, ``test_adasum_tensorflow.py``;
+each holds one test class) and ``--np`` the number of ranks (2 by default).
 
 The script writes a shim package into a temporary folder: ``horovod.tensorflow``
 is ``from ddl_tf import *`` (``horovod.tensorflow.keras`` likewise from
 ``ddl_tf.keras``); the only names it adds are the Horovod internals the test
 files import (``horovod.tensorflow.util._executing_eagerly``, re-exported as
 ``hvd._executing_eagerly`` as Horovod does, and
-``horovod.runner.util.threads.in_thread``), plus stand-ins for the ``mock``
+``horovod.runner.util.threads.in_thread``, ``horovod.runner.common.util.env.get_env_rank_and_size``
+and ``horovod.tensorflow.mpi_ops._basics._get_process_set_ids_and_ranks``, the last
+answered from ``ddl_tf.core.process_sets.registered``), plus stand-ins for the ``mock``
 and ``cloudpickle`` packages that ``common.py`` imports and these tests never use.
 
 Horovod's file runs every test twice, in graph mode and in eager mode
@@ -51,6 +56,15 @@ SHIM = {
         "    globals()[_name] = getattr(_ddl, _name)\n"
         "from horovod.tensorflow import util  # noqa: E402  Horovod internal module\n"
         "from horovod.tensorflow.util import _executing_eagerly  # noqa: E402,F401\n"
+        "from horovod.tensorflow import mpi_ops  # noqa: E402  Horovod internal module\n"
+    ),
+    "horovod/tensorflow/mpi_ops.py": (
+        "from ddl_tf.core import process_sets as _sets\n\n\n"
+        "class _Basics:\n"
+        "    @staticmethod\n"
+        "    def _get_process_set_ids_and_ranks():\n"
+        "        return _sets.registered()\n\n\n"
+        "_basics = _Basics()\n"
     ),
     "horovod/tensorflow/util.py": (
         "import tensorflow as tf\n\n\n"
@@ -65,6 +79,17 @@ SHIM = {
     ),
     "horovod/runner/__init__.py": "",
     "horovod/runner/util/__init__.py": "",
+    "horovod/runner/common/__init__.py": "",
+    "horovod/runner/common/util/__init__.py": "",
+    "horovod/runner/common/util/env.py": (
+        "import os\n\n\n"
+        "def get_env_rank_and_size():\n"
+        "    for r, s in (('HOROVOD_RANK', 'HOROVOD_SIZE'), ('OMPI_COMM_WORLD_RANK',\n"
+        "                 'OMPI_COMM_WORLD_SIZE'), ('PMI_RANK', 'PMI_SIZE')):\n"
+        "        if os.environ.get(r) is not None and os.environ.get(s) is not None:\n"
+        "            return int(os.environ[r]), int(os.environ[s])\n"
+        "    return 0, 1\n"
+    ),
     "horovod/runner/util/threads.py": (
         "import threading\n\n\n"
         "def in_thread(target, args=(), name=None, daemon=True, silent=False):\n"
@@ -110,22 +135,33 @@ def write_shim(folder: Path) -> None:
         path.write_text(text)
 
 
-def test_names(test_file: Path) -> list[str]:
+def test_names(test_file: Path) -> tuple[str, list[str]]:
+    """The file's test class (the one whose name ends in ``Tests``) and its test names."""
     for node in ast.parse(test_file.read_text()).body:
-        if isinstance(node, ast.ClassDef) and node.name == "TensorFlowTests":
-            return [
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Tests"):
+            return node.name, [
                 n.name
                 for n in node.body
                 if isinstance(n, ast.FunctionDef) and n.name.startswith("test")
             ]
-    raise SystemExit(f"no TensorFlowTests class in {test_file}")
+    raise SystemExit(f"no *Tests class in {test_file}")
 
 
-def run_job(selection, outdir: Path, shim: Path, ddl: str | None, per_test: float, limit: float):
-    """One ``mpirun -np 2`` of pytest over ``selection``; returns (seconds, killed)."""
+def run_job(
+    selection,
+    outdir: Path,
+    shim: Path,
+    ddl: str | None,
+    per_test: float,
+    limit: float,
+    np_: int = 2,
+):
+    """One ``mpirun -np np_`` of pytest over ``selection``; returns (seconds, killed)."""
     from ddl_tf.launch.command import find_mpirun
 
     outdir.mkdir(parents=True, exist_ok=True)
+    for stale in outdir.glob("rank*.jsonl"):  # outcomes are appended: start from none
+        stale.unlink()
     (outdir / "rank_main.py").write_text(RANK_MAIN)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -134,7 +170,7 @@ def run_job(selection, outdir: Path, shim: Path, ddl: str | None, per_test: floa
     env.update(TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [find_mpirun(), "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable]
+    cmd = [find_mpirun(), "-np", str(np_), "--oversubscribe", "--bind-to", "none", sys.executable]
     cmd += [str(outdir / "rank_main.py"), str(outdir), str(int(per_test)), *selection]
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -157,10 +193,10 @@ def run_job(selection, outdir: Path, shim: Path, ddl: str | None, per_test: floa
     return time.monotonic() - start, killed
 
 
-def verdicts(outdir: Path, names: list[str], missing: str) -> dict[str, dict]:
-    """Per test: passed/failed/skipped over both ranks, with each rank's outcome and message."""
+def verdicts(outdir: Path, names: list[str], missing: str, np_: int = 2) -> dict[str, dict]:
+    """Per test: passed/failed/skipped over all ranks, with each rank's outcome and message."""
     per_rank = []
-    for rank in (0, 1):
+    for rank in range(np_):
         seen: dict[str, list[dict]] = {}
         path = outdir / f"rank{rank}.jsonl"
         for line in path.read_text().splitlines() if path.exists() else []:
@@ -196,31 +232,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddl", default=None, help="test the ddl_tf package found in this folder")
     parser.add_argument("--only", default="", help="comma-separated test names")
     parser.add_argument("--per-test-timeout", type=float, default=900.0)
+    parser.add_argument("--test-file", default="test_tensorflow.py", help="a file of parallel/")
+    parser.add_argument("--np", type=int, default=2, help="ranks per job")
     args = parser.parse_args(argv)
-    test_file = args.horovod_test_dir / "parallel" / "test_tensorflow.py"
-    names = test_names(test_file)
+    test_file = args.horovod_test_dir / "parallel" / args.test_file
+    klass, names = test_names(test_file)
     if args.only:
         names = [n for n in names if n in set(args.only.split(","))]
     work = args.out.with_suffix("")
     shim = Path(tempfile.mkdtemp(prefix="horovod-shim-"))
     write_shim(shim)
-    result: dict = {"mode": args.mode, "ddl": args.ddl or "installed", "tests": {}}
+    result: dict = {
+        "mode": args.mode,
+        "file": args.test_file,
+        "np": args.np,
+        "ddl": args.ddl or "installed",
+        "tests": {},
+    }
     try:
         if args.mode == "file":
             selection = (
-                [f"{test_file}::TensorFlowTests::{n}" for n in names]
-                if args.only
-                else [str(test_file)]
+                [f"{test_file}::{klass}::{n}" for n in names] if args.only else [str(test_file)]
             )
             seconds, killed = run_job(
-                selection, work, shim, args.ddl, args.per_test_timeout, 6 * 3600
+                selection, work, shim, args.ddl, args.per_test_timeout, 6 * 3600, args.np
             )
             result.update(seconds=round(seconds, 1), killed=killed)
-            result["tests"] = verdicts(work, names, "job killed" if killed else "not reported")
+            missing = "job killed" if killed else "not reported"
+            result["tests"] = verdicts(work, names, missing, args.np)
         else:
             start = time.monotonic()
             for name in names:
-                selection = [f"{test_file}::TensorFlowTests::{name}"]
+                selection = [f"{test_file}::{klass}::{name}"]
                 sub = work / name
                 seconds, killed = run_job(
                     selection,
@@ -229,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
                     args.ddl,
                     args.per_test_timeout,
                     args.per_test_timeout + 120,
+                    args.np,
                 )
-                entry = verdicts(sub, [name], "job killed" if killed else "not reported")[name]
+                missing = "job killed" if killed else "not reported"
+                entry = verdicts(sub, [name], missing, args.np)[name]
                 entry["seconds"] = round(seconds, 1)
                 result["tests"][name] = entry
                 print(f"{entry['verdict']:8s} {seconds:6.1f}s {name}", flush=True)

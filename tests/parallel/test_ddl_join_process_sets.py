@@ -1,4 +1,8 @@
-"""Horovod's process sets and join() on 4 ranks under mpirun, checked against numpy."""
+"""Horovod's process sets and join() on 4 ranks under mpirun, checked against numpy.
+
+Every rank's outcome is asserted: a check that only reads rank 0 would miss the
+ranks outside a set (their local gradients) and the ranks inside it.
+"""
 
 from pathlib import Path
 
@@ -27,6 +31,19 @@ def test_process_sets_run_side_by_side_and_join_handles_uneven_data(mpirun):
         assert o["objects"] and o["outsider"] is True and o["size_op"] == 2, o
         assert o["keras_error"] < 1e-6, o  # DistributedOptimizer(process_set=) = numpy SGD
         assert o["removed"] == [True, False] and o["global_after"] == 6.0
+        assert o["keras_pair_error"] < 1e-6, o  # members: the pair's mean; others: alone
+        # Horovod's dynamic sets: lowest free id reused, removed objects re-added
+        assert o["ids"] == [1, 2, 3] and o["invalidated"] and o["reused"] == 2, o
+        assert o["readded"] == 4, o
+        assert o["duplicates"] == [True, True], o  # ValueError for the global set and b again
+        assert o["registered"] == {"0": [0, 1, 2, 3], "1": [0], "2": [0, 3], "3": [3], "4": [1, 2]}
+        assert o["str"] == [
+            "ProcessSet(process_set_id=0, ranks=[0, 1, 2, 3], mpi_comm=None)",
+            "ProcessSet(process_set_id=2, ranks=[0, 3], mpi_comm=None)",
+        ]
+        assert o["removed_all"] == [True] * 4 and o["registered_after"] == {"0": [0, 1, 2, 3]}
+    assert [o["tape_pair"] for o in out] == [0.0, 4.0, 4.0, 4.0]  # 2*rank outside, 2*mean(1,3)
+    assert [o.get("readded_sum") for o in out] == [None, 2.0, 2.0, None]
     assert [o["included_op"] for o in out] == [0, 1, 0, 1]
     # join: rank r had 2 + r batches; rank 3 joined last; Horovod's semantics hold
     for o in out:
