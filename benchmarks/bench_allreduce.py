@@ -156,6 +156,20 @@ def _time(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
 
 
+def _layout_record(label, ranks, env, result, load_before, **figures) -> dict:
+    """One layout's entry of a results file: where it ran, how loaded, its figures and rows."""
+    return {
+        "layout": label,
+        "ranks": ranks,
+        "env": env,
+        "topology": result["topology"],
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        **figures,
+        "rows": result["rows"],
+    }
+
+
 def adasum_cost() -> int:
     """``engine.allreduce`` with ``op=Adasum`` next to ``op=Average``: ``results/adasum.json``.
 
@@ -173,20 +187,11 @@ def adasum_cost() -> int:
         result = run_layout(np_, env, "average,adasum", ADASUM_SIZES, "none")
         rows = result["rows"]
         seconds = {(r["bytes"], r["algorithm"]): r["seconds"] for r in rows}
+        ratios = {
+            str(b): round(seconds[(b, "adasum")] / seconds[(b, "average")], 3) for b in ADASUM_SIZES
+        }
         layouts.append(
-            {
-                "layout": label,
-                "ranks": np_,
-                "env": env,
-                "topology": result["topology"],
-                "load_average_before": [round(x, 2) for x in load_before],
-                "load_average_after": [round(x, 2) for x in os.getloadavg()],
-                "adasum_over_average": {
-                    str(b): round(seconds[(b, "adasum")] / seconds[(b, "average")], 3)
-                    for b in ADASUM_SIZES
-                },
-                "rows": rows,
-            }
+            _layout_record(label, np_, env, result, load_before, adasum_over_average=ratios)
         )
         print(json.dumps(layouts[-1]["adasum_over_average"]), flush=True)
     report = {
@@ -244,16 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         compressions = "none,fp16,bf16" if "pseudo" not in label else "none"
         result = run_layout(np_, env, algos, sizes, compressions)
         layouts.append(
-            {
-                "layout": label,
-                "ranks": np_,
-                "env": env,
-                "topology": result["topology"],
-                "load_average_before": [round(x, 2) for x in load_before],
-                "load_average_after": [round(x, 2) for x in os.getloadavg()],
-                "targets": evaluate(result["rows"]),
-                "rows": result["rows"],
-            }
+            _layout_record(label, np_, env, result, load_before, targets=evaluate(result["rows"]))
         )
         print(table(result["rows"]), flush=True)
         print(json.dumps(layouts[-1]["targets"]), flush=True)
