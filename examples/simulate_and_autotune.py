@@ -3,7 +3,7 @@
 Traces the training step of Keras' ResNet-50 at a batch of 384 (about twice
 what a 16 GiB V100 holds), simulates it without swaps, lets tflms.autotune
 pick the swap plan that fits over PCIe3 and over NVLink2, and writes the
-memory timeline to ``resnet50_timeline.png``. Every number printed is
+memory timeline to ``out/resnet50_timeline.png``. Every number printed is
 simulated by tflms.simulate; nothing runs on a GPU.
 
 Run: ``.venv/bin/python examples/simulate_and_autotune.py [batch]``
@@ -34,8 +34,10 @@ def main(argv: list[str]) -> int:
             continue
         print(tuned.summary())
         if link == "nvlink2":
-            tuned.result.plot("resnet50_timeline.png", budget_bytes=tuned.budget_bytes)
-            print("wrote resnet50_timeline.png")
+            os.makedirs("out", exist_ok=True)
+            path = os.path.join("out", "resnet50_timeline.png")
+            tuned.result.plot(path, budget_bytes=tuned.budget_bytes)
+            print(f"wrote {path}")
     return 0
 
 

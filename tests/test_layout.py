@@ -246,13 +246,13 @@ def test_no_module_is_over_the_code_line_budget(scan):
     if large:
         warnings.warn(
             f"modules over {WARN_CODE_LINES} lines of code: {large}; do they still hold one "
-            "concept? (/work/shared/CONVENTIONS.md, rule 1)",
+            "concept? (docs/contributing.md, 'Layers, and the tests that enforce them')",
             stacklevel=1,
         )
     too_long = {path: n for path, n in sizes.items() if n > FAIL_CODE_LINES}
     assert not too_long, (
         f"modules over {FAIL_CODE_LINES} lines of code: {too_long}; split each into modules "
-        "of one concept (see /work/shared/CONVENTIONS.md, rule 1)."
+        "of one concept (see docs/contributing.md, 'Layers, and the tests that enforce them')."
     )
 
 
