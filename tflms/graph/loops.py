@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework.function_pb2 import FunctionDefLibrary
 
 __all__ = ["LoopLists", "list_op_bytes", "loop_list_bytes", "static_value", "WHILE_TYPES"]
 
@@ -138,12 +139,16 @@ def static_value(tensor: tf.Tensor, depth: int = 8) -> np.ndarray | None:
     return None
 
 
-def loop_list_bytes(graph: tf.Graph, *, batch: int | None) -> dict[str, LoopLists]:
+def loop_list_bytes(
+    graph: tf.Graph, *, batch: int | None, library: FunctionDefLibrary | None = None
+) -> dict[str, LoopLists]:
     """Size the lists of every ``While`` op of ``graph`` (see the module docstring).
 
     Args:
         graph: the graph the view is built from (only read).
         batch: the batch size for open first dimensions of element shapes.
+        library: ``graph``'s function library, if the caller has it already
+            (serializing a large graph again costs time).
 
     Returns:
         Loop name -> :class:`LoopLists`, for every ``While``/``StatelessWhile``.
@@ -151,10 +156,11 @@ def loop_list_bytes(graph: tf.Graph, *, batch: int | None) -> dict[str, LoopList
     loops = [op for op in graph.get_operations() if op.type in WHILE_TYPES]
     if not loops:
         return {}
-    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    library = library if library is not None else graph.as_graph_def().library
+    functions = {f.signature.name: f for f in library.function}
     found: dict[str, LoopLists] = {}
     for op in loops:  # creation order: a forward loop comes before its gradient loop
-        found[op.name] = _loop(op, library, batch, found)
+        found[op.name] = _loop(op, functions, batch, found)
     return found
 
 

@@ -172,7 +172,8 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
 
     # One serialized GraphDef gives names, inputs, control inputs and attrs far
     # faster than per-op Python API calls; shapes and dtypes come from the ops.
-    node_defs = graph.as_graph_def().node
+    graph_def = graph.as_graph_def()
+    node_defs = graph_def.node
     if len(node_defs) != len(ops) or any(
         n.name != op.name for n, op in zip(node_defs, ops, strict=True)
     ):
@@ -216,7 +217,7 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
             edge["tensors"].append((int(index), in_idx))
             in_idx += 1
     view.add_edges_from((u, v, data) for (u, v), data in edges.items())
-    unbounded_loops = _size_lists(view, graph, ops, batch)
+    unbounded_loops = _size_lists(view, graph, ops, batch, graph_def.library)
 
     view.graph.update(
         compute_device=config.device or "",
@@ -331,12 +332,12 @@ def consumers(view: nx.DiGraph, node: str, index: int) -> list[tuple[str, int]]:
 # --------------------------------------------------------------------------- internals
 
 
-def _size_lists(view: nx.DiGraph, graph: tf.Graph, ops, batch) -> list[str]:
+def _size_lists(view: nx.DiGraph, graph: tf.Graph, ops, batch, library) -> list[str]:
     """Give loop and ``TensorListFromTensor`` outputs the bytes their lists hold.
 
     Returns the loops whose growing lists could not be sized, each logged.
     """
-    found = loops.loop_list_bytes(graph, batch=batch)
+    found = loops.loop_list_bytes(graph, batch=batch, library=library)
     estimated = []
     for op in ops:
         if op.type in ("TensorListFromTensor", "ZerosLike") and op.outputs[0].dtype == tf.variant:
@@ -351,7 +352,9 @@ def _size_lists(view: nx.DiGraph, graph: tf.Graph, ops, batch) -> list[str]:
     variables = _captured_variables(graph) if found else {}
     for name, facts in found.items():
         view.nodes[name]["loop"] = facts
-        view.nodes[name]["body"] = _body_view(graph.get_operation_by_name(name), variables, batch)
+        view.nodes[name]["body"] = _body_view(
+            graph.get_operation_by_name(name), variables, batch, library
+        )
         for index, nbytes in facts.list_bytes.items():
             _resize(view, name, index, nbytes)
         if facts.unbounded:
@@ -377,9 +380,8 @@ def _captured_variables(graph: tf.Graph) -> dict[str, tf.Variable]:
     return found
 
 
-def _body_view(op: tf.Operation, variables: dict, batch) -> nx.DiGraph | None:
+def _body_view(op: tf.Operation, variables: dict, batch, library) -> nx.DiGraph | None:
     """One iteration of a loop's body as a view (its ops' costs), or ``None`` if it can't be read."""
-    library = op.graph.as_graph_def().library
     fdef = next((f for f in library.function if f.signature.name == op.get_attr("body").name), None)
     if fdef is None:
         return None
