@@ -146,6 +146,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="network interface(s) for MPI's TCP traffic (comma separated): Open MPI's "
         "btl_tcp_if_include and oob_tcp_if_include",
     )
+    elastic = parser.add_argument_group(
+        "elastic jobs (horovodrun's options)",
+        "a rank's failure takes its host out and the others keep training; hosts the "
+        "discovery script adds join at the next commit (see docs/elastic.md)",
+    )
+    elastic.add_argument(
+        "--min-np",
+        "--min-num-proc",
+        dest="min_np",
+        type=int,
+        help="fewest ranks to train with (makes the job elastic)",
+    )
+    elastic.add_argument(
+        "--max-np", "--max-num-proc", dest="max_np", type=int, help="most ranks the job grows to"
+    )
+    elastic.add_argument(
+        "--host-discovery-script", help="executable printing the available 'host:slots' lines"
+    )
+    elastic.add_argument(
+        "--slots-per-host",
+        type=int,
+        help="slots of a host the discovery script prints without ':slots'",
+    )
+    elastic.add_argument(
+        "--reset-limit", type=int, help="most membership changes before the job fails"
+    )
+    elastic.add_argument(
+        "--blacklist-cooldown-range",
+        nargs=2,
+        type=float,
+        metavar=("LOW", "HIGH"),
+        help="seconds a failed host stays out (default: for good)",
+    )
+    elastic.add_argument(
+        "--elastic-timeout", type=float, help="seconds to wait for --min-np slots (default 600)"
+    )
     parser.add_argument("--skip-checks", action="store_true", help="skip the Python check")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run")
     parser.add_argument(
@@ -192,6 +228,8 @@ def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, list[str]]:
 
         hosts = rehearsal_hosts(args.rehearse, args.np if args.np is not None else args.rehearse)
     np_ = args.np if args.np is not None else sum(h.slots for h in hosts)
+    if not np_ and (args.min_np or args.max_np or args.host_discovery_script):
+        np_ = args.min_np or 1  # an elastic job's size comes from its hosts (launch.elastic)
     if not np_ or np_ < 1:
         raise LaunchError(f"ddlrun: give the number of ranks with -np N (>= 1); e.g. {EXAMPLE}")
     placement = place_ranks(hosts, np_, args.oversubscribe) if hosts else ["localhost"] * np_
@@ -227,6 +265,37 @@ def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, list[str]]:
     return plan, placement
 
 
+def _elastic_settings(args: argparse.Namespace):
+    """The elastic settings when an elastic option is given, else None.
+
+    Raises:
+        LaunchError: Elastic options together with ``--rehearse`` (not supported yet).
+        ConfigError: The bounds contradict.
+    """
+    if args.min_np is None and args.max_np is None and args.host_discovery_script is None:
+        return None
+    from ddl_tf.membership.settings import DEFAULT_TIMEOUT, ElasticSettings
+
+    if args.rehearse is not None:
+        raise LaunchError(
+            "ddlrun: elastic options are not supported with --rehearse yet; run the elastic "
+            "job on -H hosts (localhost and 127.0.0.1 are two hosts) or a discovery script."
+        )
+    script = args.host_discovery_script
+    if script is not None:
+        script = str(Path(script).resolve())
+    cooldown = tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None
+    return ElasticSettings(
+        min_np=args.min_np if args.min_np is not None else (args.np or 1),
+        max_np=args.max_np,
+        discovery=script,
+        slots_per_host=args.slots_per_host,
+        reset_limit=args.reset_limit,
+        cooldown=cooldown,
+        timeout=args.elastic_timeout if args.elastic_timeout is not None else DEFAULT_TIMEOUT,
+    )
+
+
 def _describe_topology(args: argparse.Namespace, placement: list[str]) -> str:
     names = pseudo_node_names(args.pseudo_nodes, len(placement)) if args.pseudo_nodes else placement
     spec = load_topology_file(args.topology) if args.topology else None
@@ -254,6 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan, placement = _plan(args)
         checks.check_program(plan.program)
+        elastic = _elastic_settings(args)
+        if elastic is not None:
+            from ddl_tf.launch.elastic import find_hosts, make_elastic
+
+            hosts = find_hosts(elastic, plan.hosts)
+            plan.np = args.np or 0
+            make_elastic(plan, elastic, hosts)
+            placement = [h for h, n in hosts.items() for _ in range(n)][: plan.np]
         if args.rehearse is not None:
             from ddl_tf.cluster.mpi import mca_arguments
             from ddl_tf.cluster.rehearse import rehearsal_spec, require_cluster

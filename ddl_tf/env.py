@@ -27,6 +27,8 @@ __all__ = [
     "snapshot",
     "ddl_variables",
     "launcher_layout",
+    "launcher_hostname",
+    "elastic_job",
     # ddl_tf settings
     "DDL_ALLREDUCE_ALGO",
     "DDL_FUSION_THRESHOLD",
@@ -42,6 +44,19 @@ __all__ = [
     "DDL_PSEUDO_NODES",
     "DDL_AUTO_POLICY",
     "DDL_LOG_LEVEL",
+    # elastic jobs (ddlrun --min-np sets them)
+    "DDL_ELASTIC",
+    "DDL_ELASTIC_MIN_NP",
+    "DDL_ELASTIC_MAX_NP",
+    "DDL_ELASTIC_DISCOVERY",
+    "DDL_ELASTIC_DISCOVERY_INTERVAL",
+    "DDL_ELASTIC_SLOTS_PER_HOST",
+    "DDL_ELASTIC_RESET_LIMIT",
+    "DDL_ELASTIC_COOLDOWN",
+    "DDL_ELASTIC_TIMEOUT",
+    "DDL_ELASTIC_HOSTS",
+    "DDL_ELASTIC_COMMAND",
+    "HOROVOD_ELASTIC",
     # Horovod fallbacks
     "HOROVOD_FUSION_THRESHOLD",
     "HOROVOD_TIMELINE",
@@ -187,6 +202,24 @@ HOROVOD_IGNORED = {
     "HOROVOD_MPI_THREADS_DISABLE": "ddl_tf asks MPI for the thread level it needs itself",
 }
 """Horovod variables that have no ddl_tf equivalent, and why; ``init()`` warns once on rank 0."""
+
+DDL_ELASTIC = "DDL_ELASTIC"
+"""``1`` in the ranks of an elastic job (``HOROVOD_ELASTIC`` is read too)."""
+DDL_ELASTIC_MIN_NP = "DDL_ELASTIC_MIN_NP"
+DDL_ELASTIC_MAX_NP = "DDL_ELASTIC_MAX_NP"
+DDL_ELASTIC_DISCOVERY = "DDL_ELASTIC_DISCOVERY"
+"""The host discovery script (prints ``host:slots`` lines)."""
+DDL_ELASTIC_DISCOVERY_INTERVAL = "DDL_ELASTIC_DISCOVERY_INTERVAL"
+DDL_ELASTIC_SLOTS_PER_HOST = "DDL_ELASTIC_SLOTS_PER_HOST"
+DDL_ELASTIC_RESET_LIMIT = "DDL_ELASTIC_RESET_LIMIT"
+DDL_ELASTIC_COOLDOWN = "DDL_ELASTIC_COOLDOWN"
+"""``low,high`` seconds a failed host stays out (Horovod's blacklist cooldown range)."""
+DDL_ELASTIC_TIMEOUT = "DDL_ELASTIC_TIMEOUT"
+DDL_ELASTIC_HOSTS = "DDL_ELASTIC_HOSTS"
+"""``host:slots,...`` of the launch, in rank order (each rank's host name comes from it)."""
+DDL_ELASTIC_COMMAND = "DDL_ELASTIC_COMMAND"
+"""The ranks' program as a JSON list (what a growing job spawns on a new host)."""
+HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
 
 HOROVOD_RANK = "HOROVOD_RANK"
 HOROVOD_SIZE = "HOROVOD_SIZE"
@@ -359,3 +392,15 @@ def launcher_layout(environ: Mapping[str, str] | None = None) -> dict[str, int |
             layout[key] = value if key == "hostname" else int(value)
         return layout
     return {}
+
+
+def launcher_hostname(environ: Mapping[str, str] | None = None) -> str | None:
+    """The host name the launcher gave this rank (``HOROVOD_HOSTNAME``, Slurm's), or None."""
+    name = launcher_layout(environ).get("hostname")
+    return str(name) if name else None
+
+
+def elastic_job(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this rank belongs to an elastic job (``DDL_ELASTIC=1`` or ``HOROVOD_ELASTIC=1``)."""
+    _, value = get_first((DDL_ELASTIC, HOROVOD_ELASTIC), environ)
+    return value == "1"

@@ -31,6 +31,8 @@ __all__ = [
     "ExecutionModeError",
     "StallError",
     "LaunchError",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
 ]
 
 
@@ -79,3 +81,25 @@ class StallError(DDLError):
 
 class LaunchError(DDLError):
     """``ddlrun`` refused to start a job (bad hosts, slots, missing Python, ...)."""
+
+
+class HorovodInternalError(DDLError, RuntimeError):
+    """A collective met a rank that failed (Horovod's name, caught by ``hvd.elastic.run``).
+
+    Raised on every surviving rank of an elastic job (``ddlrun --min-np``)
+    instead of a hang: ``elastic.run`` restores the last commit, re-forms the
+    job without the failed rank's host and calls the training function again.
+    """
+
+
+class HostsUpdatedInterrupt(DDLError, RuntimeError):
+    """Hosts were added to or removed from an elastic job (raised at ``state.commit()``).
+
+    Attributes:
+        skip_sync: True when no rank joins (only hosts left), so the state
+            need not be broadcast again.
+    """
+
+    def __init__(self, skip_sync: bool = False, message: str = "") -> None:
+        super().__init__(message or "the elastic job's hosts changed")
+        self.skip_sync = skip_sync

@@ -323,6 +323,14 @@ def test_the_ddl_tf_layers_are_visible_and_flow_one_way():
     }
 
 
+def test_elastic_membership_sits_between_the_core_and_the_framework_layers():
+    graph = Scan("ddl_tf").unit_graph
+    assert graph.has_edge("ddl_tf.membership", "ddl_tf.core"), "membership re-forms core jobs"
+    assert not nx.has_path(graph, "ddl_tf.core", "ddl_tf.membership")
+    for late in ("ddl_tf.tensorflow", "ddl_tf.keras", "ddl_tf.cluster", "ddl_tf.ddlrun"):
+        assert not nx.has_path(graph, "ddl_tf.membership", late), late
+
+
 def test_the_ddl_tf_launch_library_sits_below_the_cluster_and_ddlrun():
     graph = Scan("ddl_tf").unit_graph
     assert not nx.has_path(graph, "ddl_tf.launch", "ddl_tf.cluster")

@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 from typing import Any
 
+from ddl_tf import env
 from ddl_tf.config import DDLConfig
-from ddl_tf.core import HOROVOD_BASICS, comms, mpi
+from ddl_tf.core import HOROVOD_BASICS, mpi
 from ddl_tf.core.engine import Engine
-from ddl_tf.core.selection import load_policy
+from ddl_tf.core.job import Job, spawned_parent
 from ddl_tf.core.topology import Topology
 from ddl_tf.env import HOROVOD_IGNORED
 from ddl_tf.errors import ConfigError, DDLError, NotInitializedError
 
-__all__ = ["engine", "topology", *HOROVOD_BASICS]
+__all__ = ["engine", "job", "replace_job", "topology", "CURRENT", *HOROVOD_BASICS]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ def _label_log_lines(rank: int) -> None:
 
 
 _lock = threading.Lock()
-_engine: Engine | None = None
+_job: Job | None = None
 _previous_excepthook = None
 _atexit_registered = False
 
@@ -89,10 +91,10 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
         ConfigError: Invalid settings, or ranks started with different settings.
         TopologyError: The topology file or forced algorithm does not fit the job.
     """
-    global _engine, _atexit_registered
+    global _job, _atexit_registered
     with _lock:
-        if _engine is not None:
-            return _engine
+        if _job is not None:
+            return _job.engine
         from ddl_tf.core import process_sets as process_sets_module  # imports this module
 
         process_sets_module.check_init_argument(process_sets)
@@ -100,15 +102,15 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
         if config.log_level:
             _configure_logging(config.log_level)
         MPI = mpi.load()
-        base = _resolve_comm(MPI, comm)
-        topology = comms.detect_topology(base, config)
-        policy = load_policy(config.auto_policy_file)
-        _check_agreement(base, config, policy.digest(), topology)
-        communicators = comms.build_communicators(base, topology)
-        _engine = Engine(communicators, topology, config, policy, host=MPI.Get_processor_name())
-        _label_log_lines(_engine.rank)
-        process_sets_module.register_at_init(_engine, process_sets)
-        if config.ignored_settings and _engine.rank == 0:
+        elastic = env.elastic_job()
+        base, owned = _resolve_comm(MPI, comm, elastic)
+        _job = Job.create(
+            base, config, host=env.launcher_hostname(), elastic=elastic, owns_comm=owned
+        )
+        engine = _job.engine
+        _label_log_lines(engine.rank)
+        process_sets_module.register_at_init(engine, process_sets)
+        if config.ignored_settings and engine.rank == 0:
             logger.warning(
                 "ddl_tf ignores %s: %s",
                 ", ".join(config.ignored_settings),
@@ -120,28 +122,42 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
                 "tf.function run on TensorFlow threads and may fail with this MPI",
                 MPI.Query_thread(),
             )
-        if config.abort_on_error:
-            _install_excepthook()
+        if elastic:  # a lost rank is survived; an uncaught error ends this rank at once
+            _install_excepthook(_exit_on_uncaught)
+        elif config.abort_on_error:
+            _install_excepthook(_abort_on_uncaught)
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
-        if topology.rank == 0:
+        if engine.rank == 0:
             logger.info(
-                "ddl_tf initialized: algorithm=%s fusion=%d bytes compression=%s checks=%s\n%s",
+                "ddl_tf initialized: algorithm=%s fusion=%d bytes compression=%s checks=%s%s\n%s",
                 config.algorithm,
                 config.fusion_threshold_bytes,
                 config.compression,
                 "on" if config.check_collectives else "off",
-                topology.describe(),
+                " elastic" if elastic else "",
+                engine.topology.describe(),
             )
-        return _engine
+        return engine
 
 
-def _resolve_comm(MPI: Any, comm: Any) -> Any:
+def _resolve_comm(MPI: Any, comm: Any, elastic: bool) -> tuple[Any, bool]:
+    """The job's communicator, and whether the job owns (and frees) it."""
+    parent = spawned_parent() if elastic else None
+    if parent is not None:  # spawned by a growing elastic job: join it, after its ranks
+        if comm is not None:
+            raise ConfigError(
+                "init(comm=...) is not supported in an elastic job (ddlrun --min-np): its "
+                "membership is the job's. Call init() without comm."
+            )
+        merged = parent.Merge(high=True)
+        parent.Disconnect()
+        return merged, True
     if comm is None:
-        return MPI.COMM_WORLD
+        return MPI.COMM_WORLD, False
     if isinstance(comm, MPI.Comm):
-        return comm
+        return comm, False
     ranks = [int(r) for r in comm]
     world = MPI.COMM_WORLD
     if world.rank not in ranks:
@@ -149,25 +165,7 @@ def _resolve_comm(MPI: Any, comm: Any) -> Any:
             f"init(comm={ranks}) was called on rank {world.rank}, which is not in the list; "
             "only the listed ranks may call init()."
         )
-    return world.Create_group(world.group.Incl(ranks))
-
-
-def _check_agreement(comm: Any, config: DDLConfig, policy_digest: str, topo: Topology) -> None:
-    mine = (
-        config.fingerprint(),
-        policy_digest,
-        topo.levels,
-        tuple(sorted(topo.algorithms.items())),
-    )
-    everyone = comm.allgather(mine)
-    odd = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
-    if odd:
-        raise ConfigError(
-            f"Ranks were started with different ddl_tf settings: rank(s) {odd} differ from "
-            f"rank 0 ({everyone[0]} vs {everyone[odd[0]]}: algorithm/fusion/compression/checks "
-            "fingerprint, auto policy, topology levels). Export the same DDL_* variables to "
-            "every rank (ddlrun does; with mpirun use -x DDL_...)."
-        )
+    return world.Create_group(world.group.Incl(ranks)), True
 
 
 def engine() -> Engine:
@@ -176,23 +174,71 @@ def engine() -> Engine:
     Raises:
         NotInitializedError: ``init()`` has not been called.
     """
-    if _engine is None:
+    return job().engine
+
+
+class CurrentEngine:
+    """Stands for the job's engine *as it is when used* (elastic jobs).
+
+    A collective traced into a ``tf.function`` keeps the engine it was given;
+    an elastic job replaces its engine at every membership change. Given this
+    instead, the traced op reaches whichever engine is current when it runs,
+    as Horovod's ops (which read the job's state at run time) do.
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(engine(), name)
+
+    def __repr__(self) -> str:
+        return f"CurrentEngine({engine()!r})" if _job is not None else "CurrentEngine(None)"
+
+
+CURRENT = CurrentEngine()
+"""The one :class:`CurrentEngine`."""
+
+
+def job() -> Job:
+    """The job's current membership (:class:`~ddl_tf.core.job.Job`).
+
+    Raises:
+        NotInitializedError: ``init()`` has not been called.
+    """
+    if _job is None:
         raise NotInitializedError(
             "ddl_tf is not initialized. Call ddl_tf.init() (import ddl_tf as hvd; hvd.init()) "
             "on every rank before using collectives or rank queries."
         )
-    return _engine
+    return _job
+
+
+def replace_job(new: Job | None) -> None:
+    """Put ``new`` in the place of the current job (elastic membership changes).
+
+    The caller has abandoned the old job; its process sets are dropped (their
+    ranks meant other processes) and the global set now means ``new``'s ranks.
+    ``None`` leaves the process uninitialized (a rank that leaves the job).
+    """
+    global _job
+    from ddl_tf.core import process_sets as process_sets_module  # imports this module
+
+    with _lock:
+        _job = new
+        if new is not None:
+            _label_log_lines(new.rank)
+            process_sets_module.rebind(new.engine)
 
 
 def shutdown() -> None:
     """Collectively stop ddl_tf (also run automatically at exit). MPI stays initialized."""
-    global _engine
+    global _job
     with _lock:
-        if _engine is None:
+        if _job is None:
             return
-        current, _engine = _engine, None
+        current, _job = _job, None
         _restore_excepthook()
-        current.shutdown()
+        current.close()
 
 
 def collective_stats(reset: bool = False) -> dict[str, dict[str, float]]:
@@ -217,7 +263,7 @@ def collective_stats(reset: bool = False) -> dict[str, dict[str, float]]:
 
 def is_initialized() -> bool:
     """Whether ``init()`` has run (and ``shutdown()`` has not)."""
-    return _engine is not None
+    return _job is not None
 
 
 def topology() -> Topology:
@@ -333,11 +379,11 @@ def stop_timeline() -> None:
 # --------------------------------------------------------------------------- failure handling
 
 
-def _install_excepthook() -> None:
+def _install_excepthook(hook) -> None:
     global _previous_excepthook
     if _previous_excepthook is None:
         _previous_excepthook = sys.excepthook
-        sys.excepthook = _abort_on_uncaught
+        sys.excepthook = hook
 
 
 def _restore_excepthook() -> None:
@@ -347,10 +393,27 @@ def _restore_excepthook() -> None:
         _previous_excepthook = None
 
 
+def _exit_on_uncaught(exc_type, exc, tb) -> None:
+    """Elastic jobs: print the exception, say which rank and host ends, exit without MPI_Finalize.
+
+    After a membership change, a rank that exits with an error from inside
+    ``MPI_Finalize`` leaves Open MPI's fault-tolerant runtime aborting forever
+    (measured here: mpirun never returns); leaving without it ends the rank at
+    once, and mpirun reports its status.
+    """
+    (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+    current = _job
+    where = f"rank {current.rank} on host {current.hosts[current.rank]}" if current else "a rank"
+    sys.stderr.write(f"ddl_tf: {where} ends the elastic job: {exc_type.__name__}: {exc}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def _abort_on_uncaught(exc_type, exc, tb) -> None:
     """Print the exception, then abort every rank: a dead rank must not leave peers waiting."""
     (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
-    current = _engine
+    current = _job.engine if _job is not None else None
     if current is None or current.size == 1:
         return
     _abort(
@@ -373,7 +436,7 @@ def _abort(current: Engine, reason: str) -> None:
 
 
 def _shutdown_at_exit() -> None:
-    current = _engine
+    current = _job.engine if _job is not None else None
     if current is None:
         return
     try:

@@ -50,17 +50,24 @@ class Communicators:
     cross: Any
     steps: list[tuple[str, Any]]
 
+    def all(self) -> list[Any]:
+        """Every distinct communicator, each once."""
+        seen: dict[int, Any] = {}
+        for comm in [self.data, self.control, self.node, self.cross, *(c for _, c in self.steps)]:
+            seen.setdefault(id(comm), comm)
+        return list(seen.values())
+
     def free(self) -> None:
         """Free every communicator (collective; call on all ranks)."""
-        seen = set()
-        for comm in [self.data, self.control, self.node, self.cross, *(c for _, c in self.steps)]:
-            if id(comm) not in seen:
-                seen.add(id(comm))
-                comm.Free()
+        for comm in self.all():
+            comm.Free()
 
 
 def detect_topology(
-    comm: Any, config: DDLConfig, environ: Mapping[str, str] | None = None
+    comm: Any,
+    config: DDLConfig,
+    environ: Mapping[str, str] | None = None,
+    cross_check: bool = True,
 ) -> Topology:
     """Collectively work out which rank runs where.
 
@@ -68,6 +75,8 @@ def detect_topology(
         comm: The job's communicator (usually ``MPI.COMM_WORLD``).
         config: Provides ``pseudo_nodes`` and ``topology_file``.
         environ: Environment to read launcher variables from.
+        cross_check: Compare with the launcher's layout (off in elastic jobs,
+            whose ranks move after a membership change).
 
     Returns:
         The :class:`Topology` of this rank.
@@ -93,7 +102,8 @@ def detect_topology(
             source = "hostnames"
         pairs = comm.allgather((host, leader))
         names = _node_names(pairs)
-        _cross_check(comm, names, environ)
+        if cross_check:
+            _cross_check(comm, names, environ)
     spec = load_topology_file(config.topology_file) if config.topology_file else None
     return Topology.from_node_names(names, comm.rank, spec, source=source)
 

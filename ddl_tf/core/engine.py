@@ -88,6 +88,11 @@ class Engine:
         host: Host name (timeline label).
         lock: The lock collectives run under; a process set's engine shares
             its job's, so that one thread at a time calls MPI.
+        elastic: A collective that meets a failed peer (or a communicator a
+            peer revoked) revokes this engine's communicators, so that every
+            other rank learns of it too, and raises
+            :class:`~ddl_tf.errors.HorovodInternalError`; without it the
+            engine is marked failed and the job aborts, as before.
     """
 
     def __init__(
@@ -98,8 +103,10 @@ class Engine:
         policy: AutoPolicy,
         host: str = "",
         lock: Any = None,
+        elastic: bool = False,
     ) -> None:
         self.comms = comms
+        self.elastic = elastic
         self.topology = topology
         self.config = config
         self.policy = policy
@@ -667,7 +674,9 @@ class Engine:
         finally:
             comm.Free()
         config = self.config.replace(timeline=None, topology_file=None)
-        sub = Engine(comms, topology, config, self.policy, self._host, lock=self.state.lock)
+        sub = Engine(
+            comms, topology, config, self.policy, self._host, self.state.lock, self.elastic
+        )
         self.subsets[set_id] = sub
         return sub
 
@@ -680,6 +689,27 @@ class Engine:
             sub.shutdown()
 
     # ------------------------------------------------------------------ lifecycle
+
+    def revoke(self) -> None:
+        """Revoke every communicator of this engine and its process sets; refuse collectives after.
+
+        Local and immediate (ULFM's ``MPI_Comm_revoke``): any rank blocked in
+        one of these communicators returns with ``MPI_ERR_REVOKED``, which
+        is how one rank's discovery of a failed peer reaches the ranks that
+        are waiting on healthy ones. Nothing is freed: the ranks are out of
+        step, and a freed communicator would need them all.
+        """
+        MPI = mpi.load()
+        for sub in self.subsets.values():
+            sub.revoke()
+        for comm in self.comms.all():
+            try:
+                comm.Revoke()
+            except MPI.Exception:  # a peer revoked it first
+                pass
+        if self.negotiator is not None and not self.state.lost:
+            self.negotiator.abandon()
+        self.state.mark_lost()
 
     def shutdown(self) -> None:
         """Collectively stop: check every rank is shutting down, merge the timeline, free comms.

@@ -31,8 +31,9 @@ from typing import Any, Literal
 import numpy as np
 
 from ddl_tf.core.join import send_arguments
+from ddl_tf.core.mpi import is_process_failure
 from ddl_tf.core.negotiation import OK_JOINED
-from ddl_tf.errors import DDLError, StallError
+from ddl_tf.errors import DDLError, HorovodInternalError, StallError
 
 __all__ = ["CollectiveGuard", "CollectiveStats", "EngineState", "layout_text"]
 
@@ -90,7 +91,7 @@ class EngineState:
         ddl_tf.errors.DDLError: ddl_tf cannot run allreduce after an earlier failure (RuntimeError('lost rank 1')); the ranks are no longer in step. Restart the job.
     """
 
-    __slots__ = ("lock", "failure", "closed", "negotiated")
+    __slots__ = ("lock", "failure", "closed", "negotiated", "lost")
 
     def __init__(self, lock: Any = None) -> None:
         self.lock = lock if lock is not None else threading.RLock()
@@ -98,6 +99,8 @@ class EngineState:
         self.closed = False
         # set by join(): the next collective was negotiated by the active ranks already
         self.negotiated = False
+        # an elastic job's membership lost a rank: its communicators are revoked
+        self.lost = False
 
     def mark_failed(self, error: BaseException) -> None:
         """Record that ``error`` left the ranks out of step; later collectives are refused."""
@@ -107,12 +110,22 @@ class EngineState:
         """Record the shutdown; later collectives are refused until ``init()`` runs again."""
         self.closed = True
 
+    def mark_lost(self) -> None:
+        """Record that the (elastic) membership lost a rank; later collectives raise
+        :class:`~ddl_tf.errors.HorovodInternalError` until the job is re-formed."""
+        self.lost = self.closed = True
+
     def check_usable(self, kind: str) -> None:
         """Raise when a collective of ``kind`` may not run (a failure or a shutdown).
 
         Raises:
             DDLError: after a failure or a shutdown, naming what to do.
         """
+        if self.lost:
+            raise HorovodInternalError(
+                f"ddl_tf cannot run {kind}: this membership of the elastic job lost a rank. "
+                "hvd.elastic.run re-forms the job; call collectives inside the function it runs."
+            )
         if self.failure is not None:
             raise DDLError(
                 f"ddl_tf cannot run {kind} after an earlier failure "
@@ -176,16 +189,25 @@ class CollectiveGuard:
 
     def __exit__(self, exc_type, exc, tb, entered: bool = True) -> Literal[False]:
         engine = self.engine
-        if entered and exc is not None and isinstance(exc, Exception):
+        lost = engine.elastic and exc is not None and is_process_failure(exc)
+        if entered and exc is not None and isinstance(exc, Exception) and not lost:
             if not isinstance(exc, DDLError):  # an MPI or data error mid-collective
                 engine.state.mark_failed(exc)
         try:
+            if lost:  # tell every rank, even those waiting on healthy peers, then give up
+                engine.revoke()
             if entered:
                 engine.stats.record(self.kind, time.perf_counter() - self.start)
             if self.phase is not None:
                 self.phase.__exit__(exc_type, exc, tb)
         finally:
             engine.state.lock.release()
+        if lost:
+            raise HorovodInternalError(
+                f"rank {engine.rank}: {self.kind}{f' {self.name!r}' if self.name else ''} met "
+                f"a failed rank ({exc}); the job's communicators are revoked. hvd.elastic.run "
+                "restores the last commit and re-forms the job without the failed host."
+            ) from exc
         return False
 
 

@@ -101,6 +101,20 @@ def is_loaded() -> bool:
     return "mpi4py.MPI" in sys.modules
 
 
+def is_process_failure(err: BaseException) -> bool:
+    """Whether ``err`` is MPI reporting a failed peer or a revoked communicator (ULFM).
+
+    ``MPI_ERR_IN_STATUS`` (a request of ``Testsome``/``Waitall`` failed) counts
+    too: ddl_tf's requests fail only when a peer does.
+    """
+    MPI = load() if is_loaded() else None
+    if MPI is None or not isinstance(err, MPI.Exception):
+        return False
+    names = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED", "ERR_IN_STATUS")
+    classes = {getattr(MPI, n, None) for n in names} - {None}
+    return err.Get_error_class() in classes
+
+
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype local reductions run in: float32 for 16-bit floats, else ``dtype``.
 

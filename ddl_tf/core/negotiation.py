@@ -303,6 +303,20 @@ class Negotiator:
         _raise_verdict(kind, code, text)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def abandon(self) -> None:
+        """Cancel and free the persistent requests after a failure (local; errors ignored).
+
+        A request left active on a revoked communicator would keep
+        ``MPI_Finalize`` waiting at exit.
+        """
+        MPI = mpi.load()
+        for request in self._recvs if self.rank == 0 else [self._send, self._recv]:
+            for step in (request.Cancel, request.Free):
+                try:
+                    step()
+                except MPI.Exception:
+                    pass
+
     def close(self) -> None:
         """Free the persistent requests (before the communicator is freed)."""
         for request in self._recvs if self.rank == 0 else [self._send, self._recv]:

@@ -47,6 +47,7 @@ __all__ = [
     "ProcessSet",
     "global_process_set",
     "add_process_set",
+    "rebind",
     "remove_process_set",
     "register_at_init",
     "check_init_argument",
@@ -158,7 +159,7 @@ def engine_for(process_set: Any) -> Any:
     """
     job = basics.engine()
     if process_set is None or process_set is global_process_set:
-        return job
+        return basics.CURRENT if job.elastic else job
     if not isinstance(process_set, ProcessSet):
         raise ConfigError(
             f"process_set must be a ddl_tf ProcessSet. Received {process_set!r}; use "
@@ -166,11 +167,12 @@ def engine_for(process_set: Any) -> Any:
         )
     set_id = process_set.process_set_id
     if set_id == 0:
-        return job
+        return basics.CURRENT if job.elastic else job
     if set_id is None or _state["owner"] is not job or _registered.get(set_id) is not process_set:
         raise ConfigError(
             f"{process_set!r} is not registered with this job; pass it to "
-            "init(process_sets=[...]) or add_process_set() (on every rank) first."
+            "init(process_sets=[...]) or add_process_set() (on every rank) first (after an "
+            "elastic job re-forms, add its sets again, e.g. in a reset callback)."
         )
     sub = job.subsets.get(set_id)
     if sub is None:
@@ -267,6 +269,23 @@ def register_at_init(job: Any, process_sets: Any) -> None:
         return
     for process_set in process_sets:
         _add(job, process_set, at_init=True)
+
+
+def rebind(job: Any) -> None:
+    """After an elastic membership change: the global set is ``job``'s, no other set is registered.
+
+    The sets of the old membership named ranks that now mean other processes
+    (or none), so they are unregistered; a collective on one raises
+    ``ConfigError`` naming the fix (register the sets again, e.g. in a reset
+    callback).
+
+    Args:
+        job: The new membership's engine.
+    """
+    for process_set in _registered.values():
+        process_set.process_set_id = None
+    _registered.clear()
+    _state["owner"] = job
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:

@@ -38,12 +38,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ddl_tf.core import basics
 from ddl_tf.core.compression import Compressor
 from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError, UnsupportedError
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import grouped_allgather
 from ddl_tf.tensorflow.compression import Compression
+from ddl_tf.tensorflow.rank_ops import size_op
 from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["allreduce", "grouped_allreduce", "barrier", "join", "split_compression"]
@@ -222,7 +224,8 @@ def _sparse_allreduce(engine, process_set, slices, op, name, pre, post) -> list[
         name=f"{name}_indices" if name else None,
         process_set=process_set,
     )
-    size = engine.size
+    # an elastic job's size changes under a traced step: read it when the step runs
+    size = size_op() if engine is basics.CURRENT else engine.size
     out = []
     for s, v, i in zip(slices, values, indices, strict=True):
         if op is ReduceOp.AVERAGE:

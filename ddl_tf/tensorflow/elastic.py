@@ -1,20 +1,23 @@
-"""``hvd.elastic`` state objects for fixed-size jobs: ``commit`` / ``restore`` / ``sync`` and ``run``.
+"""``hvd.elastic``: state objects that survive membership changes, and ``run``.
 
-Horovod's elastic mode lets hosts join and leave a running job
-(``horovodrun --min-np``); the training function keeps its progress in a
-*state* object that is committed every few batches, restored after a
-failure and re-synchronized when membership changes. **ddl_tf jobs have a
-fixed membership** (MPI fixes it at launch), so elastic membership is out of
-scope; what this module gives is the state API, so that Horovod elastic
-scripts run unchanged as fixed-size jobs:
+Horovod's elastic mode lets hosts leave and join a running job
+(``ddlrun --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh``,
+see :mod:`ddl_tf.membership.reform` for how the job re-forms). The
+training function keeps its progress in a *state* object:
 
-* ``sync()`` broadcasts the tracked variables and the saved attributes from
-  rank 0 (every rank starts from the same state);
-* ``commit()`` saves the current values in host memory (and would check for
-  host changes; there never are any);
+* ``sync()`` broadcasts the tracked variables and attributes from rank 0
+  (every rank, newcomers included, starts from the same state);
+* ``commit()`` saves the current values in host memory and checks for host
+  changes (``HostsUpdatedInterrupt`` on every rank when there are some);
 * ``restore()`` puts the last committed values back;
-* :func:`run` syncs the state and calls the function once: with a fixed
-  membership there is nothing to retry.
+* :func:`run` calls the function; when a rank fails
+  (:class:`~ddl_tf.errors.HorovodInternalError`) it restores the last commit,
+  re-forms the job without the failed host and calls it again; when hosts
+  change it re-forms the job at the commit and goes on. Reset callbacks run
+  after every change.
+
+In a job launched without elastic options the membership is fixed: ``run``
+syncs and calls the function once, and a failure ends the job as before.
 
 Example (one process):
     >>> import tensorflow as tf
@@ -38,11 +41,21 @@ from typing import Any
 
 import tensorflow as tf
 
+from ddl_tf import env
 from ddl_tf.core import basics
+from ddl_tf.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.functions import broadcast_object, broadcast_variables
 
-__all__ = ["State", "ObjectState", "TensorFlowState", "TensorFlowKerasState", "run"]
+__all__ = [
+    "State",
+    "ObjectState",
+    "TensorFlowState",
+    "TensorFlowKerasState",
+    "run",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +74,7 @@ class State(abc.ABC):
         self._reset_callbacks: list[Callable[[], None]] = []
 
     def register_reset_callbacks(self, callbacks: Sequence[Callable[[], None]]) -> None:
-        """Functions to call after a membership change (never, in a fixed-size job).
+        """Functions to call after each membership change (e.g. to rescale the learning rate).
 
         Args:
             callbacks: Functions taking no arguments; appended to those already
@@ -80,8 +93,15 @@ class State(abc.ABC):
         self.save()
         self.check_host_updates()
 
-    def check_host_updates(self) -> None:  # noqa: B027 - an optional hook, empty on purpose
-        """Horovod raises ``HostsUpdatedInterrupt`` here; a fixed-size job has no updates."""
+    def check_host_updates(self) -> None:
+        """Raise ``HostsUpdatedInterrupt`` on every rank when hosts changed (collective).
+
+        Only in elastic jobs with a discovery script; a fixed-size job has no updates.
+        """
+        if env.elastic_job():
+            from ddl_tf.membership.reform import membership
+
+            membership().check_host_updates()
 
     @abc.abstractmethod
     def save(self) -> None:
@@ -206,8 +226,19 @@ class TensorFlowKerasState(ObjectState):
         super().__init__(**kwargs)
 
     def _variables(self) -> list:
-        optimizer_vars = list(self.optimizer.variables) if self.optimizer is not None else []
+        optimizer = self.optimizer
+        if optimizer is not None and not getattr(optimizer, "built", True):
+            # a rank that joins has not trained yet: its optimizer must hold the same
+            # slots as those of the ranks it receives them from
+            optimizer.build(self.model.trainable_variables)
+        optimizer_vars = list(optimizer.variables) if optimizer is not None else []
         return list(self.model.variables) + optimizer_vars
+
+    def reset(self) -> None:
+        """Make Keras trace the model's step functions again, for the new membership."""
+        for attr in ("train_function", "test_function", "predict_function"):
+            if hasattr(self.model, attr):
+                setattr(self.model, attr, None)
 
     def save(self) -> None:
         self._save_model()
@@ -228,14 +259,17 @@ class TensorFlowKerasState(ObjectState):
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate an elastic training function: sync the state, then call it (once).
+    """Decorate an elastic training function ``func(state, *args, **kwargs)``.
 
-    In Horovod the wrapper also catches membership changes and failures,
-    restores the state and calls the function again; a fixed-size ddl_tf job
-    has no membership changes, and a failure ends the job.
+    The wrapper syncs the state and calls ``func``. In an elastic job, when a
+    rank fails it restores the last commit, re-forms the job without the
+    failed host, runs the reset callbacks and calls ``func`` again (after a
+    new sync); when hosts change (at a commit) it re-forms the job for them
+    and calls ``func`` again from the committed state. In a fixed-size job it
+    calls ``func`` once.
 
     Args:
-        func: ``func(state, *args, **kwargs)``.
+        func: The training function; its first argument is the state.
 
     Returns:
         The wrapped function.
@@ -243,7 +277,35 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        state.sync()
-        return func(state, *args, **kwargs)
+        if not env.elastic_job():
+            state.sync()
+            return func(state, *args, **kwargs)
+        from ddl_tf.membership.reform import membership
+
+        members = membership()
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync = interrupt.skip_sync
+                members.update_hosts()
+            except Exception as err:
+                if not _lost_a_rank(err):
+                    raise
+                logger.warning("rank %d: %s; restoring the last commit", basics.rank(), err)
+                state.restore()
+                skip_sync = False
+                members.recover()
+            state.on_reset()
 
     return wrapper
+
+
+def _lost_a_rank(err: BaseException) -> bool:
+    """Whether ``err`` (or what TensorFlow made of it inside a graph) is a lost rank."""
+    if isinstance(err, HorovodInternalError):
+        return True
+    return basics.is_initialized() and basics.job().engine.state.lost

@@ -192,7 +192,9 @@ def allreduce_gradients(
         )
     present = [i for i, g in enumerate(grads) if g is not None]
     use_overlap, nbytes = resolve(overlap, bucket_bytes)
-    if engine_for(process_set).size == 1 and op in (ReduceOp.AVERAGE, ReduceOp.SUM):
+    engine = engine_for(process_set)
+    # an elastic job of one rank may grow: its traced steps must keep the collective
+    if engine.size == 1 and not engine.elastic and op in (ReduceOp.AVERAGE, ReduceOp.SUM):
         return list(grads)  # nothing to reduce; keep tensors (and IndexedSlices) untouched
     chosen = []
     for i in present:

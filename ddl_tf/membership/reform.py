@@ -1,0 +1,387 @@
+"""Re-forming an elastic job in the running processes, over MPI's fault tolerance (ULFM).
+
+Why in the running processes: the survivors keep their memory (model,
+optimizer, data pipeline, compiled step) and their MPI library, so a
+recovery costs one ``MPI_Comm_shrink`` and a new :class:`~ddl_tf.core.job.Job`
+(well under a second here) instead of a relaunch, a TensorFlow import and
+a checkpoint read on every rank (a driver that relaunches ranks, Horovod's
+design over Gloo, pays those: tens of seconds per reset on this machine).
+
+**A rank fails.** The first survivor whose collective meets it (ULFM reports
+``MPI_ERR_PROC_FAILED``) revokes every communicator of the job, so the
+others get ``MPI_ERR_REVOKED`` wherever they wait; each raises
+:class:`~ddl_tf.errors.HorovodInternalError`. ``elastic.run`` restores the
+last commit and calls :meth:`Membership.recover` on every survivor:
+``Shrink`` agrees on who is alive, the failed ranks' hosts are blacklisted
+and their other ranks leave (as Horovod takes a failed host out), and the
+rest build a new job.
+
+**Hosts change.** Rank 0 runs the discovery script every
+``discovery_interval`` seconds in a background thread. At each ``commit()``
+it broadcasts what changed (:meth:`Membership.check_host_updates`): hosts
+gone from the list, and new hosts (up to ``max_np`` ranks, blacklisted hosts
+excluded until their cooldown ends). On a change every rank raises
+:class:`~ddl_tf.errors.HostsUpdatedInterrupt`; then
+:meth:`Membership.update_hosts` lets the ranks of removed hosts leave and
+spawns ranks on the new ones (``MPI_Comm_spawn`` of this same program,
+through :mod:`ddl_tf.launch.worker`, then ``MPI_Intercomm_merge``: the new
+ranks come after the old ones).
+
+Every membership change counts against ``reset_limit``; a job that has fewer
+than ``min_np`` ranks and no host to grow to within ``timeout`` seconds
+fails, naming both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddl_tf import env
+from ddl_tf.core import basics, mpi
+from ddl_tf.core.job import Job
+from ddl_tf.errors import ConfigError, DDLError, HostsUpdatedInterrupt
+from ddl_tf.membership.discovery import Blacklist, DiscoveryError, run_discovery
+from ddl_tf.membership.settings import ElasticSettings
+
+__all__ = ["Membership", "HostChange", "membership", "ElasticJobError"]
+
+logger = logging.getLogger(__name__)
+
+
+class ElasticJobError(DDLError):
+    """The elastic job cannot go on: too many resets, or too few ranks for too long."""
+
+
+@dataclass(frozen=True)
+class HostChange:
+    """What rank 0 decided at a commit: hosts that leave, and ranks to add per new host."""
+
+    removed: tuple[str, ...] = ()
+    added: tuple[tuple[str, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.removed or self.added)
+
+
+@dataclass
+class _Watcher:
+    """Rank 0's discovery thread: the latest host list, or the error that replaced it."""
+
+    settings: ElasticSettings
+    hosts: dict[str, int] | None = None
+    error: DiscoveryError | None = None
+    failing_since: float | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="ddl_tf-discovery", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        script = self.settings.discovery
+        assert script is not None  # started only with a discovery script
+        while not self._stop.is_set():
+            try:
+                self.hosts = run_discovery(script, self.settings.slots_per_host)
+                self.error, self.failing_since = None, None
+            except DiscoveryError as err:
+                if self.error is None:
+                    logger.warning("host discovery failed (keeping the last list): %s", err)
+                self.error = err
+                self.failing_since = self.failing_since or time.monotonic()
+            self._stop.wait(self.settings.discovery_interval)
+
+
+class Membership:
+    """This process's view of the elastic job's membership (one per process).
+
+    Args:
+        settings: The job's elastic settings.
+    """
+
+    def __init__(self, settings: ElasticSettings) -> None:
+        self.settings = settings
+        self.blacklist = Blacklist(settings.cooldown)
+        self.resets = 0
+        self._watcher: _Watcher | None = None
+        self._watched_by: int | None = None  # id of the job whose rank 0 runs the watcher
+        self._pending = HostChange()
+
+    # ------------------------------------------------------------------ failures
+
+    def recover(self) -> None:
+        """Re-form the job without its failed ranks (collective over the survivors).
+
+        Raises:
+            SystemExit: This rank's host was blacklisted (it leaves with status 0).
+            ElasticJobError: ``reset_limit`` is exceeded, or too few ranks remain.
+        """
+        MPI = mpi.load()
+        job = basics.job()
+        job.abandon()
+        started = time.perf_counter()
+        survivors = job.comm.Shrink()
+        old = MPI.Group.Translate_ranks(
+            survivors.Get_group(), list(range(survivors.size)), job.comm.Get_group()
+        )
+        failed = sorted(set(range(job.size)) - set(old))
+        lost_hosts = sorted({job.hosts[r] for r in failed})
+        now = time.monotonic()
+        for host in lost_hosts:
+            self.blacklist.add(host, now)
+        leaving = job.hosts[job.rank] in lost_hosts
+        stay = survivors.Split(MPI.UNDEFINED if leaving else 0, key=survivors.rank)
+        survivors.Free()
+        if leaving:
+            self._leave(job, f"its host {job.hosts[job.rank]} had a failed rank")
+        self._count_reset(f"rank(s) {failed} on {', '.join(lost_hosts)} failed")
+        new = self._rebuild(job, stay)
+        if new.rank == 0:
+            logger.warning(
+                "elastic job re-formed in %.2f s without rank(s) %s (host(s) %s blacklisted): "
+                "%d rank(s) on %s",
+                time.perf_counter() - started,
+                failed,
+                ", ".join(lost_hosts),
+                new.size,
+                ", ".join(sorted(set(new.hosts))),
+            )
+        if new.size < self.settings.min_np:
+            self._grow_to_min_np()
+
+    # ------------------------------------------------------------------ host updates
+
+    def check_host_updates(self) -> None:
+        """At a commit: raise :class:`HostsUpdatedInterrupt` on every rank when hosts changed.
+
+        Collective (one small broadcast from rank 0).
+
+        Raises:
+            HostsUpdatedInterrupt: Hosts were added or removed.
+            DiscoveryError: The discovery script kept failing for ``timeout`` seconds.
+        """
+        if self.settings.discovery is None:
+            return
+        job = basics.job()
+        decision: HostChange | str = HostChange()
+        if job.rank == 0:
+            decision = self._decide(job)
+        decision = job.engine.broadcast_object(decision, 0, name="elastic.hosts")
+        if isinstance(decision, str):
+            raise DiscoveryError(decision)
+        if decision:
+            self._pending = decision
+            raise HostsUpdatedInterrupt(
+                skip_sync=not decision.added,
+                message=f"hosts changed: removed {list(decision.removed)}, added "
+                f"{[f'{h}:{n}' for h, n in decision.added]}",
+            )
+
+    def update_hosts(self) -> None:
+        """Apply the change :meth:`check_host_updates` announced (collective over the job)."""
+        change, self._pending = self._pending, HostChange()
+        job = basics.job()
+        started = time.perf_counter()
+        leaving = job.hosts[job.rank] in change.removed
+        job.engine.shutdown()  # every rank is here, in step: a clean close of the old engine
+        MPI = mpi.load()
+        stay = job.comm.Split(MPI.UNDEFINED if leaving else 0, key=job.rank)
+        if leaving:
+            self._leave(job, f"its host {job.hosts[job.rank]} left the discovered hosts")
+        self._count_reset(f"hosts changed ({change})")
+        if change.added:
+            stay = self._spawn(stay, change.added)
+        new = self._rebuild(job, stay)
+        if new.rank == 0:
+            logger.warning(
+                "elastic job re-formed in %.2f s for %s: %d rank(s) on %s",
+                time.perf_counter() - started,
+                change,
+                new.size,
+                ", ".join(sorted(set(new.hosts))),
+            )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _decide(self, job: Job) -> HostChange | str:
+        self._ensure_watcher(job)
+        watcher = self._watcher
+        assert watcher is not None
+        if watcher.error is not None and watcher.failing_since is not None:
+            if time.monotonic() - watcher.failing_since > self.settings.timeout:
+                return (
+                    f"{watcher.error} (failing for over {self.settings.timeout:g} s, the "
+                    "--elastic-timeout; the job stops)"
+                )
+        if watcher.hosts is None:
+            return HostChange()
+        return plan_change(
+            current=job.hosts,
+            discovered=watcher.hosts,
+            blocked=lambda h: self.blacklist.blocked(h, time.monotonic()),
+            max_np=self.settings.max_np,
+        )
+
+    def _ensure_watcher(self, job: Job) -> None:
+        if self._watcher is not None and self._watched_by == id(job.comm):
+            return
+        if self._watcher is None:
+            self._watcher = _Watcher(self.settings)
+            self._watcher.start()
+        self._watched_by = id(job.comm)
+
+    def _grow_to_min_np(self) -> None:
+        """Wait (up to ``timeout``) for discovered hosts that bring the job to ``min_np``."""
+        deadline = time.monotonic() + self.settings.timeout
+        while True:
+            job = basics.job()
+            if job.size >= self.settings.min_np:
+                return
+            try:
+                self.check_host_updates()
+            except HostsUpdatedInterrupt:
+                self.update_hosts()
+                continue
+            if time.monotonic() > deadline:
+                raise ElasticJobError(
+                    f"the elastic job has {job.size} rank(s), below --min-np "
+                    f"{self.settings.min_np}, and no host to grow to appeared within "
+                    f"{self.settings.timeout:g} s (--elastic-timeout); blacklisted: "
+                    f"{self.blacklist.hosts() or 'none'}"
+                )
+            time.sleep(self.settings.discovery_interval)
+
+    def _count_reset(self, why: str) -> None:
+        self.resets += 1
+        limit = self.settings.reset_limit
+        if limit is not None and self.resets > limit:
+            raise ElasticJobError(
+                f"the elastic job changed membership {self.resets} times, over --reset-limit "
+                f"{limit} (last: {why}); raise --reset-limit or fix the failing hosts"
+            )
+
+    def _rebuild(self, job: Job, comm: Any) -> Job:
+        engine = job.engine
+        new = Job.create(
+            comm,
+            engine.config,
+            policy=engine.policy,
+            host=job.hosts[job.rank],
+            generation=job.generation + 1,
+            elastic=True,
+        )
+        basics.replace_job(new)
+        return new
+
+    def _spawn(self, comm: Any, added: tuple[tuple[str, int], ...]) -> Any:
+        """Start ``added`` ranks running this program and merge them after ``comm``'s ranks."""
+        MPI = mpi.load()
+        first = comm.size
+        commands: list[str] = []
+        argvs: list[list[str]] = []
+        counts: list[int] = []
+        infos: list[Any] = []
+        for host, count in added:
+            for _ in range(count):
+                commands.append(sys.executable)
+                argvs.append(worker_arguments(host, first + len(argvs)))
+                counts.append(1)
+                info = MPI.Info.Create()
+                if not _is_local(host):
+                    info.Set("host", host)
+                    info.Set("add-host", host)
+                infos.append(info)
+        inter = comm.Spawn_multiple(commands, argvs, counts, infos, root=0)
+        merged = inter.Merge(high=False)
+        inter.Disconnect()
+        comm.Free()
+        return merged
+
+    def _leave(self, job: Job, why: str) -> None:
+        logger.warning("rank %d leaves the elastic job: %s", job.rank, why)
+        basics.replace_job(None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # MPI_Finalize would wait for ranks that no longer talk to this one
+
+
+def plan_change(
+    current: tuple[str, ...],
+    discovered: dict[str, int],
+    blocked: Any,
+    max_np: int | None,
+) -> HostChange:
+    """Hosts to remove and ranks to add, from the job's hosts and the discovered ones.
+
+    Args:
+        current: Each rank's host.
+        discovered: ``{host: slots}`` from the discovery script.
+        blocked: ``blocked(host) -> bool`` for blacklisted hosts.
+        max_np: Most ranks, or None.
+
+    Example:
+        >>> plan_change(("a", "a"), {"a": 2, "b": 2}, lambda h: False, max_np=3)
+        HostChange(removed=(), added=(('b', 1),))
+        >>> plan_change(("a", "b"), {"a": 1}, lambda h: False, max_np=None)
+        HostChange(removed=('b',), added=())
+    """
+    removed = tuple(sorted({h for h in current if h not in discovered}))
+    size = sum(1 for h in current if h not in removed)
+    room = (max_np - size) if max_np is not None else sum(discovered.values())
+    added = []
+    for host, slots in discovered.items():
+        if host in current or blocked(host) or room <= 0:
+            continue
+        count = min(slots, room)
+        added.append((host, count))
+        room -= count
+    return HostChange(removed=removed, added=tuple(added))
+
+
+def worker_arguments(host: str, rank: int) -> list[str]:
+    """``python`` arguments that start one more rank of this program on ``host``."""
+    program = env.get(env.DDL_ELASTIC_COMMAND)
+    if program is None:
+        raise ConfigError(
+            "this elastic rank does not know its program (DDL_ELASTIC_COMMAND is unset); "
+            "launch elastic jobs with ddlrun --min-np / --host-discovery-script."
+        )
+    passed = [f"{k}={v}" for k, v in sorted(env.ddl_variables().items())]
+    if env.get(env.PYTHONPATH) is not None:
+        passed.append(f"{env.PYTHONPATH}={env.get(env.PYTHONPATH)}")
+    args = ["-m", "ddl_tf.launch.worker", "--hostname", host, "--rank", str(rank)]
+    for item in passed:
+        args += ["--env", item]
+    return [*args, "--program", program]
+
+
+def _is_local(host: str) -> bool:
+    import socket
+
+    return host in {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
+
+
+_membership: Membership | None = None
+
+
+def membership() -> Membership:
+    """This process's :class:`Membership` (made at first use from the environment).
+
+    Raises:
+        ConfigError: The job is not elastic (``hvd.elastic`` needs ``ddlrun --min-np``
+            for membership changes).
+    """
+    global _membership
+    if _membership is None:
+        _membership = Membership(ElasticSettings.from_env())
+    return _membership

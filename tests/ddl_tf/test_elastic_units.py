@@ -1,0 +1,148 @@
+"""Elastic jobs without MPI: discovery, blacklist, host changes, settings and ddlrun's launch."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddl_tf import ddlrun, env
+from ddl_tf.errors import ConfigError, LaunchError
+from ddl_tf.launch.command import LaunchPlan
+from ddl_tf.launch.elastic import ULFM_ARGS, find_hosts, make_elastic, physical_hosts
+from ddl_tf.launch.hosts import Host
+from ddl_tf.launch.worker import host_of_rank
+from ddl_tf.membership.discovery import Blacklist, DiscoveryError, parse_hosts, run_discovery
+from ddl_tf.membership.reform import HostChange, plan_change
+from ddl_tf.membership.settings import ElasticSettings
+
+
+def _script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "discover.sh"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_discovery_lines_give_hosts_and_slots_in_order():
+    assert parse_hosts("b:2\n# comment\n\na:1\n") == {"b": 2, "a": 1}
+    assert parse_hosts("node-1\n", slots_per_host=3) == {"node-1": 3}
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("node1 slots=2\n", "not 'host' or 'host:slots'"),
+        ("node1\n", "gives no slots; print 'host:slots' or pass --slots-per-host"),
+        ("node1:0\n", "gives 0 slots"),
+    ],
+)
+def test_discovery_garbage_is_refused_naming_the_line(text, problem):
+    with pytest.raises(DiscoveryError, match=problem):
+        parse_hosts(text)
+
+
+def test_a_failing_hanging_or_missing_discovery_script_raises(tmp_path):
+    with pytest.raises(DiscoveryError, match="exited with 3: boom"):
+        run_discovery(_script(tmp_path, "echo boom >&2; exit 3"))
+    with pytest.raises(DiscoveryError, match="did not finish within 0.5 s"):
+        run_discovery(_script(tmp_path, "sleep 30"), timeout=0.5)
+    with pytest.raises(DiscoveryError, match="cannot run the host discovery script"):
+        run_discovery(str(tmp_path / "absent.sh"))
+    assert run_discovery(_script(tmp_path, "echo localhost:2")) == {"localhost": 2}
+
+
+def test_a_failed_host_stays_out_for_good_or_for_a_growing_cooldown():
+    forever = Blacklist()
+    forever.add("a", now=0.0)
+    assert forever.blocked("a", now=1e9) and not forever.blocked("b", now=0.0)
+    cooling = Blacklist(cooldown=(2.0, 5.0))
+    cooling.add("a", now=0.0)
+    assert cooling.blocked("a", now=1.9) and not cooling.blocked("a", now=2.1)
+    cooling.add("a", now=10.0)  # second failure: 4 s
+    assert cooling.blocked("a", now=13.9) and not cooling.blocked("a", now=14.1)
+    cooling.add("a", now=20.0)  # third: 8 s, capped at 5
+    assert not cooling.blocked("a", now=25.1)
+
+
+def test_host_changes_respect_max_np_and_the_blacklist():
+    never = lambda host: False  # noqa: E731
+    assert plan_change(("a", "a"), {"a": 2}, never, None) == HostChange()
+    assert not HostChange()
+    assert plan_change(("a", "a"), {"a": 2, "b": 4}, never, 4).added == (("b", 2),)
+    assert plan_change(("a", "a"), {"a": 2, "b": 4}, lambda h: h == "b", None).added == ()
+    change = plan_change(("a", "b", "b"), {"a": 1, "c": 1}, never, None)
+    assert change.removed == ("b",) and change.added == (("c", 1),)
+
+
+def test_elastic_settings_come_from_the_environment_and_are_checked():
+    values = {
+        env.DDL_ELASTIC_MIN_NP: "2",
+        env.DDL_ELASTIC_MAX_NP: "8",
+        env.DDL_ELASTIC_RESET_LIMIT: "3",
+        env.DDL_ELASTIC_TIMEOUT: "30",
+    }
+    settings = ElasticSettings.from_env(values)
+    assert (settings.min_np, settings.max_np, settings.reset_limit, settings.timeout) == (
+        2,
+        8,
+        3,
+        30.0,
+    )
+    with pytest.raises(ConfigError, match="--max-np \\(1\\) is below --min-np \\(2\\)"):
+        ElasticSettings(min_np=2, max_np=1)
+    with pytest.raises(ConfigError, match="DDL_ELASTIC_COOLDOWN must be 'low,high'"):
+        ElasticSettings.from_env({env.DDL_ELASTIC_COOLDOWN: "10"})
+    with pytest.raises(ConfigError, match="DDL_ELASTIC_MIN_NP must be a number"):
+        ElasticSettings.from_env({env.DDL_ELASTIC_MIN_NP: "two"})
+    with pytest.raises(ConfigError, match="--min-np must be at least 1"):
+        ElasticSettings.from_env({env.DDL_ELASTIC_MIN_NP: "0"})
+
+
+def test_this_machines_names_are_one_mpirun_host_and_ranks_fill_hosts_in_order():
+    assert physical_hosts({"localhost": 2, "127.0.0.1": 2}) == [("localhost", 4)]
+    assert [host_of_rank("a:1,b:2", r) for r in range(3)] == ["a", "b", "b"]
+    with pytest.raises(LaunchError, match="rank 3 has no slot"):
+        host_of_rank("a:1,b:2", 3)
+
+
+def test_the_launch_waits_for_min_np_slots_then_gives_up(tmp_path):
+    clock = iter(range(100))
+    settings = ElasticSettings(min_np=3, discovery=_script(tmp_path, "echo a:2"), timeout=2)
+    with pytest.raises(LaunchError, match="fewer than --min-np 3, for 2 s"):
+        find_hosts(settings, [], clock=lambda: float(next(clock)), sleep=lambda s: None)
+    assert find_hosts(ElasticSettings(min_np=2), [Host("a", 2)]) == {"a": 2}
+    with pytest.raises(LaunchError, match="--min-np 3 needs that many slots"):
+        find_hosts(ElasticSettings(min_np=3), [Host("a", 2)])
+
+
+def test_the_elastic_launch_runs_ranks_through_the_worker_under_ulfm():
+    plan = LaunchPlan(np=0, program=[sys.executable, "train.py"])
+    settings = ElasticSettings(min_np=2, max_np=3, reset_limit=1, cooldown=(1.0, 4.0))
+    make_elastic(plan, settings, {"localhost": 2, "127.0.0.1": 2})
+    assert plan.np == 3 and plan.mpi_args[: len(ULFM_ARGS)] == ULFM_ARGS
+    assert plan.program[1:5] == ["-m", "ddl_tf.launch.worker", "--hosts", "localhost:2,127.0.0.1:2"]
+    assert plan.env[env.DDL_ELASTIC_RESET_LIMIT] == "1"
+    assert plan.env[env.DDL_ELASTIC_COOLDOWN] == "1,4"
+    with pytest.raises(LaunchError, match="-np 5 must lie between --min-np 2 and 3"):
+        make_elastic(LaunchPlan(np=5, program=["x"]), settings, {"localhost": 4})
+
+
+def test_ddlrun_takes_horovodruns_elastic_options(tmp_path, capsys):
+    script = _script(tmp_path, "echo localhost:2; echo 127.0.0.1:2")
+    program = tmp_path / "train.py"
+    program.write_text("print('hi')\n")
+    code = ddlrun.main(
+        ["--min-num-proc", "2", "--max-num-proc", "3", "--host-discovery-script", script,
+         "--blacklist-cooldown-range", "5", "60", "--dry-run", "--skip-checks", str(program)]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    out = captured.out
+    assert code == ddlrun.EXIT_OK, captured.err
+    command = shlex.split(out.split("ddlrun: running: ")[1].splitlines()[0])
+    assert "--with-ft" in command and command[command.index("-np") + 1] == "3"
+    assert "DDL_ELASTIC_COOLDOWN=5,60" in out
+    assert ddlrun.main(["--min-np", "2", "--rehearse", "2", "--dry-run", str(program)]) == 3
+    assert "not supported with --rehearse" in capsys.readouterr().err

@@ -1,0 +1,111 @@
+"""Elastic jobs under ddlrun: a lost rank takes its host out, a discovered host joins.
+
+Each test runs a real ``ddlrun --min-np ...`` job of the Keras worker
+(tests/parallel/workers/elastic_keras.py) over Open MPI's fault tolerance;
+``localhost`` and ``127.0.0.1`` are two hosts of this machine, as in
+Horovod's own elastic tests. The failure is a real ``SIGKILL`` of one rank.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.harness import mpi_env, mpirun_executable
+from tests.timing import HANG_SECONDS, PROCESS_MARGIN_SECONDS
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "tests" / "parallel" / "workers" / "elastic_keras.py"
+DDLRUN = Path(sys.executable).parent / "ddlrun"
+
+pytestmark = [pytest.mark.parallel, pytest.mark.slow]
+
+
+def _ddlrun(tmp_path: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
+    mpirun_executable()  # skips without an MPI
+    variables = mpi_env({"ELASTIC_OUT": str(tmp_path), **env})
+    return subprocess.run(
+        [str(DDLRUN), *options, str(WORKER)],
+        cwd=tmp_path,
+        env=variables,
+        capture_output=True,
+        text=True,
+        timeout=3 * HANG_SECONDS + PROCESS_MARGIN_SECONDS,
+        check=False,
+    )
+
+
+def _results(tmp_path: Path) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))}
+
+
+def _discovery(tmp_path: Path, hosts: str) -> Path:
+    (tmp_path / "hosts").write_text(hosts)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_a_killed_rank_takes_its_host_out_and_the_others_train_on_bitwise_equal(tmp_path):
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "-np", "4",
+        ELASTIC_KILL="3,1,5",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = _results(tmp_path)
+    assert sorted(results) == [0, 1], "the killed rank's host (127.0.0.1) left: ranks 2 and 3"
+    assert "rank 2 leaves the elastic job: its host 127.0.0.1 had a failed rank" in done.stderr
+    assert "without rank(s) [3] (host(s) 127.0.0.1 blacklisted)" in done.stderr
+    first, second = results[0], results[1]
+    assert first["size"] == second["size"] == 2
+    assert np.array_equal(first["weights"], second["weights"]), "replicas differ after recovery"
+    killed = float((tmp_path / "killed").read_text())
+    after = [t for t, size, _, _ in first["steps"] if size == 2]
+    assert after and after[0] - killed < HANG_SECONDS, "the survivors never trained on"
+    epochs = {(epoch, batch) for _, size, epoch, batch in first["steps"] if size == 2}
+    assert (2, 15) in epochs, "the survivors finished the last epoch"
+
+
+def test_a_discovered_host_joins_at_a_commit_and_gets_the_state(tmp_path):
+    script = _discovery(tmp_path, "localhost:2\n")
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
+        ELASTIC_GROW="127.0.0.1:2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = _results(tmp_path)
+    assert sorted(results) == [0, 1, 2, 3]
+    assert {r["host"] for r in results.values()} == {"localhost", "127.0.0.1"}
+    assert all(r["size"] == 4 for r in results.values())
+    weights = [r["weights"] for r in results.values()]
+    assert all(np.array_equal(weights[0], w) for w in weights[1:]), "newcomers out of step"
+    assert "added=(('127.0.0.1', 2),)" in done.stderr
+
+
+def test_more_resets_than_the_limit_end_the_job_with_a_message(tmp_path):
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", "-np", "2", "--reset-limit", "0",
+        ELASTIC_KILL="1,1,2",
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "over --reset-limit 0" in done.stderr
+    assert not _results(tmp_path), "no rank finished training"
+
+
+def test_too_few_slots_for_min_np_refuse_the_launch(tmp_path):
+    script = _discovery(tmp_path, "localhost:1\n")
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "2", "--host-discovery-script", str(script), "--elastic-timeout", "2",
+    )  # fmt: skip
+    assert done.returncode == 3
+    assert "fewer than --min-np 2, for 2 s (--elastic-timeout)" in done.stderr

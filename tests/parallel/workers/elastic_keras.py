@@ -1,0 +1,113 @@
+"""An elastic Keras job (Horovod's recipe: KerasState, the three callbacks, elastic.run).
+
+Launched by ``ddlrun --min-np ...`` from tests/parallel/test_ddl_elastic.py and
+benchmarks/bench_elastic.py. Settings come from the environment:
+
+* ``ELASTIC_OUT``: folder for ``rank<launch rank>.json`` (weights, steps, sizes);
+* ``ELASTIC_KILL``: ``launch_rank,epoch,batch``: that rank SIGKILLs itself
+  after that batch (writing ``killed`` with the time first);
+* ``ELASTIC_GROW``: ``host:slots``: rank 0 appends it to the ``hosts`` file
+  the discovery script prints, after batch 3 of epoch 1 (writing ``added``);
+* ``ELASTIC_COMMIT``: batches per commit (default 1); ``ELASTIC_FIXED=1`` runs
+  the same training without elastic state (the cost comparison);
+* ``ELASTIC_EPOCHS``, ``ELASTIC_STEPS``, ``ELASTIC_MODEL`` (``mlp`` or
+  ``mobilenet``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+
+import ddl_tf.keras as hvd
+
+out = Path(os.environ["ELASTIC_OUT"])
+launch_rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+kill = os.environ.get("ELASTIC_KILL")
+grow = os.environ.get("ELASTIC_GROW")
+commit_every = int(os.environ.get("ELASTIC_COMMIT", "1"))
+fixed = os.environ.get("ELASTIC_FIXED") == "1"
+epochs = int(os.environ.get("ELASTIC_EPOCHS", "3"))
+steps = int(os.environ.get("ELASTIC_STEPS", "16"))
+kind = os.environ.get("ELASTIC_MODEL", "mlp")
+
+hvd.init()
+keras.utils.set_random_seed(7)
+rng = np.random.default_rng(0)
+if kind == "mobilenet":
+    x = rng.normal(size=(steps * 8, 64, 64, 3)).astype("float32")
+    y = rng.integers(0, 10, size=(steps * 8,))
+    model = keras.applications.MobileNetV2(input_shape=(64, 64, 3), weights=None, classes=10)
+    loss, batch_size = "sparse_categorical_crossentropy", 8
+else:
+    x = rng.normal(size=(steps * 16, 32)).astype("float32")
+    y = rng.normal(size=(steps * 16, 1)).astype("float32")
+    model = keras.Sequential(
+        [keras.Input((32,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)]
+    )
+    loss, batch_size = "mse", 16
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss=loss)
+steps_log: list[tuple[float, int, int, int]] = []
+state = None if fixed else hvd.elastic.KerasState(model, batch=0, epoch=0)
+
+
+class Recorder(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        epoch = state.epoch if state is not None else 0
+        steps_log.append((time.time(), hvd.size(), epoch, batch))
+        if kill:
+            who, at_epoch, at_batch = (int(v) for v in kill.split(","))
+            if launch_rank == who and (epoch, batch) == (at_epoch, at_batch):
+                (out / "killed").write_text(str(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+        if grow and hvd.rank() == 0 and (epoch, batch) == (1, 3) and not (out / "added").exists():
+            with open(out / "hosts", "a") as hosts:
+                hosts.write(grow + "\n")
+            (out / "added").write_text(str(time.time()))
+
+
+def train(state) -> None:
+    callbacks = [Recorder()]
+    if state is not None:
+        callbacks = [
+            hvd.elastic.CommitStateCallback(state, batches_per_commit=commit_every),
+            hvd.elastic.UpdateBatchStateCallback(state),
+            hvd.elastic.UpdateEpochStateCallback(state),
+            *callbacks,
+        ]
+    model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=epochs - (state.epoch if state is not None else 0),  # Horovod's recipe
+        steps_per_epoch=steps,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+
+
+if fixed:
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    train(None)
+else:
+    hvd.elastic.run(train)(state)
+weights = np.concatenate([np.asarray(v).ravel() for v in model.get_weights()])
+result = {
+    "launch_rank": launch_rank,
+    "rank": hvd.rank(),
+    "size": hvd.size(),
+    "host": os.environ.get("HOROVOD_HOSTNAME"),
+    "weights": weights.tolist(),
+    "steps": steps_log,
+}
+(out / f"rank{launch_rank}.json").write_text(json.dumps(result))
+print(f"rank {hvd.rank()} (launched as {launch_rank}) finished at size {hvd.size()}", flush=True)
+sys.exit(0)
