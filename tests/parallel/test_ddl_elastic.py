@@ -26,11 +26,13 @@ DDLRUN = Path(sys.executable).parent / "ddlrun"
 pytestmark = [pytest.mark.parallel, pytest.mark.slow]
 
 
-def _ddlrun(tmp_path: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
+def _ddlrun(
+    tmp_path: Path, *options: str, worker: Path = WORKER, **env: str
+) -> subprocess.CompletedProcess:
     mpirun_executable()  # skips without an MPI
     variables = mpi_env({"ELASTIC_OUT": str(tmp_path), **env})
     return subprocess.run(
-        [str(DDLRUN), *options, str(WORKER)],
+        [str(DDLRUN), *options, str(worker)],
         cwd=tmp_path,
         env=variables,
         capture_output=True,
@@ -71,6 +73,21 @@ def test_a_killed_rank_takes_its_host_out_and_the_others_train_on_bitwise_equal(
     assert after and after[0] - killed < HANG_SECONDS, "the survivors never trained on"
     epochs = {(epoch, batch) for _, size, epoch, batch in first["steps"] if size == 2}
     assert (2, 15) in epochs, "the survivors finished the last epoch"
+
+
+def test_a_custom_loop_traced_before_the_failure_trains_on_at_the_new_size(tmp_path):
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "1", "-H", "localhost:2,127.0.0.1:1", "-np", "3",
+        worker=WORKER.parent / "elastic_tf_loop.py",
+        ELASTIC_KILL="2,10",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = _results(tmp_path)
+    assert sorted(results) == [0, 1]
+    assert all(r["size"] == 2 and r["resets"] == [2] for r in results.values())
+    assert np.array_equal(results[0]["weights"], results[1]["weights"])
+    assert [b for _, size, b in results[0]["steps"] if size == 2][-1] == 29
 
 
 def test_a_discovered_host_joins_at_a_commit_and_gets_the_state(tmp_path):
