@@ -42,7 +42,7 @@ except _metadata.PackageNotFoundError:  # running from a source tree
 # The public API is loaded on first use (PEP 562), so that `import ddl_tf` stays cheap:
 # ddlrun and the numpy/MPI core never import TensorFlow, and nothing here starts MPI.
 __getattr__, __dir__, _exported = _lazy_exports(
-    __name__, {**_API, "DistributedOptimizer": "ddl_tf.keras.optimizer"}
+    __name__, {**_API, "DistributedOptimizer": "ddl_tf.keras.optimizer", "run": "ddl_tf.launch.api"}
 )
 
 __all__ = ["__version__", "errors", *_exported]

@@ -126,3 +126,29 @@ def test_too_few_slots_for_min_np_refuse_the_launch(tmp_path):
     )  # fmt: skip
     assert done.returncode == 3
     assert "fewer than --min-np 2, for 2 s (--elastic-timeout)" in done.stderr
+
+
+def test_ddl_tf_run_returns_each_ranks_result_and_reports_a_failure(tmp_path, monkeypatch):
+    import ddl_tf
+    from ddl_tf.launch.api import RunError
+
+    mpirun_executable()  # skips without an MPI
+    for name, value in mpi_env().items():
+        monkeypatch.setenv(name, value)
+
+    def train(scale):
+        import ddl_tf as hvd
+
+        hvd.init()
+        return hvd.rank() * scale, hvd.size()
+
+    assert ddl_tf.run(train, args=(10,), np=2) == [(0, 2), (10, 2)]
+    hosts = ddl_tf.run(
+        lambda: __import__("os").environ["HOROVOD_HOSTNAME"],
+        min_num_proc=1,
+        hosts="localhost:1,127.0.0.1:1",
+        num_proc=2,
+    )
+    assert hosts == ["localhost", "127.0.0.1"]
+    with pytest.raises(RunError, match="the job failed \\(ddlrun exit code 1\\)"):
+        ddl_tf.run(lambda: 1 / 0, np=2)
