@@ -8,8 +8,9 @@ several of them are this machine (``localhost`` and ``127.0.0.1`` are two
 hosts, as in Horovod's elastic tests). A growing job spawns it with
 ``--hostname H --rank N`` and the settings to pass on (``--env K=V``).
 
-It sets ``HOROVOD_HOSTNAME``, ``HOROVOD_RANK`` (the rank at launch),
-``HOROVOD_ELASTIC=1`` and ``DDL_ELASTIC=1``, then replaces itself with the
+It sets what horovodrun sets (``HOROVOD_HOSTNAME``, ``HOROVOD_RANK``, the
+rank at launch, and at launch ``HOROVOD_SIZE`` and the local and cross rank
+and size), ``HOROVOD_ELASTIC=1`` and ``DDL_ELASTIC=1``, then replaces itself with the
 program (``exec``: same process, so MPI sees the rank it started).
 
 Example:
@@ -29,7 +30,7 @@ from ddl_tf import env
 from ddl_tf.errors import LaunchError
 from ddl_tf.launch.hosts import parse_host_list
 
-__all__ = ["host_of_rank", "main"]
+__all__ = ["host_of_rank", "layout_of_rank", "main"]
 
 
 def host_of_rank(hosts: str, rank: int) -> str:
@@ -38,11 +39,45 @@ def host_of_rank(hosts: str, rank: int) -> str:
     Raises:
         LaunchError: ``rank`` is beyond the hosts' slots.
     """
-    seen = 0
+    return layout_of_rank(hosts, rank, rank + 1)[env.HOROVOD_HOSTNAME]
+
+
+def layout_of_rank(hosts: str, rank: int, size: int) -> dict[str, str]:
+    """What horovodrun tells a rank at launch: its host, local and cross rank and size.
+
+    Args:
+        hosts: ``host:slots,...`` in rank order.
+        rank: The rank.
+        size: Ranks launched (they fill the hosts in order).
+
+    Example:
+        >>> third = layout_of_rank("a:2,b:2", 2, 3)
+        >>> [third[k] for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+        ...                     "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")]
+        ['b', '0', '1', '1', '2']
+
+    Raises:
+        LaunchError: ``rank`` is beyond the hosts' slots.
+    """
+    filled: list[tuple[str, int, int]] = []
+    start = 0
     for host in parse_host_list(hosts):
-        seen += host.slots
-        if rank < seen:
-            return host.name
+        count = max(0, min(host.slots, size - start))
+        if count:
+            filled.append((host.name, start, count))
+        start += host.slots
+    for index, (name, first, count) in enumerate(filled):
+        if first <= rank < first + count:
+            local = rank - first
+            return {
+                env.HOROVOD_HOSTNAME: name,
+                env.HOROVOD_RANK: str(rank),
+                env.HOROVOD_SIZE: str(size),
+                env.HOROVOD_LOCAL_RANK: str(local),
+                env.HOROVOD_LOCAL_SIZE: str(count),
+                env.HOROVOD_CROSS_RANK: str(index),
+                env.HOROVOD_CROSS_SIZE: str(sum(1 for _, _, c in filled if c > local)),
+            }
     raise LaunchError(f"rank {rank} has no slot among the launch's hosts {hosts}")
 
 
@@ -56,16 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--program", required=True, help="the program, as a JSON list")
     args = parser.parse_args(argv)
     variables = dict(item.split("=", 1) for item in args.env)
-    if args.hostname is not None:
-        host, rank = args.hostname, args.rank if args.rank is not None else 0
+    if args.hostname is not None:  # spawned into a running job: its size is the job's
+        rank = args.rank if args.rank is not None else 0
+        variables.update({env.HOROVOD_HOSTNAME: args.hostname, env.HOROVOD_RANK: str(rank)})
     else:
-        rank_text = env.get(env.OMPI_COMM_WORLD_RANK) or env.get(env.PMI_RANK) or "0"
-        rank = int(rank_text)
-        host = host_of_rank(args.hosts or "localhost:1", rank)
+        rank = int(env.get(env.OMPI_COMM_WORLD_RANK) or env.get(env.PMI_RANK) or "0")
+        size = int(env.get(env.OMPI_COMM_WORLD_SIZE) or env.get(env.PMI_SIZE) or "1")
+        variables.update(layout_of_rank(args.hosts or "localhost:1", rank, size))
     variables.update(
         {
-            env.HOROVOD_HOSTNAME: host,
-            env.HOROVOD_RANK: str(rank),
             env.HOROVOD_ELASTIC: "1",
             env.DDL_ELASTIC: "1",
             env.DDL_ELASTIC_COMMAND: args.program,

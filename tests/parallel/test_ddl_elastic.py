@@ -9,8 +9,10 @@ Horovod's own elastic tests. The failure is a real ``SIGKILL`` of one rank.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +118,70 @@ def test_more_resets_than_the_limit_end_the_job_with_a_message(tmp_path):
     assert done.returncode != 0
     assert "over --reset-limit 0" in done.stderr
     assert not _results(tmp_path), "no rank finished training"
+
+
+def test_every_rank_failing_ends_the_job_naming_each_rank_and_host(tmp_path):
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", "-np", "2",
+        ELASTIC_KILL="1,0,2", ELASTIC_RAISE="1,1",
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "ddl_tf: rank 0 on host localhost ends the elastic job: RuntimeError" in done.stderr
+
+
+def test_fewer_ranks_than_min_np_for_the_timeout_end_the_job(tmp_path):
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "2", "-H", "localhost:1,127.0.0.1:1", "-np", "2", "--elastic-timeout", "3",
+        ELASTIC_KILL="1,1,2",
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "has 1 rank(s), below --min-np 2, and no host to grow to appeared within 3 s" in (
+        done.stderr
+    )
+
+
+def test_sigterm_to_ddlrun_during_a_reset_ends_the_whole_job(tmp_path):
+    mpirun_executable()
+    job = subprocess.Popen(
+        [str(DDLRUN), "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", "-np", "2", str(WORKER)],
+        cwd=tmp_path,
+        env=mpi_env({"ELASTIC_OUT": str(tmp_path), "ELASTIC_KILL": "1,1,2"}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + HANG_SECONDS
+        while not (tmp_path / "killed").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "killed").exists(), "the job never reached the kill"
+        assert _ranks_of(tmp_path), "the surviving rank is running"
+        job.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        _, err = job.communicate(timeout=HANG_SECONDS + PROCESS_MARGIN_SECONDS)
+        assert time.monotonic() - start < HANG_SECONDS
+        assert job.returncode == 128 + signal.SIGTERM, err[-2000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert not _ranks_of(tmp_path), "ranks outlived ddlrun"
+
+
+def _ranks_of(tmp_path: Path) -> list[int]:
+    """Processes whose environment holds this test's ELASTIC_OUT (the job's ranks)."""
+    marker = f"ELASTIC_OUT={tmp_path}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
 
 
 def test_too_few_slots_for_min_np_refuse_the_launch(tmp_path):
