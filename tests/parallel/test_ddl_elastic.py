@@ -109,6 +109,18 @@ def test_a_discovered_host_joins_at_a_commit_and_gets_the_state(tmp_path):
     assert "added=(('127.0.0.1', 2),)" in done.stderr
 
 
+def test_a_discovery_script_that_turns_to_garbage_ends_the_job_after_the_timeout(tmp_path):
+    script = _discovery(tmp_path, "localhost:2\n")
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "2", "--host-discovery-script", str(script), "--elastic-timeout", "2",
+        ELASTIC_GROW="this is not a host line", ELASTIC_SLEEP="0.1",
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "host discovery line 2 is 'this is not a host line'" in done.stderr
+    assert "failing for over 2 s, the --elastic-timeout; the job stops" in done.stderr
+
+
 def test_more_resets_than_the_limit_end_the_job_with_a_message(tmp_path):
     done = _ddlrun(
         tmp_path,

@@ -8,6 +8,7 @@ benchmarks/bench_elastic.py. Settings come from the environment:
   after that batch (writing ``killed`` with the time first);
 * ``ELASTIC_GROW``: ``host:slots``: rank 0 appends it to the ``hosts`` file
   the discovery script prints, after batch 3 of epoch 1 (writing ``added``);
+* ``ELASTIC_SLEEP``: seconds each batch sleeps after it ends (a slower step);
 * ``ELASTIC_RAISE``: ``epoch,batch``: every rank raises ``RuntimeError`` there;
 * ``ELASTIC_COMMIT``: batches per commit (default 1); ``ELASTIC_FIXED=1`` runs
   the same training without elastic state (the cost comparison);
@@ -33,6 +34,7 @@ out = Path(os.environ["ELASTIC_OUT"])
 launch_rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 kill = os.environ.get("ELASTIC_KILL")
 fail_at = os.environ.get("ELASTIC_RAISE")
+pause = float(os.environ.get("ELASTIC_SLEEP", "0"))
 grow = os.environ.get("ELASTIC_GROW")
 commit_every = int(os.environ.get("ELASTIC_COMMIT", "1"))
 fixed = os.environ.get("ELASTIC_FIXED") == "1"
@@ -64,6 +66,7 @@ class Recorder(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         epoch = state.epoch if state is not None else 0
         steps_log.append((time.time(), hvd.size(), epoch, batch))
+        time.sleep(pause)
         if kill:
             who, at_epoch, at_batch = (int(v) for v in kill.split(","))
             if launch_rank == who and (epoch, batch) == (at_epoch, at_batch):
