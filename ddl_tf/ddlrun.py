@@ -42,6 +42,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -293,6 +294,8 @@ def _elastic_settings(args: argparse.Namespace):
         reset_limit=args.reset_limit,
         cooldown=cooldown,
         timeout=args.elastic_timeout if args.elastic_timeout is not None else DEFAULT_TIMEOUT,
+        # DDL_ELASTIC_DISCOVERY_INTERVAL (tests poll faster); checked like the ranks check it
+        discovery_interval=ElasticSettings.from_env().discovery_interval,
     )
 
 
@@ -390,7 +393,39 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_PREFLIGHT
         except KeyboardInterrupt:  # the job was stopped and the cluster removed
             return 128 + signal.SIGINT
+    if elastic is not None:
+        return _run_elastic(command, child_env)
     return _run(command, child_env)
+
+
+def _run_elastic(command: list[str], child_env: dict[str, str]) -> int:
+    """Run an elastic job: its status is whether its final ranks finished, not mpirun's.
+
+    Under MPI's fault tolerance mpirun's exit status says little: a rank that
+    failed and was survived can make it non-zero, and ranks that all failed
+    after a membership change can leave it 0 (both measured here). The final
+    membership's rank 0 prints :data:`~ddl_tf.env.ELASTIC_FINISHED` when it
+    shuts down cleanly; ddlrun passes the job's output through and looks
+    for that line.
+    """
+    finished = threading.Event()
+
+    def watch(stream) -> None:
+        for line in iter(stream.readline, b""):
+            if line.startswith(env.ELASTIC_FINISHED.encode()):
+                finished.set()
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+
+    code = _run(command, child_env, watch)
+    if code >= 128 or finished.is_set():  # a signal's status, or the job finished
+        return code if code >= 128 else EXIT_OK
+    print(
+        "ddlrun: the elastic job ended without its ranks finishing (every rank failed or "
+        f"left; mpirun's status {code}): see the ranks' errors above",
+        file=sys.stderr,
+    )
+    return code or 1
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -402,7 +437,7 @@ STOP_GRACE_S = 5.0
 killed (SIGKILL to mpirun's process group and to every rank it started)."""
 
 
-def _run(command: list[str], child_env: dict[str, str]) -> int:
+def _run(command: list[str], child_env: dict[str, str], watch=None) -> int:
     """Run mpirun and wait; a stop signal ends the whole job within seconds.
 
     mpirun gets a session of its own, so that ddlrun alone decides what it
@@ -410,9 +445,19 @@ def _run(command: list[str], child_env: dict[str, str]) -> int:
     MPI then terminates the ranks); if the job is still there after
     :data:`STOP_GRACE_S`, its process group is killed. ddlrun then exits with
     ``128 + signal`` (143 for SIGTERM), the status a shell gives a command
-    the signal stopped.
+    the signal stopped. ``watch(stream)``, if given, reads mpirun's standard
+    output (in a thread) instead of it going straight to ddlrun's.
     """
-    proc = subprocess.Popen(command, env=child_env, start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        env=child_env,
+        start_new_session=True,
+        stdout=subprocess.PIPE if watch is not None else None,
+    )
+    reader = None
+    if watch is not None:
+        reader = threading.Thread(target=watch, args=(proc.stdout,), daemon=True)
+        reader.start()
     received: list[int] = []
 
     def forward(signum, _frame) -> None:
@@ -448,9 +493,11 @@ def _run(command: list[str], child_env: dict[str, str]) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if reader is not None:
+            reader.join(timeout=STOP_GRACE_S)
     if received:
         return 128 + received[0]
-    return _exit_code(code)
+    return _exit_code(code) if watch is None else (128 - code if code < 0 else code)
 
 
 def _session_members(session: int) -> list[int]:

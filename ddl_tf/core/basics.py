@@ -22,18 +22,20 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
-import threading
 from typing import Any
 
 from ddl_tf import env
 from ddl_tf.config import DDLConfig
-from ddl_tf.core import HOROVOD_BASICS, mpi
+from ddl_tf.core import HOROVOD_BASICS, current, mpi
+from ddl_tf.core import process_sets as process_sets_module
+from ddl_tf.core.current import CURRENT
 from ddl_tf.core.engine import Engine
 from ddl_tf.core.job import Job, spawned_parent
 from ddl_tf.core.topology import Topology
 from ddl_tf.env import HOROVOD_IGNORED
-from ddl_tf.errors import ConfigError, DDLError, NotInitializedError
+from ddl_tf.errors import ConfigError, DDLError
 
 __all__ = ["engine", "job", "replace_job", "topology", "CURRENT", *HOROVOD_BASICS]
 
@@ -69,8 +71,6 @@ def _label_log_lines(rank: int) -> None:
             )
 
 
-_lock = threading.Lock()
-_job: Job | None = None
 _previous_excepthook = None
 _atexit_registered = False
 
@@ -91,12 +91,11 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
         ConfigError: Invalid settings, or ranks started with different settings.
         TopologyError: The topology file or forced algorithm does not fit the job.
     """
-    global _job, _atexit_registered
-    with _lock:
-        if _job is not None:
-            return _job.engine
-        from ddl_tf.core import process_sets as process_sets_module  # imports this module
-
+    global _atexit_registered
+    with current.lock:
+        existing = current.get()
+        if existing is not None:
+            return existing.engine
         process_sets_module.check_init_argument(process_sets)
         config = DDLConfig.from_env()
         if config.log_level:
@@ -104,12 +103,13 @@ def init(comm: Any = None, process_sets: Any = None) -> Engine:
         MPI = mpi.load()
         elastic = env.elastic_job()
         base, owned = _resolve_comm(MPI, comm, elastic)
-        _job = Job.create(
+        job = Job.create(
             base, config, host=env.launcher_hostname(), elastic=elastic, owns_comm=owned
         )
-        engine = _job.engine
+        current.install(job)
+        engine = job.engine
         _label_log_lines(engine.rank)
-        process_sets_module.register_at_init(engine, process_sets)
+        process_sets_module.register_at_init(job, process_sets)
         if config.ignored_settings and engine.rank == 0:
             logger.warning(
                 "ddl_tf ignores %s: %s",
@@ -177,68 +177,44 @@ def engine() -> Engine:
     return job().engine
 
 
-class CurrentEngine:
-    """Stands for the job's engine *as it is when used* (elastic jobs).
-
-    A collective traced into a ``tf.function`` keeps the engine it was given;
-    an elastic job replaces its engine at every membership change. Given this
-    instead, the traced op reaches whichever engine is current when it runs,
-    as Horovod's ops (which read the job's state at run time) do.
-    """
-
-    __slots__ = ()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(engine(), name)
-
-    def __repr__(self) -> str:
-        return f"CurrentEngine({engine()!r})" if _job is not None else "CurrentEngine(None)"
-
-
-CURRENT = CurrentEngine()
-"""The one :class:`CurrentEngine`."""
-
-
 def job() -> Job:
     """The job's current membership (:class:`~ddl_tf.core.job.Job`).
 
     Raises:
         NotInitializedError: ``init()`` has not been called.
     """
-    if _job is None:
-        raise NotInitializedError(
-            "ddl_tf is not initialized. Call ddl_tf.init() (import ddl_tf as hvd; hvd.init()) "
-            "on every rank before using collectives or rank queries."
-        )
-    return _job
+    return current.job()
 
 
 def replace_job(new: Job | None) -> None:
     """Put ``new`` in the place of the current job (elastic membership changes).
 
-    The caller has abandoned the old job; its process sets are dropped (their
-    ranks meant other processes) and the global set now means ``new``'s ranks.
-    ``None`` leaves the process uninitialized (a rank that leaves the job).
+    The caller has abandoned or closed the old job; its process sets are
+    dropped (their ranks meant other processes) and the global set now means
+    ``new``'s ranks. ``None`` leaves the process uninitialized (a rank that
+    leaves the job).
     """
-    global _job
-    from ddl_tf.core import process_sets as process_sets_module  # imports this module
-
-    with _lock:
-        _job = new
+    with current.lock:
+        old = current.install(new)
         if new is not None:
             _label_log_lines(new.rank)
-            process_sets_module.rebind(new.engine)
+            new.dynamic_sets = old.dynamic_sets if old is not None else False
 
 
 def shutdown() -> None:
     """Collectively stop ddl_tf (also run automatically at exit). MPI stays initialized."""
-    global _job
-    with _lock:
-        if _job is None:
+    with current.lock:
+        old = current.install(None)
+        if old is None:
             return
-        current, _job = _job, None
         _restore_excepthook()
-        current.close()
+        old.close()
+        if old.elastic and old.rank == 0 and old.engine.state.closed and not old.engine.state.lost:
+            # the final membership finished: tell ddlrun (its status is this, not mpirun's)
+            sys.stdout.write(
+                f"{env.ELASTIC_FINISHED} on {old.size} rank(s) ({', '.join(sorted(set(old.hosts)))})\n"
+            )
+            sys.stdout.flush()
 
 
 def collective_stats(reset: bool = False) -> dict[str, dict[str, float]]:
@@ -263,7 +239,7 @@ def collective_stats(reset: bool = False) -> dict[str, dict[str, float]]:
 
 def is_initialized() -> bool:
     """Whether ``init()`` has run (and ``shutdown()`` has not)."""
-    return _job is not None
+    return current.get() is not None
 
 
 def topology() -> Topology:
@@ -394,36 +370,41 @@ def _restore_excepthook() -> None:
 
 
 def _exit_on_uncaught(exc_type, exc, tb) -> None:
-    """Elastic jobs: print the exception, say which rank and host ends, exit without MPI_Finalize.
+    """Elastic jobs: print the exception, say which rank and host ends, then die as a failure.
 
-    After a membership change, a rank that exits with an error from inside
-    ``MPI_Finalize`` leaves Open MPI's fault-tolerant runtime aborting forever
-    (measured here: mpirun never returns); leaving without it ends the rank at
-    once, and mpirun reports its status.
+    In an elastic job an uncaught error is one more way for a rank to fail:
+    the rank ends with ``SIGKILL`` (after the traceback and a line naming it),
+    which MPI's fault tolerance reports to the other ranks as a failed peer,
+    so they re-form the job and train on, as after any failure. Exiting with
+    a status instead would not do: after a membership change a rank that
+    returns non-zero through ``MPI_Finalize`` leaves Open MPI's runtime
+    aborting forever, and mpirun's status would be that rank's even when the
+    others finish (both measured here). When no rank is left, mpirun exits
+    non-zero.
     """
     (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
-    current = _job
-    where = f"rank {current.rank} on host {current.hosts[current.rank]}" if current else "a rank"
+    job = current.get()
+    where = f"rank {job.rank} on host {job.hosts[job.rank]}" if job else "a rank"
     sys.stderr.write(f"ddl_tf: {where} ends the elastic job: {exc_type.__name__}: {exc}\n")
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _abort_on_uncaught(exc_type, exc, tb) -> None:
     """Print the exception, then abort every rank: a dead rank must not leave peers waiting."""
     (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
-    current = _job.engine if _job is not None else None
-    if current is None or current.size == 1:
+    job = current.get()
+    if job is None or job.size == 1:
         return
     _abort(
-        current,
-        f"rank {current.rank} died of an uncaught {exc_type.__name__}; "
-        f"aborting all {current.size} ranks (MPI_Abort)",
+        job.engine,
+        f"rank {job.rank} died of an uncaught {exc_type.__name__}; "
+        f"aborting all {job.size} ranks (MPI_Abort)",
     )
 
 
-def _abort(current: Engine, reason: str) -> None:
+def _abort(failed: Engine, reason: str) -> None:
     """Say why on stderr (where mpirun collects it), then abort every rank.
 
     The reason is logged and also written to stderr directly: logging may be
@@ -436,13 +417,13 @@ def _abort(current: Engine, reason: str) -> None:
 
 
 def _shutdown_at_exit() -> None:
-    current = _job.engine if _job is not None else None
-    if current is None:
+    job = current.get()
+    if job is None:
         return
     try:
         shutdown()
     except DDLError as err:
-        reason = f"rank {current.rank} could not shut down cleanly, aborting the job: {err}"
-        if current.size > 1:
-            _abort(current, reason)
+        reason = f"rank {job.rank} could not shut down cleanly, aborting the job: {err}"
+        if job.size > 1:
+            _abort(job.engine, reason)
         logger.critical("%s", reason)

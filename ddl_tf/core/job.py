@@ -25,7 +25,7 @@ Example (one process):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ddl_tf.config import DDLConfig
@@ -56,6 +56,9 @@ class Job:
             :class:`~ddl_tf.errors.HorovodInternalError` (elastic jobs) or
             leaves the engine failed (fixed jobs abort).
         owns_comm: Whether :meth:`close` frees :attr:`comm`.
+        process_sets: The registered process sets by ``process_set_id``
+            (the global set, 0, is implicit); see :mod:`ddl_tf.core.process_sets`.
+        dynamic_sets: Whether sets may be added after ``init()``.
     """
 
     comm: Any
@@ -64,6 +67,8 @@ class Job:
     generation: int = 0
     elastic: bool = False
     owns_comm: bool = True
+    process_sets: dict[int, Any] = field(default_factory=dict)
+    dynamic_sets: bool = False
 
     @classmethod
     def create(
@@ -99,10 +104,12 @@ class Job:
         policy = policy if policy is not None else load_policy(config.auto_policy_file)
         topology = comms.detect_topology(comm, config, cross_check=not elastic)
         name = host or mpi.load().Get_processor_name()
-        hosts = tuple(_check_agreement(comm, config, policy.digest(), topology, name))
+        hosts, generation = _check_agreement(
+            comm, config, policy.digest(), topology, name, generation
+        )
         communicators = comms.build_communicators(comm, topology)
         engine = Engine(communicators, topology, config, policy, host=name, elastic=elastic)
-        return cls(comm, engine, hosts, generation, elastic, owns_comm)
+        return cls(comm, engine, tuple(hosts), generation, elastic, owns_comm)
 
     @property
     def size(self) -> int:
@@ -113,6 +120,12 @@ class Job:
     def rank(self) -> int:
         """This rank's index in the job."""
         return self.engine.rank
+
+    def forget_process_sets(self) -> None:
+        """Unregister every process set of this job (their ``process_set_id`` becomes None)."""
+        for process_set in self.process_sets.values():
+            process_set.process_set_id = None
+        self.process_sets.clear()
 
     def close(self) -> None:
         """Collectively shut the engine down and free the job's communicator."""
@@ -138,17 +151,21 @@ class Job:
 
 
 def _check_agreement(
-    comm: Any, config: DDLConfig, policy_digest: str, topo: Topology, host: str
-) -> list[str]:
-    """Refuse ranks started with different settings; return every rank's host name."""
+    comm: Any, config: DDLConfig, policy_digest: str, topo: Topology, host: str, generation: int
+) -> tuple[list[str], int]:
+    """Refuse ranks started with different settings; return every rank's host, and the generation.
+
+    The generation is the highest any rank brings: ranks spawned into a
+    growing job start at 0 and learn the job's count of membership changes here.
+    """
     mine = (
         config.fingerprint(),
         policy_digest,
         topo.levels,
         tuple(sorted(topo.algorithms.items())),
     )
-    everyone = comm.allgather((mine, host))
-    odd = [r for r, (theirs, _) in enumerate(everyone) if theirs != everyone[0][0]]
+    everyone = comm.allgather((mine, host, generation))
+    odd = [r for r, (theirs, _, _) in enumerate(everyone) if theirs != everyone[0][0]]
     if odd:
         raise ConfigError(
             f"Ranks were started with different ddl_tf settings: rank(s) {odd} differ from "
@@ -156,7 +173,7 @@ def _check_agreement(
             "checks fingerprint, auto policy, topology levels). Export the same DDL_* variables "
             "to every rank (ddlrun does; with mpirun use -x DDL_...)."
         )
-    return [h for _, h in everyone]
+    return [h for _, h, _ in everyone], max(g for _, _, g in everyone)
 
 
 def spawned_parent() -> Any:

@@ -28,6 +28,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ddl_tf import env
 from ddl_tf.core.halfconv import from_float32, sum_into, to_float32
 from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.errors import ConfigError
@@ -86,11 +87,19 @@ def load() -> Any:
     Collectives issued from TensorFlow graphs run on TensorFlow's threads, so
     ddl_tf asks for ``MPI_THREAD_MULTIPLE`` (it serializes its own calls with a
     lock, so ``MPI_THREAD_SERIALIZED`` would do).
+
+    In an elastic job MPI is never finalized: ``MPI_Finalize`` after a
+    membership change can wait forever for a rank that left (seen here in one
+    run in a few), while a rank that ends after ddl_tf's collective shutdown
+    needs nothing more from MPI; mpirun then reports each rank's own exit
+    status.
     """
     if "mpi4py.MPI" not in sys.modules:
         import mpi4py
 
         mpi4py.rc.thread_level = "multiple"
+        if env.elastic_job():
+            mpi4py.rc.finalize = False
     from mpi4py import MPI
 
     return MPI

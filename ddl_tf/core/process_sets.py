@@ -38,16 +38,18 @@ Example (one process):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ddl_tf.core import basics
+from ddl_tf.core import current
 from ddl_tf.errors import CollectiveArgumentError, ConfigError, NotInProcessSetError
+
+if TYPE_CHECKING:
+    from ddl_tf.core.job import Job
 
 __all__ = [
     "ProcessSet",
     "global_process_set",
     "add_process_set",
-    "rebind",
     "remove_process_set",
     "register_at_init",
     "check_init_argument",
@@ -57,10 +59,6 @@ __all__ = [
     "registered",
     "excludes_this_rank",
 ]
-
-# process_set_id -> registered set, for the job engine in _state["owner"]; init() starts afresh
-_registered: dict[int, ProcessSet] = {}
-_state: dict[str, Any] = {"owner": None, "dynamic": False}
 
 
 class ProcessSet:
@@ -101,23 +99,23 @@ class ProcessSet:
     def ranks(self) -> list[int]:
         """The job's ranks in the set, sorted (all of them for the global set)."""
         if self.process_set_id == 0:
-            return list(range(basics.size()))
+            return list(range(current.job().size))
         return list(self._ranks)
 
     def size(self) -> int:
         """Number of ranks in the set."""
-        return basics.size() if self.process_set_id == 0 else len(self.ranks)
+        return current.job().size if self.process_set_id == 0 else len(self.ranks)
 
     def rank(self) -> int:
         """This process's position in the set, or -1 when it is not a member."""
+        me = current.job().rank
         if self.process_set_id == 0:
-            return basics.rank()
-        me = basics.rank()
+            return me
         return self.ranks.index(me) if me in self.ranks else -1
 
     def included(self) -> bool:
         """Whether this process belongs to the set."""
-        return self.process_set_id == 0 or basics.rank() in self.ranks
+        return self.process_set_id == 0 or current.job().rank in self.ranks
 
     def root(self, root_rank: int) -> int:
         """The set's own rank of the job's rank ``root_rank`` (a broadcast's root).
@@ -137,7 +135,8 @@ class ProcessSet:
     def __repr__(self) -> str:  # Horovod's form; ranks of the global set need init()
         ranks = self._ranks
         if self.process_set_id == 0:
-            ranks = list(range(basics.size())) if basics.is_initialized() else []
+            job = current.get()
+            ranks = list(range(job.size)) if job is not None else []
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={ranks}, mpi_comm=None)"
 
 
@@ -157,9 +156,10 @@ def engine_for(process_set: Any) -> Any:
         ConfigError: Not a registered process set.
         NotInProcessSetError: This rank is not in the set (a ``ConfigError``).
     """
-    job = basics.engine()
+    job = current.job()
+    engine = current.CURRENT if job.elastic else job.engine
     if process_set is None or process_set is global_process_set:
-        return basics.CURRENT if job.elastic else job
+        return engine
     if not isinstance(process_set, ProcessSet):
         raise ConfigError(
             f"process_set must be a ddl_tf ProcessSet. Received {process_set!r}; use "
@@ -167,14 +167,14 @@ def engine_for(process_set: Any) -> Any:
         )
     set_id = process_set.process_set_id
     if set_id == 0:
-        return basics.CURRENT if job.elastic else job
-    if set_id is None or _state["owner"] is not job or _registered.get(set_id) is not process_set:
+        return engine
+    if set_id is None or job.process_sets.get(set_id) is not process_set:
         raise ConfigError(
             f"{process_set!r} is not registered with this job; pass it to "
             "init(process_sets=[...]) or add_process_set() (on every rank) first (after an "
             "elastic job re-forms, add its sets again, e.g. in a reset callback)."
         )
-    sub = job.subsets.get(set_id)
+    sub = job.engine.subsets.get(set_id)
     if sub is None:
         raise NotInProcessSetError(
             f"rank {job.rank} is not in {process_set!r}: only its members run its "
@@ -208,11 +208,12 @@ def by_id(process_set_id: int) -> ProcessSet:
     """
     if process_set_id == 0:
         return global_process_set
-    found = _registered.get(process_set_id)
-    if found is None or _state["owner"] is not basics.engine():
+    registered_sets = current.job().process_sets
+    found = registered_sets.get(process_set_id)
+    if found is None:
         raise ConfigError(
             f"No process set has process_set_id={process_set_id}; registered: "
-            f"{sorted(_registered) or 'none'} (0 is the whole job)."
+            f"{sorted(registered_sets) or 'none'} (0 is the whole job)."
         )
     return found
 
@@ -222,9 +223,9 @@ def registered() -> dict[int, list[int]]:
 
     Horovod's ``_basics._get_process_set_ids_and_ranks()``.
     """
-    found = {0: list(range(basics.size()))}
-    if _state["owner"] is basics.engine():
-        found.update((set_id, list(s.ranks)) for set_id, s in sorted(_registered.items()))
+    job = current.job()
+    found = {0: list(range(job.size))}
+    found.update((set_id, list(s.ranks)) for set_id, s in sorted(job.process_sets.items()))
     return found
 
 
@@ -252,40 +253,21 @@ def check_init_argument(process_sets: Any) -> None:
         )
 
 
-def register_at_init(job: Any, process_sets: Any) -> None:
+def register_at_init(job: Job, process_sets: Any) -> None:
     """``init(process_sets=...)``: register a list of sets, or allow adding them later.
 
     Args:
-        job: The job's engine, just built.
+        job: The job, just built.
         process_sets: None, ``"dynamic"``, or a list of :class:`ProcessSet`.
 
     Raises:
         ConfigError: Anything else.
     """
-    _registered.clear()
-    _state["owner"] = job
-    _state["dynamic"] = job.config.dynamic_process_sets or process_sets == "dynamic"
+    job.dynamic_sets = job.engine.config.dynamic_process_sets or process_sets == "dynamic"
     if process_sets is None or process_sets == "dynamic":
         return
     for process_set in process_sets:
         _add(job, process_set, at_init=True)
-
-
-def rebind(job: Any) -> None:
-    """After an elastic membership change: the global set is ``job``'s, no other set is registered.
-
-    The sets of the old membership named ranks that now mean other processes
-    (or none), so they are unregistered; a collective on one raises
-    ``ConfigError`` naming the fix (register the sets again, e.g. in a reset
-    callback).
-
-    Args:
-        job: The new membership's engine.
-    """
-    for process_set in _registered.values():
-        process_set.process_set_id = None
-    _registered.clear()
-    _state["owner"] = job
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
@@ -305,8 +287,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
             or the same ranks are already a registered set.
         CollectiveMismatchError: Ranks passed different sets.
     """
-    job = basics.engine()
-    if _state["owner"] is not job or not _state["dynamic"]:
+    job = current.job()
+    if not job.dynamic_sets:
         raise ConfigError(
             "Process sets can be added after init() only with dynamic process sets. Set "
             "HOROVOD_DYNAMIC_PROCESS_SETS=1 (or call init(process_sets='dynamic')), or pass "
@@ -325,17 +307,17 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         True when the set was removed; False for the global set or a set that
         is not registered, as in Horovod.
     """
-    job = basics.engine()
+    job = current.job()
     set_id = getattr(process_set, "process_set_id", None)
-    if not set_id or _state["owner"] is not job or _registered.get(set_id) is not process_set:
+    if not set_id or job.process_sets.get(set_id) is not process_set:
         return False
-    job.drop_subset(set_id)
-    del _registered[set_id]
+    job.engine.drop_subset(set_id)
+    del job.process_sets[set_id]
     process_set.process_set_id = None  # as in Horovod: the object can be added again
     return True
 
 
-def _add(job: Any, process_set: ProcessSet | Sequence[int], at_init: bool = False) -> ProcessSet:
+def _add(job: Job, process_set: ProcessSet | Sequence[int], at_init: bool = False) -> ProcessSet:
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
@@ -354,12 +336,13 @@ def _add(job: Any, process_set: ProcessSet | Sequence[int], at_init: bool = Fals
             f"{process_set!r} has the ranks of the global process set (the whole job); use "
             "hvd.global_process_set instead of adding it."
         )
-    if any(tuple(other.ranks) == ranks for other in _registered.values()):
+    registered_sets = job.process_sets
+    if any(tuple(other.ranks) == ranks for other in registered_sets.values()):
         raise ConfigError(
             f"A process set with ranks {list(ranks)} is already registered; reuse it."
         )
-    set_id = next(i for i in range(1, len(_registered) + 2) if i not in _registered)
-    job.subset(ranks, set_id)
+    set_id = next(i for i in range(1, len(registered_sets) + 2) if i not in registered_sets)
+    job.engine.subset(ranks, set_id)
     process_set.process_set_id = set_id
-    _registered[set_id] = process_set
+    registered_sets[set_id] = process_set
     return process_set

@@ -112,7 +112,6 @@ class Membership:
     def __init__(self, settings: ElasticSettings) -> None:
         self.settings = settings
         self.blacklist = Blacklist(settings.cooldown)
-        self.resets = 0
         self._watcher: _Watcher | None = None
         self._watched_by: int | None = None  # id of the job whose rank 0 runs the watcher
         self._pending = HostChange()
@@ -139,12 +138,17 @@ class Membership:
         now = time.monotonic()
         for host in lost_hosts:
             self.blacklist.add(host, now)
+        if all(job.hosts[r] in lost_hosts for r in old):
+            raise ElasticJobError(
+                f"every host of the elastic job is blacklisted ({', '.join(lost_hosts)} had "
+                f"failed rank(s) {failed}); no rank is left to train"
+            )
         leaving = job.hosts[job.rank] in lost_hosts
         stay = survivors.Split(MPI.UNDEFINED if leaving else 0, key=survivors.rank)
         survivors.Free()
         if leaving:
             self._leave(job, f"its host {job.hosts[job.rank]} had a failed rank")
-        self._count_reset(f"rank(s) {failed} on {', '.join(lost_hosts)} failed")
+        self._count_reset(job, f"rank(s) {failed} on {', '.join(lost_hosts)} failed")
         new = self._rebuild(job, stay)
         if new.rank == 0:
             logger.warning(
@@ -187,6 +191,19 @@ class Membership:
                 f"{[f'{h}:{n}' for h, n in decision.added]}",
             )
 
+    def poll_hosts(self) -> HostChange:
+        """On rank 0: the host change the next commit would announce (local; no collective).
+
+        Lets a training script wait until a change it expects has been
+        discovered (Horovod's integration tests wait on the driver's
+        notification the same way). Other ranks get an empty change.
+        """
+        job = basics.job()
+        if job.rank != 0 or self.settings.discovery is None:
+            return HostChange()
+        decision = self._decide(job)
+        return decision if isinstance(decision, HostChange) else HostChange()
+
     def update_hosts(self) -> None:
         """Apply the change :meth:`check_host_updates` announced (collective over the job)."""
         change, self._pending = self._pending, HostChange()
@@ -198,7 +215,7 @@ class Membership:
         stay = job.comm.Split(MPI.UNDEFINED if leaving else 0, key=job.rank)
         if leaving:
             self._leave(job, f"its host {job.hosts[job.rank]} left the discovered hosts")
-        self._count_reset(f"hosts changed ({change})")
+        self._count_reset(job, f"hosts changed ({change})")
         if change.added:
             stay = self._spawn(stay, change.added)
         new = self._rebuild(job, stay)
@@ -261,12 +278,14 @@ class Membership:
                 )
             time.sleep(self.settings.discovery_interval)
 
-    def _count_reset(self, why: str) -> None:
-        self.resets += 1
+    def _count_reset(self, job: Job, why: str) -> None:
+        """Refuse a membership change past ``reset_limit`` (counted by the job's generation,
+        which ranks that joined later learn when they join)."""
+        resets = job.generation + 1
         limit = self.settings.reset_limit
-        if limit is not None and self.resets > limit:
+        if limit is not None and resets > limit:
             raise ElasticJobError(
-                f"the elastic job changed membership {self.resets} times, over --reset-limit "
+                f"the elastic job changed membership {resets} times, over --reset-limit "
                 f"{limit} (last: {why}); raise --reset-limit or fix the failing hosts"
             )
 

@@ -19,6 +19,9 @@ training function keeps its progress in a *state* object:
 In a job launched without elastic options the membership is fixed: ``run``
 syncs and calls the function once, and a failure ends the job as before.
 
+The protocol and ``run`` are framework-neutral (:mod:`ddl_tf.membership.state`);
+this module adds the TensorFlow variables and Keras models to it.
+
 Example (one process):
     >>> import tensorflow as tf
     >>> import ddl_tf as hvd
@@ -33,19 +36,16 @@ Example (one process):
 
 from __future__ import annotations
 
-import abc
-import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf import env
-from ddl_tf.core import basics
 from ddl_tf.errors import HorovodInternalError, HostsUpdatedInterrupt
+from ddl_tf.membership.state import ObjectState, State, run
 from ddl_tf.tensorflow import bridge
-from ddl_tf.tensorflow.functions import broadcast_object, broadcast_variables
+from ddl_tf.tensorflow.functions import broadcast_variables
 
 __all__ = [
     "State",
@@ -58,95 +58,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class State(abc.ABC):
-    """Base of the state objects: reset callbacks and the commit protocol.
-
-    Args:
-        bcast_object: Broadcasts a picklable object from rank 0.
-        get_rank: Returns this process's rank.
-    """
-
-    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
-        self._bcast_object = bcast_object
-        self._rank = get_rank
-        self._reset_callbacks: list[Callable[[], None]] = []
-
-    def register_reset_callbacks(self, callbacks: Sequence[Callable[[], None]]) -> None:
-        """Functions to call after each membership change (e.g. to rescale the learning rate).
-
-        Args:
-            callbacks: Functions taking no arguments; appended to those already
-                registered.
-        """
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        """Reset the state and run the reset callbacks."""
-        self.reset()
-        for callback in self._reset_callbacks:
-            callback()
-
-    def commit(self) -> None:
-        """Save the state in host memory (the restore point), then check for host changes."""
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank when hosts changed (collective).
-
-        Only in elastic jobs with a discovery script; a fixed-size job has no updates.
-        """
-        if env.elastic_job():
-            from ddl_tf.membership.reform import membership
-
-            membership().check_host_updates()
-
-    @abc.abstractmethod
-    def save(self) -> None:
-        """Save the state in host memory."""
-
-    @abc.abstractmethod
-    def restore(self) -> None:
-        """Undo every change since the last commit."""
-
-    @abc.abstractmethod
-    def sync(self) -> None:
-        """Make every rank's state equal to rank 0's."""
-
-    def reset(self) -> None:  # noqa: B027 - an optional hook, empty on purpose
-        """Hook for subclasses, called by :meth:`on_reset`."""
-
-
-class ObjectState(State):
-    """State of plain Python attributes, given as keyword arguments.
-
-    Args:
-        bcast_object: Broadcasts a picklable object from rank 0.
-        get_rank: Returns this process's rank.
-        **kwargs: Attributes to track (``state.epoch``, ``state.batch``, ...).
-    """
-
-    def __init__(self, bcast_object=broadcast_object, get_rank=basics.rank, **kwargs: Any) -> None:
-        self._saved_state = dict(kwargs)
-        self._set_attrs()
-        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
-
-    def save(self) -> None:
-        self._saved_state = {attr: getattr(self, attr) for attr in self._saved_state}
-
-    def restore(self) -> None:
-        self._set_attrs()
-
-    def sync(self) -> None:
-        if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
-            self._set_attrs()
-
-    def _set_attrs(self) -> None:
-        for attr, value in self._saved_state.items():
-            setattr(self, attr, value)
 
 
 class TensorFlowState(ObjectState):
@@ -256,56 +167,3 @@ class TensorFlowKerasState(ObjectState):
 
     def _save_model(self) -> None:
         self._saved = [tf.convert_to_tensor(v).numpy() for v in self._variables()]
-
-
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate an elastic training function ``func(state, *args, **kwargs)``.
-
-    The wrapper syncs the state and calls ``func``. In an elastic job, when a
-    rank fails it restores the last commit, re-forms the job without the
-    failed host, runs the reset callbacks and calls ``func`` again (after a
-    new sync); when hosts change (at a commit) it re-forms the job for them
-    and calls ``func`` again from the committed state. In a fixed-size job it
-    calls ``func`` once.
-
-    Args:
-        func: The training function; its first argument is the state.
-
-    Returns:
-        The wrapped function.
-    """
-
-    @functools.wraps(func)
-    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        if not env.elastic_job():
-            state.sync()
-            return func(state, *args, **kwargs)
-        from ddl_tf.membership.reform import membership
-
-        members = membership()
-        skip_sync = False
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except HostsUpdatedInterrupt as interrupt:
-                skip_sync = interrupt.skip_sync
-                members.update_hosts()
-            except Exception as err:
-                if not _lost_a_rank(err):
-                    raise
-                logger.warning("rank %d: %s; restoring the last commit", basics.rank(), err)
-                state.restore()
-                skip_sync = False
-                members.recover()
-            state.on_reset()
-
-    return wrapper
-
-
-def _lost_a_rank(err: BaseException) -> bool:
-    """Whether ``err`` (or what TensorFlow made of it inside a graph) is a lost rank."""
-    if isinstance(err, HorovodInternalError):
-        return True
-    return basics.is_initialized() and basics.job().engine.state.lost

@@ -220,9 +220,17 @@ def test_ddl_tf_run_returns_each_ranks_result_and_reports_a_failure(tmp_path, mo
         hvd.init()
         return hvd.rank() * scale, hvd.size()
 
+    def host():  # an elastic job's status is its final membership's: the ranks init ddl_tf
+        import os
+
+        import ddl_tf as hvd
+
+        hvd.init()
+        return os.environ["HOROVOD_HOSTNAME"]
+
     assert ddl_tf.run(train, args=(10,), np=2) == [(0, 2), (10, 2)]
     hosts = ddl_tf.run(
-        lambda: __import__("os").environ["HOROVOD_HOSTNAME"],
+        host,
         min_num_proc=1,
         hosts="localhost:1,127.0.0.1:1",
         num_proc=2,

@@ -1,0 +1,120 @@
+"""An elastic training loop driven by schedules, for the scenarios of Horovod's elastic tests.
+
+Horovod 0.28.1's integration tests (``test/integration/elastic_common.py``)
+run a script that trains a few epochs, logs one record per epoch from rank 0
+(epoch, commits, host, rank at launch, size, rendezvous count), makes ranks
+exit at scheduled ``(epoch, batch)`` points (by exception or by kill) and has
+a discovery script whose hosts change with the number of records. This is
+our version of that script, on ddl_tf's framework-neutral elastic API
+(:mod:`ddl_tf.membership.state`) and the core engine (numpy, no TensorFlow:
+each rank starts in well under a second, so a dozen jobs fit in the suite).
+
+Arguments as in Horovod's script: ``--logfile``, ``--epochs``,
+``--batches-per-epoch``, ``--batches-per-commit``, ``--epoch-wait``,
+``--discovery-schedule`` (JSON ``[[epoch or null, [host:slots, ...]], ...]``),
+``--discovery-wait``, ``--exit-schedule`` (JSON ``{"(epoch, batch)": [ranks at
+launch]}``), ``--exit-mode`` (``exception`` or ``kill``), plus ``--out``: a
+folder for each final rank's weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ddl_tf.core import basics
+from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.membership.reform import membership
+from ddl_tf.membership.state import ObjectState, run
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--logfile", required=True)
+parser.add_argument("--out", required=True)
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--batches-per-epoch", type=int, default=10)
+parser.add_argument("--batches-per-commit", type=int, default=1)
+parser.add_argument("--epoch-wait", type=float, default=0.0)
+parser.add_argument("--discovery-schedule", default="[]")
+parser.add_argument("--discovery-wait", type=float, default=20.0)
+parser.add_argument("--exit-schedule", default="{}")
+parser.add_argument("--exit-mode", default="exception", choices=("exception", "kill"))
+args = parser.parse_args()
+
+basics.init()
+hostname = os.environ.get("HOROVOD_HOSTNAME")
+start_rank = int(os.environ.get("HOROVOD_RANK", "0"))
+schedule = json.loads(args.discovery_schedule)
+hosts_by_epoch = {epoch: hosts for epoch, hosts in schedule if epoch is not None}
+default_hosts = schedule[-1][1] if schedule else []
+exits = json.loads(args.exit_schedule)
+
+
+def check_exit(epoch: int, batch: int) -> None:
+    if start_rank in exits.get(str((epoch, batch)), []):
+        if args.exit_mode == "exception":
+            raise RuntimeError(f"scheduled exit at epoch {epoch} batch {batch} (rank {start_rank})")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def step(state) -> None:
+    """One SGD step on a quadratic whose gradient differs per rank (so ranks must agree)."""
+    target = np.arange(4.0) + basics.rank()
+    (grad,) = basics.engine().allreduce([state.weights - target], op=ReduceOp.AVERAGE)
+    state.weights = state.weights - 0.1 * grad
+
+
+def log_state(state) -> None:
+    record = {
+        "epoch": state.epoch,
+        "batch": state.batch,
+        "commits": state.commits,
+        "hostname": hostname,
+        "start_rank": start_rank,
+        "rank": basics.rank(),
+        "size": basics.size(),
+        "rendezvous": state.rendezvous,
+    }
+    with open(args.logfile, "a") as log:
+        log.write(json.dumps(record) + "\n")
+
+
+@run
+def train(state) -> None:
+    state.rendezvous += 1
+    while state.epoch < args.epochs:
+        while state.batch < args.batches_per_epoch:
+            check_exit(state.epoch, state.batch)
+            step(state)
+            state.batch += 1
+            if state.batch % args.batches_per_commit == 0:
+                state.commits += 1
+                state.commit()
+        if basics.rank() == 0:
+            log_state(state)
+            now = hosts_by_epoch.get(state.epoch, default_hosts)
+            upcoming = hosts_by_epoch.get(state.epoch + 1, default_hosts)
+            if args.discovery_wait > 0 and now != upcoming:
+                deadline = time.monotonic() + args.discovery_wait
+                while not membership().poll_hosts():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"the host change {now} -> {upcoming} was not discovered"
+                        )
+                    time.sleep(0.05)
+        if args.epoch_wait > 0:
+            time.sleep(args.epoch_wait)
+        state.epoch += 1
+        state.batch = 0
+        state.commits += 1
+        state.commit()
+
+
+state = ObjectState(epoch=0, batch=0, commits=0, rendezvous=0, weights=np.zeros(4))
+train(state)
+Path(args.out, f"weights.{basics.rank()}.json").write_text(json.dumps(state.weights.tolist()))
