@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +30,7 @@ from ddl_tf.errors import ConfigError
 
 __all__ = [
     "DDLConfig",
+    "ENV_FIELDS",
     "ALGORITHMS",
     "COMPRESSIONS",
     "DEFAULT_FUSION_THRESHOLD",
@@ -190,69 +191,26 @@ class DDLConfig:
                 message names the variable and echoes the value.
         """
         values: dict[str, Any] = {}  # field values, checked by __post_init__
-        # get_first gives (name, value) or (None, None): a parser, which names the variable
-        # in its error, tests both so the type checker knows both are set
-        name, value = env.get_first([env.DDL_ALLREDUCE_ALGO], environ)
-        if value is not None:
-            values["algorithm"] = value.lower()
-        else:
-            name, value = env.get_first([env.HOROVOD_HIERARCHICAL_ALLREDUCE], environ)
-            if name is not None and value is not None and _parse_bool(name, value):
+        for field_name, names, parse in ENV_FIELDS:
+            name, value = env.get_first(names, environ)
+            if name is None or value is None:
+                continue
+            parsed = parse(name, value)
+            if parsed is not _UNSET:
+                values[field_name] = parsed
+                if field_name == "stall_shutdown_seconds":  # the stall error names its source
+                    values["stall_shutdown_setting"] = name
+        # Horovod's switches that set other fields, where the DDL_ setting is absent
+        name, value = env.get_first([env.HOROVOD_HIERARCHICAL_ALLREDUCE], environ)
+        if "algorithm" not in values and name is not None and value is not None:
+            if _parse_bool(name, value):
                 values["algorithm"] = "hierarchical"
-        name, value = env.get_first([env.DDL_COMPRESSION], environ)
-        if value is not None:
-            values["compression"] = value.lower()
-        name, value = env.get_first(
-            [env.DDL_FUSION_THRESHOLD, env.HOROVOD_FUSION_THRESHOLD], environ
-        )
-        if name is not None and value is not None:
-            values["fusion_threshold_bytes"] = _parse_int(name, value)
-        name, value = env.get_first([env.DDL_OVERLAP], environ)
-        if name is not None and value is not None:
-            values["overlap"] = _parse_bool(name, value)
-        name, value = env.get_first([env.DDL_BUCKET_BYTES], environ)
-        if name is not None and value is not None:
-            values["bucket_bytes"] = _parse_int(name, value)
-        name, value = env.get_first([env.DDL_TIMELINE, env.HOROVOD_TIMELINE], environ)
-        if value is not None and value.upper() != "DYNAMIC":  # DYNAMIC: start_timeline() later
-            values["timeline"] = value
-        name, value = env.get_first(
-            [env.DDL_STALL_WARNING_SECONDS, env.HOROVOD_STALL_CHECK_TIME_SECONDS], environ
-        )
-        if name is not None and value is not None:
-            values["stall_warning_seconds"] = _parse_float(name, value)
-        name, value = env.get_first(
-            [env.DDL_STALL_SHUTDOWN_SECONDS, env.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS], environ
-        )
-        if name is not None and value is not None:
-            values["stall_shutdown_seconds"] = _parse_float(name, value)
-            values["stall_shutdown_setting"] = name
         name, value = env.get_first([env.HOROVOD_STALL_CHECK_DISABLE], environ)
         if name is not None and value is not None and _parse_bool(name, value):
             # Horovod's stall inspector off: no warnings, no shutdown, unless DDL_* says otherwise
             values.setdefault("stall_warning_seconds", float("inf"))
             if env.get(env.DDL_STALL_SHUTDOWN_SECONDS, environ) is None:
                 values["stall_shutdown_seconds"] = 0.0
-        name, value = env.get_first([env.HOROVOD_DYNAMIC_PROCESS_SETS], environ)
-        if name is not None and value is not None:
-            values["dynamic_process_sets"] = _parse_bool(name, value)
-        name, value = env.get_first([env.DDL_CHECK_COLLECTIVES], environ)
-        if name is not None and value is not None:
-            values["check_collectives"] = _parse_bool(name, value)
-        name, value = env.get_first([env.DDL_ABORT_ON_ERROR], environ)
-        if name is not None and value is not None:
-            values["abort_on_error"] = _parse_bool(name, value)
-        for field, var in (
-            ("topology_file", env.DDL_TOPOLOGY_FILE),
-            ("pseudo_nodes", env.DDL_PSEUDO_NODES),
-            ("auto_policy_file", env.DDL_AUTO_POLICY),
-        ):
-            value = env.get(var, environ)
-            if value is not None:
-                values[field] = value
-        name, value = env.get_first([env.DDL_LOG_LEVEL, env.HOROVOD_LOG_LEVEL], environ)
-        if value is not None:
-            values["log_level"] = LOG_LEVELS.get(value.strip().upper(), value)
         values["ignored_settings"] = tuple(
             name for name in env.HOROVOD_IGNORED if env.get(name, environ) is not None
         )
@@ -320,3 +278,56 @@ def _parse_bool(name: str, value: str) -> bool:
     if lowered in _FALSE:
         return False
     raise ConfigError(f"{name} must be 1 or 0. Received {name}={value!r} (e.g. {name}=1).")
+
+
+_UNSET = object()
+"""What a parser returns for a value that leaves the field at its default."""
+
+
+def _lower(name: str, value: str) -> str:
+    return value.lower()
+
+
+def _text(name: str, value: str) -> str:
+    return value
+
+
+def _timeline(name: str, value: str) -> Any:
+    return _UNSET if value.upper() == "DYNAMIC" else value  # DYNAMIC: start_timeline() later
+
+
+def _log_level(name: str, value: str) -> str:
+    return LOG_LEVELS.get(value.strip().upper(), value)
+
+
+ENV_FIELDS: tuple[tuple[str, tuple[str, ...], Callable[[str, str], Any]], ...] = (
+    ("algorithm", (env.DDL_ALLREDUCE_ALGO,), _lower),
+    ("compression", (env.DDL_COMPRESSION,), _lower),
+    (
+        "fusion_threshold_bytes",
+        (env.DDL_FUSION_THRESHOLD, env.HOROVOD_FUSION_THRESHOLD),
+        _parse_int,
+    ),
+    ("overlap", (env.DDL_OVERLAP,), _parse_bool),
+    ("bucket_bytes", (env.DDL_BUCKET_BYTES,), _parse_int),
+    ("timeline", (env.DDL_TIMELINE, env.HOROVOD_TIMELINE), _timeline),
+    (
+        "stall_warning_seconds",
+        (env.DDL_STALL_WARNING_SECONDS, env.HOROVOD_STALL_CHECK_TIME_SECONDS),
+        _parse_float,
+    ),
+    (
+        "stall_shutdown_seconds",
+        (env.DDL_STALL_SHUTDOWN_SECONDS, env.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS),
+        _parse_float,
+    ),
+    ("dynamic_process_sets", (env.HOROVOD_DYNAMIC_PROCESS_SETS,), _parse_bool),
+    ("check_collectives", (env.DDL_CHECK_COLLECTIVES,), _parse_bool),
+    ("abort_on_error", (env.DDL_ABORT_ON_ERROR,), _parse_bool),
+    ("topology_file", (env.DDL_TOPOLOGY_FILE,), _text),
+    ("pseudo_nodes", (env.DDL_PSEUDO_NODES,), _text),
+    ("auto_policy_file", (env.DDL_AUTO_POLICY,), _text),
+    ("log_level", (env.DDL_LOG_LEVEL, env.HOROVOD_LOG_LEVEL), _log_level),
+)
+"""How :meth:`DDLConfig.from_env` reads each field: ``(field, variables in priority order,
+parse(name, value))``. The ``DDL_`` name comes first; Horovod's fallbacks after it."""

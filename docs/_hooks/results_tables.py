@@ -81,6 +81,7 @@ WRITERS = {
     "cluster_training.json": "python benchmarks/bench_cluster_training.py (as root)",
     "defaults_sweep.json": "python benchmarks/bench_defaults.py",
     "demo_summary.json": "make demo (a copy of out/demo/summary.json)",
+    "elastic.json": "python benchmarks/bench_elastic.py",
     "real_anchors.json": "python benchmarks/bench_real_anchors.py",
     "refit.json": "python benchmarks/bench_refit.py",
     "resnet50_equivalence.json": "python benchmarks/bench_resnet50_equivalence.py",

@@ -90,32 +90,14 @@ def _ddlrun_options() -> dict[str, str]:
 
 
 def _config_sources() -> dict[str, tuple[str, list[str]]]:
-    """``{DDL_VAR: (DDLConfig field, [fallback variables])}`` from ``DDLConfig.from_env``."""
+    """``{DDL_VAR: (DDLConfig field, [fallback variables])}`` from ``ddl_tf.config.ENV_FIELDS``."""
     from ddl_tf import config
 
-    found: dict[str, tuple[str, list[str]]] = {}
-    tree = _function(_module_ast(config), "from_env")
-    body = tree.body
-    for i, stmt in enumerate(body):
-        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
-            names = _env_names(stmt.value)
-            field = next(
-                (
-                    n.slice.value
-                    for later in body[i + 1 : i + 2]
-                    for n in ast.walk(later)
-                    if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant)
-                ),
-                None,
-            )
-            if names and field:
-                found[names[0]] = (field, names[1:])
-        elif isinstance(stmt, ast.For) and isinstance(stmt.iter, ast.Tuple):
-            for pair in stmt.iter.elts:
-                if isinstance(pair, ast.Tuple) and isinstance(pair.elts[0], ast.Constant):
-                    for var in _env_names(pair):
-                        found[var] = (pair.elts[0].value, [])
-    return found
+    return {
+        names[0]: (field, list(names[1:]))
+        for field, names, _ in config.ENV_FIELDS
+        if names[0].startswith("DDL_")
+    }
 
 
 def env_rows() -> list[list[str]]:

@@ -276,3 +276,37 @@ def cluster_training(r: Results) -> str:
     return markdown_table(header, body) + (
         f"\n\nModel: {r.get('model')}. Cluster: {r.get('cluster')}. Method: {r.get('method')} Ratios: {text}."
     )
+
+
+@table("elastic_cost", "elastic.json")
+def elastic_cost(r: Results) -> str:
+    """Step time of elastic jobs against the same fixed job, side by side (2 ranks, one host)."""
+    configs = (
+        ("fixed", "fixed job, default transports"),
+        ("fixed_tcp", "fixed job, ob1 + tcp,self"),
+        ("elastic_commit_1", "elastic, commit every batch"),
+        ("elastic_commit_10", "elastic, commit every 10 batches"),
+    )
+    header = ["model", *(label for _, label in configs)]
+    rows = []
+    models = r.get("cost")
+    for model in models if isinstance(models, dict) else []:
+        cells = []
+        for key, _ in configs:
+            step = r.get(f"cost.{model}.{key}.step_ms")
+            ratio = r.get(f"cost.{model}.{key}.vs_fixed")
+            cells.append(f"{step} ms ({fmt_ratio(ratio)}x)")
+        rows.append(
+            [
+                {"mlp": "MLP (Horovod benchmark)", "mobilenet": "MobileNetV2 64x64"}.get(
+                    model, model
+                ),
+                *cells,
+            ]
+        )
+    note = (
+        "Median step time of epochs 2-3 on rank 0, measured on this machine (CPU, 2 ranks on "
+        "one host); ratios against the fixed job with default transports, from runs "
+        "interleaved in the same minutes."
+    )
+    return markdown_table(header, rows, "lrrrr") + "\n\n" + note
