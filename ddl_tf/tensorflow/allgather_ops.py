@@ -88,8 +88,8 @@ def grouped_allgather(
         ys = _raw_gather(engine, list(xs), name)
 
         def grad(*dys):
-            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
-            averaged = _average(engine, dys, f"{name}_grad" if name else None)
+            filled = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
+            averaged = _average(engine, filled, f"{name}_grad" if name else None)
             counts = _raw_gather(
                 engine,
                 [tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1]) for x in xs],

@@ -185,9 +185,9 @@ def _dense_allreduce(engine, tensors, op, compression, name, pre, post) -> list[
         ys = _raw_allreduce(engine, list(xs), op, compressor, name, pre, post)
 
         def grad(*dys):
-            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
+            filled = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
             grad_name = f"{name}_grad" if name else None
-            return _raw_allreduce(engine, dys, op, Compression.none, grad_name, pre, post)
+            return _raw_allreduce(engine, filled, op, Compression.none, grad_name, pre, post)
 
         return ys, grad
 

@@ -90,13 +90,13 @@ def grouped_reducescatter(
         )
 
         def grad(*dys):
-            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
+            filled = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
             factor = (engine.size if op is ReduceOp.SUM else 1) * prescale_factor
             factor *= postscale_factor
             if factor != 1:
-                dys = [d * tf.cast(factor, d.dtype) for d in dys]
+                filled = [d * tf.cast(factor, d.dtype) for d in filled]
             return grouped_allgather(
-                dys, name=f"{name}_grad" if name else None, process_set=process_set
+                filled, name=f"{name}_grad" if name else None, process_set=process_set
             )
 
         return ys, grad

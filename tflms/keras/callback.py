@@ -21,7 +21,7 @@ import logging
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import keras
 import tensorflow as tf
@@ -198,7 +198,7 @@ class LMSCallback(keras.callbacks.Callback):
         """Whether the last ``fit`` reused the rewritten train function of an earlier one."""
         self._session: FitSession | None = None
         self._kept: _Kept | None = None  # the rewritten train function of the last good fit
-        self._function = None  # the rewritten train function of the running fit
+        self._function: Any = None  # the rewritten train function of the running fit
 
     # -------------------------------------------------------------- results
     @property

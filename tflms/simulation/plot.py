@@ -42,7 +42,8 @@ _GIB = float(1 << 30)
 
 def _steps(times, values, end):
     """Step curve points: each value holds until the next point."""
-    xs, ys = [], []
+    xs: list[float] = []
+    ys: list[float] = []
     for k, (t, v) in enumerate(zip(times, values, strict=True)):
         nxt = times[k + 1] if k + 1 < len(times) else end
         xs.extend((t * 1e3, nxt * 1e3))
