@@ -16,7 +16,7 @@ and writes ``benchmarks/results/allreduce.json`` atomically: every row
 as in nccl-tests), the machine's load average around each layout (other jobs
 on a shared machine distort timings), the two targets evaluated per layout,
 and ``auto_policy.json``: the ``auto`` tables learned from the rows by
-:mod:`ddl_tf.core.policy_fit` (per size the fastest algorithm in the worst
+``benchmarks/policy_fit.py`` (per size the fastest algorithm in the worst
 case over the layouts, except that a challenger must beat the incumbent by
 10 % and flat wins ties), in the format ``DDL_AUTO_POLICY``
 reads.
@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.machine import machine_info  # noqa: E402
-from ddl_tf.core.policy_fit import fit_tables  # noqa: E402
+from benchmarks.policy_fit import fit_tables  # noqa: E402
 from ddl_tf.launch.command import find_mpirun  # noqa: E402
 
 SIZES = [
@@ -113,7 +113,7 @@ def evaluate(rows: list[dict]) -> dict:
 def derive_policy(layouts: list[dict]) -> dict:
     """``auto`` tables from the measurements, by the product's one rule set.
 
-    :func:`ddl_tf.core.policy_fit.fit_tables` (the rules the cluster benchmark
+    ``benchmarks/policy_fit.py`` (the rules the cluster benchmark
     uses too): per wire size, an algorithm's cost is its worst ratio to the
     fastest over the layouts of a situation (2 and 4 ranks on one node; the
     pseudo-node layout for ``multi_node``), a challenger must beat the

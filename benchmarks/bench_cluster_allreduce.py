@@ -22,7 +22,7 @@ rate in place (:meth:`~ddl_tf.cluster.Cluster.set_link`) between jobs:
    the wire, interleaved per size (``auto`` with the policy of an earlier
    run, ``--previous-policy``, so it is judged on data it was not learned
    from); this run's rows become the layout's ``auto`` table
-   (:func:`ddl_tf.core.policy_fit.fit_tables`);
+   (``benchmarks/policy_fit.py``);
 4. *cpu*, at 1 Gbit/s: the same algorithms at 16 and 64 MiB, to show where
    this machine's CPUs take over.
 
@@ -61,10 +61,10 @@ from benchmarks.cluster_allreduce_report import (  # noqa: E402
     plot,
 )
 from benchmarks.machine import machine_info, wait_for_quiet  # noqa: E402
+from benchmarks.policy_fit import fit_tables  # noqa: E402
 from ddl_tf.cluster import Cluster, ClusterSpec, parse_rate, unavailable_reason  # noqa: E402
 from ddl_tf.cluster.bounds import framing_overhead  # noqa: E402
 from ddl_tf.cluster.probe import LINK_BOUND_RATIO, link_throughput  # noqa: E402
-from ddl_tf.core.policy_fit import fit_tables  # noqa: E402
 from ddl_tf.core.selection import DEFAULT_POLICY, layout_key  # noqa: E402
 
 RESULTS = HERE / "results"

@@ -171,7 +171,7 @@ HOROVOD_IGNORED = {
     HOROVOD_CYCLE_TIME: "ddl_tf runs each collective when it is issued; there is no "
     "background cycle to time",
     HOROVOD_AUTOTUNE: "ddl_tf's DDL_ALLREDUCE_ALGO=auto picks the algorithm per message size "
-    "from a table benchmarks learn (ddl_tf.core.policy_fit); there is no online autotuner",
+    "from a table benchmarks learn (benchmarks/policy_fit.py); there is no online autotuner",
     HOROVOD_AUTOTUNE_LOG: "there is no online autotuner to log",
     "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": _NO_AUTOTUNER,
     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": _NO_AUTOTUNER,

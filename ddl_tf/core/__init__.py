@@ -5,13 +5,15 @@ Nothing in this package imports TensorFlow or Keras, and nothing imports
 loaded by :func:`ddl_tf.core.mpi.load` when ``init()`` runs.
 
 Modules, in data-flow order: :mod:`~ddl_tf.core.basics` (``init()``, rank
-queries, the running engine), :mod:`~ddl_tf.core.process_sets`,
+queries), :mod:`~ddl_tf.core.current` (the current :class:`~ddl_tf.core.job.Job`:
+one membership's communicator, engine, hosts and process sets),
+:mod:`~ddl_tf.core.process_sets`,
 :mod:`~ddl_tf.core.topology` and
 :mod:`~ddl_tf.core.topology_file` (who is where), :mod:`~ddl_tf.core.comms`
 (finding nodes through MPI, sub-communicators), :mod:`~ddl_tf.core.mpi`
 (dtype and reduction tables), :mod:`~ddl_tf.core.algorithms` (flat, ring,
-hierarchical, asa), :mod:`~ddl_tf.core.selection` (``auto``) and
-:mod:`~ddl_tf.core.policy_fit` (learning its tables from benchmark timings),
+hierarchical, asa), :mod:`~ddl_tf.core.selection` (``auto``; its tables are
+learnt from benchmark timings by ``benchmarks/policy_fit.py``),
 :mod:`~ddl_tf.core.fusion` (fusion and gradient buckets), :mod:`~ddl_tf.core.compression`,
 :mod:`~ddl_tf.core.movement` (gather, broadcast, alltoall),
 :mod:`~ddl_tf.core.negotiation` (mismatch and stall detection),

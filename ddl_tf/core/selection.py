@@ -15,7 +15,7 @@ hierarchical allreduce per layout (``{"multi_node@2x4": {"node": "ring",
 "world": "flat"}}``), unless a topology file names them.
 ``benchmarks/bench_cluster_allreduce.py`` writes such tables, one per layout
 it measured on a rehearsal cluster (:mod:`ddl_tf.cluster`). Both benchmarks
-learn their tables from their timings with :mod:`ddl_tf.core.policy_fit`.
+learn their tables from their timings with ``benchmarks/policy_fit.py``.
 
 :data:`DEFAULT_POLICY` comes from ``benchmarks/bench_allreduce.py`` on the
 development machine (see the comment above it); re-run the benchmark on a
@@ -193,7 +193,7 @@ class AutoPolicy:
 # the 2-core development machine every rank shares memory, and no algorithm cleared that bar
 # against MPI's own allreduce, so `auto` is flat everywhere there; on one host hierarchical
 # only adds passes over memory (about 3x slower than flat with 2 pseudo-nodes). The benchmark
-# now learns with ddl_tf.core.policy_fit (the cluster benchmark's rules); on the same stored
+# now learns with benchmarks/policy_fit.py (the cluster benchmark's rules); on the same stored
 # measurements (benchmarks/results/allreduce.json) those rules would pick ring for single-node
 # float32 messages above 32 MiB (flat's worst case there: 1.29x to 1.33x slower) and for bf16
 # between 256 KiB and 16 MiB on the wire; this table is left as it was until a fresh run on a

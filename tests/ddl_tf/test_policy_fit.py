@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ddl_tf.core.policy_fit import (
+from benchmarks.policy_fit import (
     MARGIN,
     choose_per_size,
     costs_from_rows,

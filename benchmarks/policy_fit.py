@@ -27,7 +27,7 @@ switches algorithm at every size fits that noise):
    rule is unbounded.
 
 Example:
-    >>> from ddl_tf.core.policy_fit import fit_tables
+    >>> from benchmarks.policy_fit import fit_tables
     >>> rows = [
     ...     {"algorithm": a, "compression": "none", "bytes": b, "seconds": s}
     ...     for b, a, s in [(1024, "flat", 1.0), (1024, "ring", 0.97),

@@ -1,0 +1,183 @@
+"""Elastic jobs: recovery after a SIGKILL, growth to a discovered host, and the cost when nothing fails.
+
+All runs use ``ddlrun`` and the Keras worker of the tests
+(``tests/parallel/workers/elastic_keras.py``), on this machine, where
+``localhost`` and ``127.0.0.1`` are two hosts.
+
+* **Recovery**: 4 ranks (2 hosts x 2), commit every batch; launch rank 3
+  SIGKILLs itself after batch 5 of epoch 1. Seconds from the kill to the
+  survivors' next finished step (rank 0's clock; the Keras step is traced
+  again for the new membership), batches trained after the last commit and
+  rolled back, and whether the survivors end bitwise equal.
+* **Growth**: 2 ranks on ``localhost``; rank 0 adds ``127.0.0.1:2`` to the
+  discovery script's output after batch 3 of epoch 1. Seconds from that write
+  to the first step at 4 ranks: the discovery poll (1 s), the commit that
+  sees it, spawning 2 Python processes that import TensorFlow and build the
+  model, and the state broadcast.
+* **Cost when nothing fails**: 2 ranks on one host, the MLP of the Horovod
+  benchmark and MobileNetV2 (64x64, batch 8 per rank), median step time of
+  epochs 2-3 for: a fixed job (Open MPI's default transports), a fixed job on
+  the transports elastic jobs use (``ob1`` + ``tcp,self``), and the elastic
+  job committing every batch and every 10 batches. The configurations run
+  interleaved, ``ROUNDS`` times, so that ratios come from the same minutes.
+
+``python benchmarks/bench_elastic.py`` writes ``results/elastic.json`` (about
+15 minutes on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.machine import machine_info  # noqa: E402
+from tflms.utils.files import write_json  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+WORKER = REPO / "tests" / "parallel" / "workers" / "elastic_keras.py"
+DDLRUN = Path(sys.executable).parent / "ddlrun"
+ROUNDS = 2
+TCP = "--mca pml ob1 --mca btl tcp,self"
+CONFIGS = {
+    "fixed": (["-np", "2"], {"ELASTIC_FIXED": "1"}),
+    "fixed_tcp": (["-np", "2", "--mpi-args", TCP], {"ELASTIC_FIXED": "1"}),
+    "elastic_commit_1": (["--min-np", "2", "-np", "2", "-H", "localhost:2"], {}),
+    "elastic_commit_10": (
+        ["--min-np", "2", "-np", "2", "-H", "localhost:2"],
+        {"ELASTIC_COMMIT": "10"},
+    ),
+}
+MODELS = {"mlp": {"ELASTIC_STEPS": "40"}, "mobilenet": {"ELASTIC_STEPS": "24"}}
+
+
+def _job(out: Path, options: list[str], **env: str) -> dict[int, dict]:
+    variables = {
+        **os.environ,
+        "ELASTIC_OUT": str(out),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "PYTHONPATH": str(REPO),
+        **env,
+    }
+    done = subprocess.run(
+        [str(DDLRUN), *options, str(WORKER)],
+        cwd=out,
+        env=variables,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"job {options} {env} failed:\n{done.stderr[-3000:]}")
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))}
+
+
+def _equal(results: dict[int, dict]) -> bool:
+    weights = [r["weights"] for r in results.values()]
+    return all(w == weights[0] for w in weights[1:])
+
+
+def recovery() -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        results = _job(
+            out,
+            ["--min-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "-np", "4"],
+            ELASTIC_KILL="3,1,5",
+        )
+        killed = float((out / "killed").read_text())
+        steps = results[0]["steps"]
+        after = next(t for t, size, _, _ in steps if size == 2)
+        # batches finished at 4 ranks after the killed rank's last one: trained, never
+        # committed, rolled back (the step in flight at the kill is re-run in any case)
+        rolled_back = sum(1 for _, size, e, b in steps if size == 4 and (e, b) > (1, 5))
+        return {
+            "ranks_before": 4,
+            "ranks_after": results[0]["size"],
+            "batches_per_commit": 1,
+            "recovery_seconds": round(after - killed, 3),
+            "batches_rolled_back": rolled_back,
+            "replicas_bitwise_equal": _equal(results),
+        }
+
+
+def growth() -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        (out / "hosts").write_text("localhost:2\n")
+        script = out / "discover.sh"
+        script.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
+        script.chmod(0o755)
+        results = _job(
+            out,
+            ["--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script)],
+            ELASTIC_GROW="127.0.0.1:2",
+        )
+        added = float((out / "added").read_text())
+        first = next(t for t, size, _, _ in results[0]["steps"] if size == 4)
+        return {
+            "ranks_before": 2,
+            "ranks_after": results[0]["size"],
+            "growth_seconds": round(first - added, 3),
+            "replicas_bitwise_equal": _equal(results),
+        }
+
+
+def _median_step(results: dict[int, dict]) -> float:
+    steps = [t for t, _, epoch, _ in results[0]["steps"] if epoch >= 1]
+    return statistics.median(b - a for a, b in zip(steps, steps[1:], strict=False))
+
+
+def cost() -> dict:
+    seconds: dict[str, dict[str, list[float]]] = {m: {c: [] for c in CONFIGS} for m in MODELS}
+    for _ in range(ROUNDS):
+        for model, model_env in MODELS.items():
+            for name, (options, env) in CONFIGS.items():
+                with tempfile.TemporaryDirectory() as folder:
+                    results = _job(Path(folder), options, ELASTIC_MODEL=model, **model_env, **env)
+                seconds[model][name].append(_median_step(results))
+                print(f"{model} {name}: {seconds[model][name][-1] * 1e3:.1f} ms", flush=True)
+    rows = {}
+    for model, by_config in seconds.items():
+        fixed = statistics.median(by_config["fixed"])
+        rows[model] = {
+            name: {
+                "step_ms": round(statistics.median(values) * 1e3, 2),
+                "runs_ms": [round(v * 1e3, 2) for v in values],
+                "vs_fixed": round(statistics.median(values) / fixed, 3),
+            }
+            for name, values in by_config.items()
+        }
+    return rows
+
+
+def main() -> None:
+    started = time.time()
+    result = {
+        "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": machine_info(),
+        "recovery": recovery(),
+    }
+    print(json.dumps(result["recovery"]), flush=True)
+    result["growth"] = growth()
+    print(json.dumps(result["growth"]), flush=True)
+    result["cost"] = cost()
+    result["seconds"] = round(time.time() - started, 1)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_json(RESULTS / "elastic.json", result)
+    print(json.dumps(result["cost"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
