@@ -1,4 +1,9 @@
-"""Elastic jobs under ddlrun: a lost rank takes its host out, a discovered host joins.
+"""Elastic Keras and custom-loop jobs under ddlrun: a lost rank takes its host out, a host joins.
+
+Horovod's membership scenarios (reset limit, every rank failing, the
+``--min-np`` timeout, ...) run in test_ddl_elastic_scenarios.py, on a numpy
+worker that starts in a fraction of the time; these tests are the paths a
+TensorFlow user takes.
 
 Each test runs a real ``ddlrun --min-np ...`` job of the Keras worker
 (tests/parallel/workers/elastic_keras.py) over Open MPI's fault tolerance;
@@ -119,39 +124,6 @@ def test_a_discovery_script_that_turns_to_garbage_ends_the_job_after_the_timeout
     assert done.returncode != 0
     assert "host discovery line 2 is 'this is not a host line'" in done.stderr
     assert "failing for over 2 s, the --elastic-timeout; the job stops" in done.stderr
-
-
-def test_more_resets_than_the_limit_end_the_job_with_a_message(tmp_path):
-    done = _ddlrun(
-        tmp_path,
-        "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", "-np", "2", "--reset-limit", "0",
-        ELASTIC_KILL="1,1,2",
-    )  # fmt: skip
-    assert done.returncode != 0
-    assert "over --reset-limit 0" in done.stderr
-    assert not _results(tmp_path), "no rank finished training"
-
-
-def test_every_rank_failing_ends_the_job_naming_each_rank_and_host(tmp_path):
-    done = _ddlrun(
-        tmp_path,
-        "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", "-np", "2",
-        ELASTIC_KILL="1,0,2", ELASTIC_RAISE="1,1",
-    )  # fmt: skip
-    assert done.returncode != 0
-    assert "ddl_tf: rank 0 on host localhost ends the elastic job: RuntimeError" in done.stderr
-
-
-def test_fewer_ranks_than_min_np_for_the_timeout_end_the_job(tmp_path):
-    done = _ddlrun(
-        tmp_path,
-        "--min-np", "2", "-H", "localhost:1,127.0.0.1:1", "-np", "2", "--elastic-timeout", "3",
-        ELASTIC_KILL="1,1,2",
-    )  # fmt: skip
-    assert done.returncode != 0
-    assert "has 1 rank(s), below --min-np 2, and no host to grow to appeared within 3 s" in (
-        done.stderr
-    )
 
 
 def test_sigterm_to_ddlrun_during_a_reset_ends_the_whole_job(tmp_path):

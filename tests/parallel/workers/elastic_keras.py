@@ -9,7 +9,6 @@ benchmarks/bench_elastic.py. Settings come from the environment:
 * ``ELASTIC_GROW``: ``host:slots``: rank 0 appends it to the ``hosts`` file
   the discovery script prints, after batch 3 of epoch 1 (writing ``added``);
 * ``ELASTIC_SLEEP``: seconds each batch sleeps after it ends (a slower step);
-* ``ELASTIC_RAISE``: ``epoch,batch``: every rank raises ``RuntimeError`` there;
 * ``ELASTIC_COMMIT``: batches per commit (default 1); ``ELASTIC_FIXED=1`` runs
   the same training without elastic state (the cost comparison);
 * ``ELASTIC_EPOCHS``, ``ELASTIC_STEPS``, ``ELASTIC_MODEL`` (``mlp`` or
@@ -33,7 +32,6 @@ import ddl_tf.keras as hvd
 out = Path(os.environ["ELASTIC_OUT"])
 launch_rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 kill = os.environ.get("ELASTIC_KILL")
-fail_at = os.environ.get("ELASTIC_RAISE")
 pause = float(os.environ.get("ELASTIC_SLEEP", "0"))
 grow = os.environ.get("ELASTIC_GROW")
 commit_every = int(os.environ.get("ELASTIC_COMMIT", "1"))
@@ -72,8 +70,6 @@ class Recorder(keras.callbacks.Callback):
             if launch_rank == who and (epoch, batch) == (at_epoch, at_batch):
                 (out / "killed").write_text(str(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)
-        if fail_at and (epoch, batch) == tuple(int(v) for v in fail_at.split(",")):
-            raise RuntimeError(f"a bug in the training script (launch rank {launch_rank})")
         if grow and hvd.rank() == 0 and (epoch, batch) == (1, 3) and not (out / "added").exists():
             with open(out / "hosts", "a") as hosts:
                 hosts.write(grow + "\n")
