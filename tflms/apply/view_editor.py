@@ -178,12 +178,16 @@ class ViewEditor:
         else:
             self.view.add_edge(src, dst, tensors=[], control=True)
 
-    def finish(self) -> nx.DiGraph:
+    def finish(self, *, levels: bool = True) -> nx.DiGraph:
         """Recompute levels and return the rewritten view.
+
+        Args:
+            levels: Recompute the levels; ``False`` leaves the copied ones.
 
         Returns:
             The edited copy of the view (the view given to the constructor is
             unchanged).
         """
-        assign_levels(self.view)
+        if levels:
+            assign_levels(self.view)
         return self.view
