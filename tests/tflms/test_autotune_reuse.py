@@ -12,35 +12,13 @@ import pytest
 
 import tflms
 from tflms import zoo
-from tflms.simulation.plans import PlanSimulator, plan_key
+from tflms.simulation.plans import PlanSimulator, SimulateEach, plan_key
 from tflms.tuning import search
-
-
-class _FromScratch:
-    """PlanSimulator's interface on :func:`tflms.simulate`: every plan simulated anew."""
-
-    def __init__(self, view, *, device, link, accounting, stack="tf2"):
-        self.view, self.device, self.link = view, device, link
-        self.accounting, self.stack = accounting, stack
-        self.baseline = tflms.simulate(
-            view, device=device, link=link, accounting=accounting, stack=stack
-        )
-
-    def simulate(self, plan, *, link=None, baseline=None):
-        return tflms.simulate(
-            self.view,
-            plan,
-            device=self.device,
-            link=self.link if link is None else link,
-            baseline=baseline or False,
-            accounting=self.accounting,
-            stack=self.stack,
-        )
 
 
 def _reference(monkeypatch, *args, **kwargs) -> tflms.AutotuneResult:
     with monkeypatch.context() as patch:
-        patch.setattr(search, "PlanSimulator", _FromScratch)
+        patch.setattr(search, "PlanSimulator", SimulateEach)
         patch.setattr(search, "make_plan", lambda view, config, memo: tflms.make_plan(view, config))
         return tflms.autotune(*args, **kwargs)
 
@@ -86,3 +64,18 @@ def test_plan_simulator_matches_simulate_over_each_link():
         expected = tflms.simulate(view, plan, link=link, baseline=plans.baseline)
         assert plans.simulate(plan, link=link, baseline=plans.baseline) == expected
     assert plan_key(plan) != plan_key(tflms.SwapPlan())
+
+
+def test_view_editor_copy_is_networkx_copy():
+    from tflms.apply.view_editor import _copy
+
+    view = tflms.analyze(zoo.gpt2(vocab=64, seq=32, dim=32, heads=2, layers=1), batch_size=4)
+    ours, theirs = _copy(view), view.copy()
+    assert ours.graph == theirs.graph and ours.graph is not view.graph
+    assert list(ours.nodes(data=True)) == list(theirs.nodes(data=True))
+    assert list(ours.edges(data=True)) == list(theirs.edges(data=True))
+    assert all(list(ours.pred[n].items()) == list(theirs.pred[n].items()) for n in view)
+    src, dst = next(iter(view.edges))
+    assert ours[src][dst] is ours.pred[dst][src] and ours[src][dst] is not view[src][dst]
+    name = next(iter(view))
+    assert ours.nodes[name] is not view.nodes[name]
