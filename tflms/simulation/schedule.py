@@ -195,10 +195,12 @@ def compile_view(
         A :class:`CompiledGraph`.
     """
     device, link = get_device(device), get_link(link)
-    names = list(view.nodes)
+    names, nodes = [], []
+    for name, node in view.nodes(data=True):
+        names.append(name)
+        nodes.append(node)
     index = {name: i for i, name in enumerate(names)}
     n = len(names)
-    nodes = [view.nodes[name] for name in names]
     placed = [_lane_and_space(node) for node in nodes]
     lanes: list[str] = [lane for lane, _ in placed]
     spaces: list[str | None] = [space for _, space in placed]
@@ -206,19 +208,20 @@ def compile_view(
     consumers: dict = {}
     preds_count = [0] * n
     succs: list[list[int]] = [[] for _ in range(n)]
-    for src, dst, edge in view.edges(data=True):
-        i, j = index[src], index[dst]
+    for i, (_, targets) in enumerate(view.adjacency()):  # view.edges' order
         if nodes[i]["type"] in _LOOP_BACK:
             continue  # TF1 loop back edge: one iteration is simulated
-        preds_count[j] += 1
-        succs[i].append(j)
-        for out_idx, in_idx in edge.get("tensors", ()):
-            inputs[j].append((i, out_idx, in_idx))
-            consumers.setdefault((i, out_idx), []).append(j)
+        for dst, edge in targets.items():
+            j = index[dst]
+            preds_count[j] += 1
+            succs[i].append(j)
+            for out_idx, in_idx in edge.get("tensors", ()):
+                inputs[j].append((i, out_idx, in_idx))
+                consumers.setdefault((i, out_idx), []).append(j)
     outputs = [node["outputs"] for node in nodes]
     if bypass_identity_n:
         for i in range(n):
-            if removed_at_run_time(view, names[i]):
+            if nodes[i]["type"] == "IdentityN" and removed_at_run_time(view, names[i]):
                 bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs)
     for lst in inputs:
         lst.sort(key=lambda t: t[2])
