@@ -10,6 +10,13 @@ nothing fits, and finally the
 fewest swaps that still fit. Every simulated plan is kept as a
 :class:`Candidate` for the report.
 
+The plans are all of one view, so the work they share is done once: a
+:class:`~tflms.simulation.plans.PlanSimulator` simulates each distinct
+rewrite once per link and reuses op times, and ``make_plan`` reuses the
+recomputation groups of options that differ only in swap settings. The
+results are those of planning and simulating each setting from scratch
+(``tests/tflms/test_autotune_reuse.py``).
+
 Example:
     >>> TUNED_OPTIONS[:3]
     ('swapout_threshold', 'swapin_ahead', 'swapin_groupby')
