@@ -362,6 +362,41 @@ def rewrite_speed(r: Results) -> str:
     return "\n\n".join(lines)
 
 
+@table("autotune_speed", "tflms_rewrite.json")
+def autotune_speed(r: Results) -> str:
+    """Time to a budgeted plan of GPT-2 small: as tflms runs it, and every plan from scratch."""
+    header = [
+        "training step",
+        "ops",
+        "plan, fixed options",
+        "budget",
+        "plans tried",
+        "budgeted plan",
+        "every plan from scratch",
+        "same plan and peak",
+        "target",
+    ]
+    same = r.get("autotune.same_result")
+    rows = [
+        [
+            r.get("autotune.model"),
+            r.get("autotune.ops"),
+            fmt_seconds(r.get("autotune.fixed_plan_s")),
+            r.get("autotune.budget"),
+            r.get("autotune.plans_simulated"),
+            fmt_seconds(r.get("autotune.autotune_s")),
+            fmt_seconds(r.get("autotune.reference_s")),
+            "yes" if same is True else "no" if same is False else "missing",
+            f"<= {fmt_seconds(r.get('autotune.target_s'))}",
+        ]
+    ]
+    return (
+        markdown_table(header, rows, "lrrlrrrll")
+        + f"\n\nPredicted peak {fmt_bytes(r.get('autotune.peak_before_bytes'))} -> "
+        f"{fmt_bytes(r.get('autotune.peak_bytes'))}. {r.get('autotune.note')}"
+    )
+
+
 @table("cpu_overhead", "tflms_rewrite.json")
 def cpu_overhead(r: Results) -> str:
     """Step time of a Keras CNN with and without LMSCallback on this CPU."""

@@ -277,17 +277,20 @@ def apply_plan(graph, plan: SwapPlan) -> int:
     return apply_with(GraphEditor(graph), plan)
 
 
-def apply_to_view(view, plan: SwapPlan):
+def apply_to_view(view, plan: SwapPlan, *, levels: bool = True):
     """Return a rewritten copy of an analysis view (the input is not changed).
 
     Args:
         view: The analysis view (``networkx.DiGraph``) the plan was made from.
         plan: The swap plan; its ``host_device`` setting places the swap-outs
             (``"/device:CPU:0"`` when absent).
+        levels: Recompute the levels (node ``level``, graph ``depth``);
+            ``False`` leaves the copied ones, stale where the plan added ops
+            or edges, for a caller that reads no level (the simulator).
 
     Returns:
-        A new view with the swap ops, clones and control edges added and the
-        levels recomputed.
+        A new view with the swap ops, clones and control edges added and,
+        with ``levels``, the levels recomputed.
 
     Raises:
         AlreadyRewrittenError: ``view`` already holds tflms swap ops.
@@ -297,4 +300,4 @@ def apply_to_view(view, plan: SwapPlan):
 
     editor = ViewEditor(view, host_device=plan.config.host_device)
     apply_with(editor, plan)
-    return editor.finish()
+    return editor.finish(levels=levels)

@@ -21,7 +21,7 @@ class ViewEditor:
     """Applies swap-plan edits to a copy of an analysis view."""
 
     def __init__(self, view: nx.DiGraph, *, host_device: str, compute_device: str | None = None):
-        self.view = view.copy()
+        self.view = _copy(view)
         self.host_device = host_device
         self._matcher = DeviceMatcher(compute=compute_device, host=host_device)
 
@@ -178,12 +178,40 @@ class ViewEditor:
         else:
             self.view.add_edge(src, dst, tensors=[], control=True)
 
-    def finish(self) -> nx.DiGraph:
+    def finish(self, *, levels: bool = True) -> nx.DiGraph:
         """Recompute levels and return the rewritten view.
+
+        Args:
+            levels: Recompute the levels; ``False`` leaves the copied ones.
 
         Returns:
             The edited copy of the view (the view given to the constructor is
             unchanged).
         """
-        assign_levels(self.view)
+        if levels:
+            assign_levels(self.view)
         return self.view
+
+
+def _copy(view: nx.DiGraph) -> nx.DiGraph:
+    """``view.copy()``, built without networkx's per-edge checks (the simulator copies often).
+
+    Nodes, edges, attribute dicts (shallow copies) and the order of every
+    adjacency are those of ``view.copy()``; subclasses of ``DiGraph`` get
+    ``view.copy()`` itself.
+    """
+    if type(view) is not nx.DiGraph:
+        return view.copy()
+    new = nx.DiGraph()
+    new.graph.update(view.graph)
+    # Filled directly: networkx's add_edges_from checks each edge, twice the time.
+    nodes, succ, pred = new._node, new._succ, new._pred  # noqa: SLF001
+    for name, data in view.nodes(data=True):
+        nodes[name] = data.copy()
+        succ[name] = {}
+        pred[name] = {}
+    for src, targets in view.adjacency():
+        out = succ[src]
+        for dst, data in targets.items():
+            out[dst] = pred[dst][src] = data.copy()  # one dict, as networkx shares it
+    return new

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import networkx as nx
@@ -42,20 +43,32 @@ def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
         A function of an op name that is True for ops placed on the compute
         device, outside control flow, not inserted by tflms, not removed by
         Grappler before the step runs and not inside an arithmetic chain Grappler
-        folds (a control fanout would stop the fold).
+        folds (a control fanout would stop the fold). Its answers are kept
+        for the view while its node and edge counts stay the same, as
+        :func:`~tflms.graph.grappler_rules.folded_to_constants` keeps its own.
     """
 
+    size = (view.number_of_nodes(), view.number_of_edges())
+    cached = _TRIGGERS.get(view)
+    answers: dict[str, bool] = cached[1] if cached is not None and cached[0] == size else {}
+    _TRIGGERS[view] = (size, answers)  # planning the view again (the auto-tuner) reuses them
+
     def ok(name: str) -> bool:
-        node = view.nodes[name]
-        return (
-            node["placement"] == "compute"
-            and not node["control_flow"]
-            and not node["tflms"]
-            and not removed_at_run_time(view, name)  # a control edge out of it would keep it
-            and not in_a_fold(view, name)  # ... or stop Grappler folding its chain
-        )
+        if name not in answers:
+            node = view.nodes[name]
+            answers[name] = (
+                node["placement"] == "compute"
+                and not node["control_flow"]
+                and not node["tflms"]
+                and not removed_at_run_time(view, name)  # a control edge out of it would keep it
+                and not in_a_fold(view, name)  # ... or stop Grappler folding its chain
+            )
+        return answers[name]
 
     return ok
+
+
+_TRIGGERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> (size, answers)
 
 
 def group_consumers(far, levels, view: nx.DiGraph, groupby: int) -> list[list[tuple[str, int]]]:

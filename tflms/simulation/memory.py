@@ -401,13 +401,14 @@ def trace_memory(
             events[marks + n] = (_whole_us(schedule.alloc_time(i)), 1, position[i], marker, 0)
     events.sort()
 
-    variables = variable_bytes(graph) if realistic else 0
+    sizes = variable_sizes(graph) if realistic else []
+    variables = sum(sizes)
     used = {"device": variables, "host": 0}
     terms: dict[str, int] = {}
     limit: int | None = None
     if gpu:
         ops, times, device, host, terms, limit = _replay_on_gpu(
-            graph, events, order, b_space, b_bytes, stack
+            graph, events, order, b_space, b_bytes, stack, sizes
         )
     else:
         bfc = None
@@ -415,7 +416,7 @@ def trace_memory(
             on_device = [
                 (b, b_bytes[b], sign) for *_, b, sign in events if sign and b_space[b] == "device"
             ]
-            bfc = BufferReplay.warmed(variable_sizes(graph), on_device)
+            bfc = BufferReplay.warmed(sizes, on_device)
         ops, times, device, host = [], [], [], []
         for t, phase, pos, b, sign in events:
             if sign:
@@ -500,10 +501,11 @@ def _elements(info) -> int:
     return n
 
 
-def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack):
+def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack, sizes):
     """Replay the step's device buffers through one BFC region, as a GPU without growth does.
 
-    Variables come first (they exist before the first step). Workspaces are
+    Variables (``sizes``: :func:`variable_sizes`) come first (they exist
+    before the first step). Workspaces are
     taken only where a chunk ends under the allocator's limit, as cuDNN's
     autotuner only runs algorithms whose scratch could be allocated.
 
@@ -518,7 +520,7 @@ def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack)
     extra = gpu_memory.get_stack(stack).tensor_factor - 1.0  # a calibrated stack's factor
     bfc = BFCModel(1 << 50, allow_growth=False)  # one region; its high-water is what is needed
     variables = 0
-    for size in variable_sizes(graph):
+    for size in sizes:
         bfc.allocate(size)
         variables += size
     handles: dict[int, int | None] = {}

@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 
@@ -61,7 +62,15 @@ from tflms.errors import UnsupportedGraphError
 from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.simulation.bypass import bypass
 
-__all__ = ["CompiledGraph", "Schedule", "compile_view", "first_ready", "replayed", "LANES"]
+__all__ = [
+    "CompiledGraph",
+    "Schedule",
+    "compile_view",
+    "relinked",
+    "first_ready",
+    "replayed",
+    "LANES",
+]
 
 LANES = ("compute", "d2h", "h2d", "host")
 """The fixed lanes; ops on other devices get a lane named after the device."""
@@ -161,6 +170,7 @@ def compile_view(
     device: str | DeviceModel,
     link: str | LinkModel,
     bypass_identity_n: bool = True,
+    costs: dict | None = None,
 ) -> CompiledGraph:
     """Flatten ``view`` and time every op on ``device`` / ``link``.
 
@@ -174,15 +184,23 @@ def compile_view(
             pass all gradients through one, and without it each variable's
             update runs as soon as its gradient exists. ``False`` keeps the
             node (Grappler's own estimate simulates the graph unoptimized).
+        costs: a memo of op times shared by views rewritten from one view on
+            one device (see :class:`tflms.simulation.plans.PlanSimulator`):
+            ``{(op name, its data inputs): (seconds, FLOPs)}``. An op name
+            must mean the same op in every view that shares it, as it does
+            for the rewrites of one view (clones and swap ops are named after
+            what they copy). None: every op is timed.
 
     Returns:
         A :class:`CompiledGraph`.
     """
     device, link = get_device(device), get_link(link)
-    names = list(view.nodes)
+    names, nodes = [], []
+    for name, node in view.nodes(data=True):
+        names.append(name)
+        nodes.append(node)
     index = {name: i for i, name in enumerate(names)}
     n = len(names)
-    nodes = [view.nodes[name] for name in names]
     placed = [_lane_and_space(node) for node in nodes]
     lanes: list[str] = [lane for lane, _ in placed]
     spaces: list[str | None] = [space for _, space in placed]
@@ -190,19 +208,20 @@ def compile_view(
     consumers: dict = {}
     preds_count = [0] * n
     succs: list[list[int]] = [[] for _ in range(n)]
-    for src, dst, edge in view.edges(data=True):
-        i, j = index[src], index[dst]
+    for i, (_, targets) in enumerate(view.adjacency()):  # view.edges' order
         if nodes[i]["type"] in _LOOP_BACK:
             continue  # TF1 loop back edge: one iteration is simulated
-        preds_count[j] += 1
-        succs[i].append(j)
-        for out_idx, in_idx in edge.get("tensors", ()):
-            inputs[j].append((i, out_idx, in_idx))
-            consumers.setdefault((i, out_idx), []).append(j)
+        for dst, edge in targets.items():
+            j = index[dst]
+            preds_count[j] += 1
+            succs[i].append(j)
+            for out_idx, in_idx in edge.get("tensors", ()):
+                inputs[j].append((i, out_idx, in_idx))
+                consumers.setdefault((i, out_idx), []).append(j)
     outputs = [node["outputs"] for node in nodes]
     if bypass_identity_n:
         for i in range(n):
-            if removed_at_run_time(view, names[i]):
+            if nodes[i]["type"] == "IdentityN" and removed_at_run_time(view, names[i]):
                 bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs)
     for lst in inputs:
         lst.sort(key=lambda t: t[2])
@@ -220,16 +239,15 @@ def compile_view(
             spaces[i] = "host" if kind == "d2h" else "device"
             durations[i] = link.seconds(sum(t.bytes for t in node["outputs"]))
             continue
-        ins = [nodes[p]["outputs"][k] for p, k, _ in inputs[i] if k < len(nodes[p]["outputs"])]
-        model = device if lanes[i] != "host" else HOST
-        cost = op_cost(node["type"], ins, node["outputs"], model)
-        durations[i] = cost.seconds
-        flops[i] = cost.flops
-        trips = node["loop"].trips if node.get("loop") is not None else None
-        if trips and node.get("body") is not None:  # a loop: its body, once per iteration
-            seconds, body_flops = _iteration(node["body"], model, link)
-            durations[i] = max(durations[i], trips * seconds)
-            flops[i] = trips * body_flops
+        key = None
+        if costs is not None and node.get("body") is None:  # a loop's time depends on the link
+            key = (names[i], tuple((names[p], k) for p, k, _ in inputs[i]))
+            if key in costs:
+                durations[i], flops[i] = costs[key]
+                continue
+        durations[i], flops[i] = _op_time(node, nodes, inputs[i], lanes[i], device, link)
+        if costs is not None and key is not None:
+            costs[key] = (durations[i], flops[i])
     return CompiledGraph(
         names=names,
         types=[node["type"] for node in nodes],
@@ -247,6 +265,47 @@ def compile_view(
         link=link,
         scratch=[node["loop"].scratch_bytes if "loop" in node else 0 for node in nodes],
     )
+
+
+def _op_time(node: dict, nodes, inputs, lane: str, device, link) -> tuple[float, float]:
+    """Seconds and FLOPs of one op that is not a copy (a loop: its iterations)."""
+    ins = [nodes[p]["outputs"][k] for p, k, _ in inputs if k < len(nodes[p]["outputs"])]
+    model = device if lane != "host" else HOST
+    cost = op_cost(node["type"], ins, node["outputs"], model)
+    seconds, flops = cost.seconds, cost.flops
+    trips = node["loop"].trips if node.get("loop") is not None else None
+    if trips and node.get("body") is not None:  # a loop: its body, once per iteration
+        body_seconds, body_flops = _iteration(node["body"], model, link)
+        seconds = max(seconds, trips * body_seconds)
+        flops = trips * body_flops
+    return seconds, flops
+
+
+def relinked(graph: CompiledGraph, view: nx.DiGraph, link: str | LinkModel) -> CompiledGraph:
+    """``graph`` (compiled from ``view``) with its copies and loops timed over ``link``.
+
+    The same as compiling ``view`` again over ``link``: only copy times and
+    loop bodies' iterations depend on the link.
+
+    Args:
+        graph: A graph from :func:`compile_view` of ``view``.
+        view: The view it was compiled from.
+        link: The link preset (or model) to time the copies with.
+
+    Returns:
+        A new :class:`CompiledGraph`; ``graph`` is unchanged.
+    """
+    link = get_link(link)
+    durations, flops = list(graph.durations), list(graph.flops)
+    nodes = [view.nodes[name] for name in graph.names]
+    for i, node in enumerate(nodes):
+        if graph.copy[i] is not None:
+            durations[i] = link.seconds(sum(t.bytes for t in node["outputs"]))
+        elif node.get("body") is not None:
+            durations[i], flops[i] = _op_time(
+                node, nodes, graph.inputs[i], graph.lanes[i], graph.device, link
+            )
+    return dataclasses.replace(graph, durations=durations, flops=flops, link=link)
 
 
 def _iteration(body: nx.DiGraph, device: DeviceModel, link: LinkModel) -> tuple[float, float]:

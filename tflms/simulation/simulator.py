@@ -60,7 +60,7 @@ from tflms.errors import ConfigError
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.allocator import Accounting, Allocator, check_allocator
 from tflms.simulation.memory import ACCOUNTINGS, LiveBuffer, trace_memory
-from tflms.simulation.schedule import compile_view, first_ready, replayed
+from tflms.simulation.schedule import CompiledGraph, compile_view, first_ready, replayed
 from tflms.utils.files import write_atomic
 from tflms.utils.units import format_bytes
 
@@ -363,7 +363,9 @@ def simulate(
     check_allocator(allocator, accounting)
     if plan is not None and not isinstance(plan, SwapPlan):
         raise ConfigError(f"plan must be a tflms.SwapPlan or None, got {type(plan).__name__}.")
-    target = apply_to_view(view, plan) if plan is not None and not plan.empty else view
+    target = view
+    if plan is not None and not plan.empty:
+        target = apply_to_view(view, plan, levels=False)  # the simulator reads no level
     if order is not None and (isinstance(order, str) or not all(isinstance(o, str) for o in order)):
         raise ConfigError(
             "order must be a sequence of op names (e.g. measure_cpu_step(...).order). "
@@ -371,6 +373,27 @@ def simulate(
         )
     stack = get_stack(stack)
     result = _run(target, device, link, accounting, allocator, order, stack)
+    before = None
+    if isinstance(baseline, SimulationResult):
+        before = baseline
+    elif baseline and plan is not None and not plan.empty:
+        before = _run(view, device, link, accounting, allocator, order, stack)
+    return finished(view, result, before)
+
+
+def finished(
+    view: nx.DiGraph, result: SimulationResult, before: SimulationResult | None
+) -> SimulationResult:
+    """``result`` with the per-sample flag and the baseline ``before`` (if any) set; logged.
+
+    Args:
+        view: The view as given to :func:`simulate` (before any plan).
+        result: The simulation of ``view`` or of its rewrite.
+        before: The simulation without swaps, or None.
+
+    Returns:
+        The result :func:`simulate` returns.
+    """
     if view.graph.get("unsized_batch") and view.graph.get("batch_size") is None:
         logger.warning(
             "tflms.simulate %s: the batch size is unknown; %d tensors are sized per sample, so "
@@ -379,11 +402,6 @@ def simulate(
             len(view.graph["unsized_batch"]),
         )
         result = _replace(result, per_sample=True)
-    before = None
-    if isinstance(baseline, SimulationResult):
-        before = baseline
-    elif baseline and plan is not None and not plan.empty:
-        before = _run(view, device, link, accounting, allocator, order, stack)
     if before is not None:
         overhead = result.step_time_s / before.step_time_s - 1 if before.step_time_s else 0.0
         result = _replace(
@@ -412,6 +430,26 @@ def _run(
     view: nx.DiGraph, device, link, accounting, allocator, order=None, stack=None
 ) -> SimulationResult:
     graph = compile_view(view, device=device, link=link, bypass_identity_n=accounting != "grappler")
+    return run_compiled(view, graph, accounting, allocator, order, stack)
+
+
+def run_compiled(
+    view: nx.DiGraph, graph: CompiledGraph, accounting, allocator, order=None, stack=None
+) -> SimulationResult:
+    """Schedule and trace ``graph``, compiled from ``view`` (see :func:`simulate`).
+
+    Args:
+        view: The view ``graph`` was compiled from.
+        graph: The compiled view; its device and link are the simulation's.
+        accounting: As for :func:`simulate`.
+        allocator: As for :func:`simulate`.
+        order: As for :func:`simulate`.
+        stack: A :class:`~tflms.cost.gpu_memory.SoftwareStack` or None for ``"tf2"``.
+
+    Returns:
+        The :class:`SimulationResult` (no baseline, no per-sample flag).
+    """
+    device, link = graph.device, graph.link
     schedule = first_ready(graph) if order is None else replayed(graph, order)
     memory = trace_memory(
         graph, schedule, accounting=accounting, allocator=allocator, stack=stack or "tf2"

@@ -72,6 +72,7 @@ from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.allocator import Accounting
 from tflms.simulation.simulator import SimulationResult
 from tflms.tuning.search import TUNED_OPTIONS, Candidate, Search
+from tflms.utils.gc_pause import gc_frozen
 from tflms.utils.units import format_bytes, parse_bytes
 
 __all__ = ["autotune", "AutotuneResult", "Candidate", "resolve_budget", "TUNED_OPTIONS"]
@@ -317,7 +318,8 @@ def autotune(
         logger.info("%s", outcome.summary())
         return outcome
 
-    best = search.run()
+    with gc_frozen():  # dozens of rewritten copies: spare the view from each collection
+        best = search.run()
     if best is None:
         low = search.lowest()
         raise PlanInfeasibleError(

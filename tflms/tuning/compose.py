@@ -52,12 +52,22 @@ __all__ = ["make_plan"]
 logger = logging.getLogger(__name__)
 
 
-def make_plan(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
+_SWAPS_ONLY = dict(swapin_groupby=0, n_tensors=None, sync_mode=0, serialization=(), reorder=False)
+"""Options the recomputations do not read: plans that differ only in them share their groups."""
+
+
+def make_plan(
+    view: nx.DiGraph, config: LMSConfig | None = None, *, memo: dict | None = None
+) -> SwapPlan:
     """Plan recomputations, swaps and order edges for ``view`` under ``config``.
 
     Args:
         view: the analysis view of a graph (from :func:`tflms.build_view`).
         config: planner options; defaults to ``LMSConfig()`` (swaps only).
+        memo: a dict kept between calls on the same ``view`` (the
+            auto-tuner's): the recomputation groups and the view they
+            rewrite, reused by options that differ only in what the groups
+            do not depend on. None: nothing is kept.
 
     Returns:
         The :class:`~tflms.SwapPlan`; possibly empty, in which case
@@ -65,10 +75,18 @@ def make_plan(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
     """
     config = config or LMSConfig()
     device = get_device(config.memory_budget if config.memory_budget in DEVICES else "V100-16GB")
-    recomputes = plan_recomputes(view, config, device=device) if config.recompute else ()
-    staged = (
-        apply_to_view(view, SwapPlan(recomputes=recomputes, config=config)) if recomputes else view
-    )
+    key = config.replace(**_SWAPS_ONLY) if config.recompute else None
+    if memo is not None and key in memo:
+        recomputes, staged = memo[key]
+    else:
+        recomputes = plan_recomputes(view, config, device=device) if config.recompute else ()
+        staged = (
+            apply_to_view(view, SwapPlan(recomputes=recomputes, config=config))
+            if recomputes
+            else view
+        )
+        if memo is not None and key is not None:
+            memo[key] = (recomputes, staged)
     plan = plan_swaps(staged, config)
     notes = list(plan.notes)
     if recomputes:

@@ -10,6 +10,13 @@ nothing fits, and finally the
 fewest swaps that still fit. Every simulated plan is kept as a
 :class:`Candidate` for the report.
 
+The plans are all of one view, so the work they share is done once: a
+:class:`~tflms.simulation.plans.PlanSimulator` simulates each distinct
+rewrite once per link and reuses op times, and ``make_plan`` reuses the
+recomputation groups of options that differ only in swap settings. The
+results are those of planning and simulating each setting from scratch
+(``tests/tflms/test_autotune_reuse.py``).
+
 Example:
     >>> TUNED_OPTIONS[:3]
     ('swapout_threshold', 'swapin_ahead', 'swapin_groupby')
@@ -24,8 +31,9 @@ from tflms.config import LMSConfig
 from tflms.cost.gpu_memory import SoftwareStack
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.allocator import Accounting
+from tflms.simulation.plans import PlanSimulator
 from tflms.simulation.schedule import CompiledGraph, Schedule, compile_view, first_ready
-from tflms.simulation.simulator import SimulationResult, simulate
+from tflms.simulation.simulator import SimulationResult
 from tflms.tuning.compose import make_plan, with_order
 from tflms.tuning.retime import retime_triggers
 
@@ -112,12 +120,15 @@ class Search:
         self.robust = robust and link.bandwidth != float("inf")
         self.accounting: Accounting = accounting or "tensors"
         self.stack = stack
-        self.baseline = simulate(
+        # Every plan is of one view: rewrites, op times and plans' results are shared.
+        self.plans = PlanSimulator(
             view, device=device, link=link, accounting=self.accounting, stack=stack
         )
+        self.baseline = self.plans.baseline
         self.candidates: list[Candidate] = []
         self._seen: dict[tuple, _Evaluated] = {}
         self._timed: tuple[CompiledGraph, Schedule] | None = None
+        self._staged: dict = {}  # make_plan's recomputations, shared by options
 
     # ------------------------------------------------------------ evaluation
     def evaluate(self, retime: float | None = None, **options) -> _Evaluated:
@@ -138,7 +149,7 @@ class Search:
         key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
         if key in self._seen:
             return self._seen[key]
-        plan = make_plan(self.view, cfg.replace(reorder=False))
+        plan = make_plan(self.view, cfg.replace(reorder=False), memo=self._staged)
         if retime is not None and plan.swaps:
             if self._timed is None:
                 compiled = compile_view(self.view, device=self.device, link=self.link)
@@ -150,15 +161,7 @@ class Search:
             plan = with_order(
                 self.view, plan, device=self.device, link=self.link, accounting=self.accounting
             )
-        result = simulate(
-            self.view,
-            plan,
-            device=self.device,
-            link=self.link,
-            baseline=self.baseline,
-            accounting=self.accounting,
-            stack=self.stack,
-        )
+        result = self.plans.simulate(plan, baseline=self.baseline)
         done = _Evaluated(cfg, plan, result, retime)
         self._seen[key] = done
         fits = self.fits(done)
@@ -200,15 +203,7 @@ class Search:
         if done.plan.empty or done.result.device_peak_bytes > self.usable:
             return False
         if self.robust and done.instant_peak is None:
-            instant = simulate(
-                self.view,
-                done.plan,
-                device=self.device,
-                link="ideal",
-                baseline=False,
-                accounting=self.accounting,
-                stack=self.stack,
-            )
+            instant = self.plans.simulate(done.plan, link="ideal")
             done.instant_peak = instant.device_peak_bytes
         return done.peak <= self.usable
 
