@@ -64,18 +64,3 @@ def test_plan_simulator_matches_simulate_over_each_link():
         expected = tflms.simulate(view, plan, link=link, baseline=plans.baseline)
         assert plans.simulate(plan, link=link, baseline=plans.baseline) == expected
     assert plan_key(plan) != plan_key(tflms.SwapPlan())
-
-
-def test_view_editor_copy_is_networkx_copy():
-    from tflms.apply.view_editor import _copy
-
-    view = tflms.analyze(zoo.gpt2(vocab=64, seq=32, dim=32, heads=2, layers=1), batch_size=4)
-    ours, theirs = _copy(view), view.copy()
-    assert ours.graph == theirs.graph and ours.graph is not view.graph
-    assert list(ours.nodes(data=True)) == list(theirs.nodes(data=True))
-    assert list(ours.edges(data=True)) == list(theirs.edges(data=True))
-    assert all(list(ours.pred[n].items()) == list(theirs.pred[n].items()) for n in view)
-    src, dst = next(iter(view.edges))
-    assert ours[src][dst] is ours.pred[dst][src] and ours[src][dst] is not view[src][dst]
-    name = next(iter(view))
-    assert ours.nodes[name] is not view.nodes[name]

@@ -21,7 +21,7 @@ class ViewEditor:
     """Applies swap-plan edits to a copy of an analysis view."""
 
     def __init__(self, view: nx.DiGraph, *, host_device: str, compute_device: str | None = None):
-        self.view = _copy(view)
+        self.view = view.copy()
         self.host_device = host_device
         self._matcher = DeviceMatcher(compute=compute_device, host=host_device)
 
@@ -191,27 +191,3 @@ class ViewEditor:
         if levels:
             assign_levels(self.view)
         return self.view
-
-
-def _copy(view: nx.DiGraph) -> nx.DiGraph:
-    """``view.copy()``, built without networkx's per-edge checks (the simulator copies often).
-
-    Nodes, edges, attribute dicts (shallow copies) and the order of every
-    adjacency are those of ``view.copy()``; subclasses of ``DiGraph`` get
-    ``view.copy()`` itself.
-    """
-    if type(view) is not nx.DiGraph:
-        return view.copy()
-    new = nx.DiGraph()
-    new.graph.update(view.graph)
-    # Filled directly: networkx's add_edges_from checks each edge, twice the time.
-    nodes, succ, pred = new._node, new._succ, new._pred  # noqa: SLF001
-    for name, data in view.nodes(data=True):
-        nodes[name] = data.copy()
-        succ[name] = {}
-        pred[name] = {}
-    for src, targets in view.adjacency():
-        out = succ[src]
-        for dst, data in targets.items():
-            out[dst] = pred[dst][src] = data.copy()  # one dict, as networkx shares it
-    return new

@@ -28,6 +28,8 @@ import keras
 import numpy as np
 
 import ddl_tf.keras as hvd
+from ddl_tf.membership.discovery import DiscoveryError, parse_hosts
+from ddl_tf.membership.reform import membership
 
 out = Path(os.environ["ELASTIC_OUT"])
 launch_rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
@@ -60,9 +62,21 @@ steps_log: list[tuple[float, int, int, int]] = []
 state = None if fixed else hvd.elastic.KerasState(model, batch=0, epoch=0)
 
 
+def _valid(line: str) -> bool:
+    try:
+        return bool(parse_hosts(line))
+    except DiscoveryError:  # the garbage test: nothing will ever be discovered
+        return False
+
+
 class Recorder(keras.callbacks.Callback):
+    keras_epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.keras_epoch = epoch  # the fixed job's epoch (it has no state)
+
     def on_train_batch_end(self, batch, logs=None):
-        epoch = state.epoch if state is not None else 0
+        epoch = state.epoch if state is not None else self.keras_epoch
         steps_log.append((time.time(), hvd.size(), epoch, batch))
         time.sleep(pause)
         if kill:
@@ -74,6 +88,11 @@ class Recorder(keras.callbacks.Callback):
             with open(out / "hosts", "a") as hosts:
                 hosts.write(grow + "\n")
             (out / "added").write_text(str(time.time()))
+            # as Horovod's elastic test script does: wait until the change is discovered, so
+            # that a fast job does not finish before its next commit can see it
+            deadline = time.monotonic() + (60 if _valid(grow) else 0)
+            while not membership().poll_hosts() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
 
 def train(state) -> None:
