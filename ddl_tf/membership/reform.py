@@ -121,9 +121,11 @@ class Membership:
     def recover(self) -> None:
         """Re-form the job without its failed ranks (collective over the survivors).
 
+        A rank whose host is blacklisted leaves: its process exits with status 0.
+
         Raises:
-            SystemExit: This rank's host was blacklisted (it leaves with status 0).
-            ElasticJobError: ``reset_limit`` is exceeded, or too few ranks remain.
+            ElasticJobError: Every host is blacklisted, ``reset_limit`` is exceeded, or
+                fewer than ``min_np`` ranks remain for ``timeout`` seconds.
         """
         MPI = mpi.load()
         job = basics.job()
