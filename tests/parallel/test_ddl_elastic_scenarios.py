@@ -12,9 +12,13 @@ count (how many times the training function was entered).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,19 +76,35 @@ def _run(
     ]  # fmt: skip
     if exits:
         command += ["--exit-schedule", json.dumps(exits), "--exit-mode", exit_mode]
-    done = subprocess.run(
-        command,
-        cwd=tmp_path,
-        env=mpi_env({"DDL_ELASTIC_DISCOVERY_INTERVAL": "0.1"}),
-        capture_output=True,
-        text=True,
-        timeout=2 * HANG_SECONDS + PROCESS_MARGIN_SECONDS,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            command,
+            cwd=tmp_path,
+            env=mpi_env({"DDL_ELASTIC_DISCOVERY_INTERVAL": "0.1"}),
+            capture_output=True,
+            text=True,
+            timeout=2 * HANG_SECONDS + PROCESS_MARGIN_SECONDS,
+            check=False,
+        )
+    finally:
+        left = _orphans(logfile)
+        for pid in left:  # never leave a hung job behind for the rest of the suite
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not left, f"ranks outlived ddlrun: {left}"
     records = (
         [json.loads(line) for line in logfile.read_text().splitlines()] if logfile.exists() else []
     )
     return done, records
+
+
+def _orphans(logfile: Path) -> list[int]:
+    """Ranks of the job still running after ddlrun returned (their command line names the log)."""
+    time.sleep(0.2)  # a rank that is exiting right now is not an orphan
+    found = subprocess.run(
+        ["pgrep", "-f", "--", f"--logfile {logfile}"], capture_output=True, text=True, check=False
+    )
+    return [int(pid) for pid in found.stdout.split()]
 
 
 def _weights(tmp_path: Path) -> list[list[float]]:
