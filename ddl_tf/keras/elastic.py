@@ -1,8 +1,9 @@
 """``hvd.elastic`` for Keras 3: the model state object and the callbacks that keep it current.
 
-Fixed-size jobs only (see :mod:`ddl_tf.tensorflow.elastic`): the state is synced at the
-start, committed as training goes, and can be restored; nobody joins or
-leaves.
+The state is synced at the start and after every membership change, committed
+as training goes (the callbacks below), and restored when a rank fails; see
+:mod:`ddl_tf.tensorflow.elastic` for ``run`` and docs/elastic.md for the job's
+side (``ddlrun --min-np``).
 
 Example (one process):
     >>> import keras

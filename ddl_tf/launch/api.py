@@ -23,7 +23,9 @@ Example (not run here: it starts MPI processes)::
 
 from __future__ import annotations
 
+import logging
 import pickle
+import shlex
 import shutil
 import subprocess
 import sys
@@ -35,6 +37,8 @@ from typing import Any
 from ddl_tf.errors import LaunchError
 
 __all__ = ["run", "RunError"]
+
+logger = logging.getLogger(__name__)
 
 
 class RunError(LaunchError):
@@ -62,7 +66,15 @@ def run(
     mpi_args: str | None = None,
     network_interface: str | None = None,
     executable: str | None = None,
-    verbose: bool = False,
+    verbose: bool | int | None = False,
+    start_timeout: float | None = None,
+    network_interfaces: str | Sequence[str] | None = None,
+    output_filename: str | None = None,
+    use_gloo: bool | None = None,
+    use_mpi: bool | None = None,
+    disable_cache: bool | None = None,
+    ssh_port: int | None = None,
+    ssh_identity_file: str | None = None,
 ) -> list[Any]:
     """Run ``func(*args, **kwargs)`` on every rank of a new job; return the results by rank.
 
@@ -90,15 +102,51 @@ def run(
         mpi_args: Extra mpirun arguments (one string).
         network_interface: Interfaces for MPI's TCP traffic.
         executable: The ranks' Python (default: this one).
-        verbose: Show ddlrun's and the ranks' output as the job runs.
+        verbose: Show ddlrun's and the ranks' output as the job runs (Horovod's
+            levels ``1``/``2`` count as True).
+        start_timeout: Seconds for the ranks to start (``--start-timeout``).
+        network_interfaces: Horovod's name for ``network_interface`` (a list or
+            ``"eth0,eth1"``).
+        output_filename: A folder for every rank's output (Open MPI's
+            ``--output dir=...``: ``<folder>/<job>/rank.N/stdout``).
+        use_gloo: Accepted for Horovod's scripts (its elastic mode needs Gloo):
+            ddl_tf runs every job over MPI, elastic ones over Open MPI's fault
+            tolerance, and says so in a warning.
+        use_mpi: Accepted: ddl_tf always runs over MPI.
+        disable_cache: Accepted: ddl_tf keeps no cache of host checks.
+        ssh_port: Refused with the alternative (``~/.ssh/config``).
+        ssh_identity_file: Refused with the alternative (``~/.ssh/config``).
 
     Returns:
         What ``func`` returned on each rank, ordered by rank.
 
     Raises:
         RunError: The job failed (ddlrun's exit code and the end of its output).
-        LaunchError: ``cloudpickle`` is missing, or no ``ddlrun`` is installed.
+        LaunchError: ``cloudpickle`` is missing, no ``ddlrun`` is installed, or an
+            ssh option was given.
     """
+    if ssh_port is not None or ssh_identity_file is not None:
+        raise LaunchError(
+            "ddl_tf.run takes no ssh options: Open MPI starts remote ranks with ssh, which "
+            "reads ~/.ssh/config; add a 'Host <name>' entry with 'Port N' and "
+            "'IdentityFile PATH' for each host instead of ssh_port/ssh_identity_file."
+        )
+    if use_gloo:
+        logger.warning(
+            "ddl_tf.run: use_gloo=True - ddl_tf runs every job over MPI (elastic jobs over "
+            "Open MPI's fault tolerance, ULFM), which gives Horovod's Gloo-only elastic "
+            "mode; the job runs over MPI."
+        )
+    if network_interface is None and network_interfaces is not None:
+        network_interface = (
+            network_interfaces
+            if isinstance(network_interfaces, str)
+            else ",".join(network_interfaces)
+        )
+    if output_filename is not None:
+        mpi_args = " ".join(
+            part for part in (mpi_args, f"--output dir={shlex.quote(output_filename)}") if part
+        )
     try:
         import cloudpickle
     except ImportError:  # pragma: no cover - installed with the ddl extra
@@ -120,6 +168,7 @@ def run(
         ("--slots-per-host", slots),
         ("--reset-limit", reset_limit),
         ("--elastic-timeout", elastic_timeout),
+        ("--start-timeout", start_timeout),
         ("--mpi-args", mpi_args),
         ("--network-interface", network_interface),
     ):
