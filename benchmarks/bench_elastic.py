@@ -14,6 +14,9 @@ All runs use ``ddlrun`` and the Keras worker of the tests
   to the first step at 4 ranks: the discovery poll (1 s), the commit that
   sees it, spawning 2 Python processes that import TensorFlow and build the
   model, and the state broadcast.
+* **A node lost and replaced, on the rehearsal cluster** (``--rehearse 3
+  --link 1gbit``): both ranks of one virtual node SIGKILLed, then a fresh
+  node listed; see :func:`node_loss_rehearsal`.
 * **Cost when nothing fails**: 2 ranks on one host, the MLP of the Horovod
   benchmark and MobileNetV2 (64x64, batch 8 per rank), median step time of
   epochs 2-3 for: a fixed job (Open MPI's default transports), a fixed job on
@@ -79,7 +82,7 @@ def _job(out: Path, options: list[str], **env: str) -> dict[int, dict]:
         check=False,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"job {options} {env} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"job {options} {env} failed:\n{(done.stdout + done.stderr)[-3000:]}")
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))}
 
 
@@ -134,6 +137,62 @@ def growth() -> dict:
         }
 
 
+def node_loss_rehearsal(link: str = "1gbit") -> dict:
+    """A virtual node's ranks SIGKILLed on the rehearsal cluster, then a fresh node listed.
+
+    ``ddlrun --rehearse 3 --link 1gbit``: virtual nodes (network namespaces
+    joined by shaped links, each with its own Open MPI daemon), the job on
+    ``node0`` and ``node1`` x 2 ranks. Launch rank 3 takes ``node1`` out of the
+    discovery output and SIGKILLs both ranks of ``node1`` after batch 5 of
+    epoch 1; rank 0 lists ``node2:2`` after batch 3 of epoch 2, and the job
+    grows back to 4 ranks by spawning two onto ``node2`` through its daemon.
+    (``node1`` itself cannot take ranks again within the job: Open MPI 5.0
+    fails to start ranks on a remote daemon that ran ranks of the job before;
+    see docs/elastic.md.)
+    """
+    from ddl_tf.cluster.netns import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        return {"skipped": f"rehearsal cluster unavailable: {reason}"}
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        (out / "hosts").write_text("node0:2\nnode1:2\n")
+        script = out / "discover.sh"
+        script.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
+        script.chmod(0o755)
+        options = [
+            "--rehearse", "3", "--link", link, "-np", "4", "--min-np", "2", "--max-np", "4",
+            "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "1",
+        ]  # fmt: skip
+        results = _job(
+            out,
+            options,
+            ELASTIC_KILL="3,1,5",
+            ELASTIC_KILL_HOST="1",
+            ELASTIC_GROW="node2:2",
+            ELASTIC_GROW_AT="2,3",
+            ELASTIC_EPOCHS="4",
+        )
+        killed = float((out / "killed").read_text())
+        added = float((out / "added").read_text())
+        steps = results[0]["steps"]
+        recovered = next(t for t, size, _, _ in steps if size == 2 and t > killed)
+        grown = next(t for t, size, _, _ in steps if size == 4 and t > added)
+        return {
+            "cluster": f"virtual nodes x 2 ranks, links {link} each direction",
+            "lost": "node1 (both ranks SIGKILLed)",
+            "replacement": "node2 (listed by discovery, 2 ranks spawned)",
+            "ranks_before": 4,
+            "ranks_after_loss": 2,
+            "ranks_after_regrowth": results[0]["size"],
+            "recovery_seconds": round(recovered - killed, 3),
+            "regrowth_seconds": round(grown - added, 3),
+            "batches_per_commit": 1,
+            "replicas_bitwise_equal": _equal(results),
+        }
+
+
 def _median_step(results: dict[int, dict]) -> float:
     steps = [t for t, _, epoch, _ in results[0]["steps"] if epoch >= 1]
     return statistics.median(b - a for a, b in zip(steps, steps[1:], strict=False))
@@ -172,6 +231,8 @@ def main() -> None:
     print(json.dumps(result["recovery"]), flush=True)
     result["growth"] = growth()
     print(json.dumps(result["growth"]), flush=True)
+    result["node_loss_rehearsal"] = node_loss_rehearsal()
+    print(json.dumps(result["node_loss_rehearsal"]), flush=True)
     result["cost"] = cost()
     result["seconds"] = round(time.time() - started, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)

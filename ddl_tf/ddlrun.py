@@ -224,7 +224,7 @@ def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, list[str]]:
     hosts = parse_host_list(args.hosts) if args.hosts else []
     if args.hostfile:
         hosts = parse_hostfile(args.hostfile)
-    if args.rehearse is not None:
+    if args.rehearse is not None and args.host_discovery_script is None:
         from ddl_tf.cluster.rehearse import rehearsal_hosts
 
         hosts = rehearsal_hosts(args.rehearse, args.np if args.np is not None else args.rehearse)
@@ -270,18 +270,12 @@ def _elastic_settings(args: argparse.Namespace):
     """The elastic settings when an elastic option is given, else None.
 
     Raises:
-        LaunchError: Elastic options together with ``--rehearse`` (not supported yet).
         ConfigError: The bounds contradict.
     """
     if args.min_np is None and args.max_np is None and args.host_discovery_script is None:
         return None
     from ddl_tf.membership.settings import DEFAULT_TIMEOUT, ElasticSettings
 
-    if args.rehearse is not None:
-        raise LaunchError(
-            "ddlrun: elastic options are not supported with --rehearse yet; run the elastic "
-            "job on -H hosts (localhost and 127.0.0.1 are two hosts) or a discovery script."
-        )
     script = args.host_discovery_script
     if script is not None:
         script = str(Path(script).resolve())
@@ -339,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
             from ddl_tf.cluster.rehearse import rehearsal_spec, require_cluster
 
             spec = rehearsal_spec(args.rehearse, args.link, args.latency)
-            plan.mpi_args = mca_arguments(spec) + plan.mpi_args
+            plan.mpi_args = mca_arguments(spec, shared_memory=elastic is None) + plan.mpi_args
+            if elastic is not None:  # mpirun runs inside node0
+                plan.env[env.DDL_ELASTIC_LAUNCH_HOSTS] = spec.hostnames[0]
             if not args.dry_run:
                 require_cluster()
         checks.check_hosts_resolve([] if spec else plan.hosts or [])
@@ -387,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         from ddl_tf.cluster.rehearse import run_rehearsal
 
         try:
+            if elastic is not None:
+                finished = _FinishedWatch()
+                code = run_rehearsal(spec, command, child_env, watch=finished)
+                return finished.status(128 - code if code < 0 else code)
             return _exit_code(run_rehearsal(spec, command, child_env))
         except DDLError as err:
             print(str(err), file=sys.stderr)
@@ -399,33 +399,63 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_elastic(command: list[str], child_env: dict[str, str]) -> int:
-    """Run an elastic job: its status is whether its final ranks finished, not mpirun's.
+    """Run an elastic job: its status is whether its final ranks finished, not mpirun's."""
+    finished = _FinishedWatch()
+    return finished.status(_run(command, child_env, finished))
+
+
+class _FinishedWatch:
+    """Passes an elastic job's output through and notes whether its final ranks finished.
 
     Under MPI's fault tolerance mpirun's exit status says little: a rank that
     failed and was survived can make it non-zero, and ranks that all failed
     after a membership change can leave it 0 (both measured here). The final
     membership's rank 0 prints :data:`~ddl_tf.env.ELASTIC_FINISHED` when it
-    shuts down cleanly; ddlrun passes the job's output through and looks
-    for that line.
+    shuts down cleanly; this watch looks for that line.
     """
-    finished = threading.Event()
 
-    def watch(stream) -> None:
+    DAEMON_LOST = (b"A daemon failed to report back", b"lost communication with a remote daemon")
+    """What Open MPI's runtime prints when it loses the daemon of a host (both forms seen)."""
+
+    def __init__(self) -> None:
+        self.finished = threading.Event()
+        self.daemon_lost = False
+        self.lost_host = ""
+
+    def __call__(self, stream, sink=None) -> None:
+        sink = sink if sink is not None else sys.stdout
         for line in iter(stream.readline, b""):
             if line.startswith(env.ELASTIC_FINISHED.encode()):
-                finished.set()
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
+                self.finished.set()
+            if any(text in line for text in self.DAEMON_LOST):
+                self.daemon_lost = True
+            if self.daemon_lost and not self.lost_host and b"Remote host:" in line:
+                self.lost_host = line.split(b":", 1)[1].strip().decode(errors="replace")
+            sink.buffer.write(line)
+            sink.flush()
 
-    code = _run(command, child_env, watch)
-    if code >= 128 or finished.is_set():  # a signal's status, or the job finished
-        return code if code >= 128 else EXIT_OK
-    print(
-        "ddlrun: the elastic job ended without its ranks finishing (every rank failed or "
-        f"left; mpirun's status {code}): see the ranks' errors above",
-        file=sys.stderr,
-    )
-    return code or 1
+    def status(self, code: int) -> int:
+        """ddlrun's exit code from mpirun's ``code`` and whether the finished line came."""
+        if self.finished.is_set():
+            return code if code >= 128 else EXIT_OK
+        if self.daemon_lost:
+            print(
+                f"ddlrun: Open MPI lost its daemon on host {self.lost_host or '(see above)'} "
+                "(the node died, or its runtime process was killed or cut off). An elastic job "
+                "survives the loss of ranks, but Open MPI 5.0's runtime (PRRTE) ends the whole "
+                "job when one of its daemons is lost, so the job stopped. Restart it; keep "
+                "checkpoints on rank 0 (e.g. keras.callbacks.ModelCheckpoint) to resume from.",
+                file=sys.stderr,
+            )
+            return code or 1
+        if code >= 128:  # a signal stopped the job (ddlrun's, forwarded)
+            return code
+        print(
+            "ddlrun: the elastic job ended without its ranks finishing (every rank failed or "
+            f"left; mpirun's status {code}): see the ranks' errors above",
+            file=sys.stderr,
+        )
+        return code or 1
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -445,19 +475,22 @@ def _run(command: list[str], child_env: dict[str, str], watch=None) -> int:
     MPI then terminates the ranks); if the job is still there after
     :data:`STOP_GRACE_S`, its process group is killed. ddlrun then exits with
     ``128 + signal`` (143 for SIGTERM), the status a shell gives a command
-    the signal stopped. ``watch(stream)``, if given, reads mpirun's standard
-    output (in a thread) instead of it going straight to ddlrun's.
+    the signal stopped. ``watch(stream, sink)``, if given, reads mpirun's
+    standard output and error (a thread each) instead of them going straight
+    to ddlrun's, and passes them on to ``sink``.
     """
     proc = subprocess.Popen(
         command,
         env=child_env,
         start_new_session=True,
         stdout=subprocess.PIPE if watch is not None else None,
+        stderr=subprocess.PIPE if watch is not None else None,
     )
-    reader = None
+    readers = []
     if watch is not None:
-        reader = threading.Thread(target=watch, args=(proc.stdout,), daemon=True)
-        reader.start()
+        for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            readers.append(threading.Thread(target=watch, args=(stream, sink), daemon=True))
+            readers[-1].start()
     received: list[int] = []
 
     def forward(signum, _frame) -> None:
@@ -493,7 +526,7 @@ def _run(command: list[str], child_env: dict[str, str], watch=None) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if reader is not None:
+        for reader in readers:
             reader.join(timeout=STOP_GRACE_S)
     if received:
         return 128 + received[0]

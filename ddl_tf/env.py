@@ -55,6 +55,8 @@ __all__ = [
     "DDL_ELASTIC_COOLDOWN",
     "DDL_ELASTIC_TIMEOUT",
     "DDL_ELASTIC_HOSTS",
+    "DDL_ELASTIC_LAUNCH_HOSTS",
+    "DDL_ELASTIC_SPAWN_TIMEOUT",
     "DDL_ELASTIC_COMMAND",
     "HOROVOD_ELASTIC",
     # Horovod fallbacks
@@ -223,6 +225,12 @@ DDL_ELASTIC_TIMEOUT = "DDL_ELASTIC_TIMEOUT"
 """Seconds an elastic job waits for ``--min-np`` slots (``ddlrun --elastic-timeout``)."""
 DDL_ELASTIC_HOSTS = "DDL_ELASTIC_HOSTS"
 """``host:slots,...`` of the launch, in rank order (each rank's host name comes from it)."""
+DDL_ELASTIC_LAUNCH_HOSTS = "DDL_ELASTIC_LAUNCH_HOSTS"
+"""The job's host names that are mpirun's own machine (``localhost``, ``127.0.0.1``, its
+name; ``node0`` on the rehearsal cluster), comma-separated: ranks spawned there need no
+host key, and only there can a host take ranks again after it had some (see docs/elastic.md)."""
+DDL_ELASTIC_SPAWN_TIMEOUT = "DDL_ELASTIC_SPAWN_TIMEOUT"
+"""Seconds a growing job waits for its new ranks to connect before it ends (default 120)."""
 ELASTIC_FINISHED = "ddl_tf: elastic job finished"
 """What an elastic job's final rank 0 prints when it shuts down cleanly (``ddlrun`` looks for it)."""
 DDL_ELASTIC_COMMAND = "DDL_ELASTIC_COMMAND"

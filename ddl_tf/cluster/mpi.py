@@ -108,7 +108,7 @@ def host_list(spec: ClusterSpec, ranks_per_node: int) -> str:
     return ",".join(f"{h}:{ranks_per_node}" for h in spec.hostnames)
 
 
-def mca_arguments(spec: ClusterSpec) -> list[str]:
+def mca_arguments(spec: ClusterSpec, shared_memory: bool = True) -> list[str]:
     """Open MPI options that make a job use the cluster: agent, transports, interfaces.
 
     ``btl_tcp_links 4`` opens four TCP connections per pair of ranks on
@@ -121,8 +121,14 @@ def mca_arguments(spec: ClusterSpec) -> list[str]:
     messages up to 32 MiB go out eagerly, without the rendezvous handshake
     (see that constant for what the handshake cost).
 
+    An elastic job passes ``shared_memory=False``: under Open MPI's fault
+    tolerance a failed peer hangs the survivors with the shared-memory
+    transport (:data:`ddl_tf.launch.elastic.ULFM_ARGS`), so ranks of one
+    node talk over TCP too.
+
     Args:
         spec: The cluster (its agent script path and subnet).
+        shared_memory: Whether ranks of one node use the ``sm`` transport.
 
     Returns:
         ``--mca NAME VALUE`` triples, flattened, for the mpirun command line.
@@ -133,7 +139,7 @@ def mca_arguments(spec: ClusterSpec) -> list[str]:
         str(spec.agent_path),
         "--mca",
         "btl",
-        "self,sm,tcp",
+        "self,sm,tcp" if shared_memory else "tcp,self",
         "--mca",
         "btl_tcp_if_include",
         spec.subnet,

@@ -15,7 +15,11 @@ Example:
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
+from typing import IO
 
 from ddl_tf.cluster import counters
 from ddl_tf.cluster.cluster import Cluster
@@ -29,6 +33,9 @@ __all__ = ["rehearsal_hosts", "rehearsal_spec", "require_cluster", "run_rehearsa
 logger = logging.getLogger(__name__)
 
 EXAMPLE = "ddlrun --rehearse 2 -np 4 --link 1gbit --algo hierarchical train.py"
+
+READER_GRACE_S = 5.0
+"""Seconds to wait for the last of mpirun's output once it has ended."""
 
 
 def rehearsal_hosts(nodes: int, np_: int) -> list[Host]:
@@ -81,6 +88,7 @@ def run_rehearsal(
     command: list[str],
     child_env: dict[str, str],
     report: Callable[[str], None] | None = None,
+    watch: Callable[[IO[bytes], IO[str]], None] | None = None,
 ) -> int:
     """Create the cluster, run ``command`` (mpirun) inside node 0, tear down; mpirun's return code.
 
@@ -95,14 +103,25 @@ def run_rehearsal(
         command: The full mpirun argument list, run inside node 0.
         child_env: mpirun's environment (every rank inherits it).
         report: Called with each traffic line; None logs them at info level.
+        watch: ``watch(stream, sink)`` reads mpirun's standard output and error (a
+            thread each) instead of them going straight to this process's, and
+            passes them on to ``sink`` (``sys.stdout``, ``sys.stderr``).
 
     Returns:
         mpirun's exit code (negative if a signal ended it).
     """
     with Cluster(spec) as cluster:
         before = counters.snapshot(cluster)
-        proc = cluster.popen(0, command, env=child_env, text=False)
+        pipe = subprocess.PIPE if watch is not None else None
+        proc = cluster.popen(0, command, env=child_env, text=False, stdout=pipe, stderr=pipe)
+        readers = []
+        if watch is not None:
+            for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                readers.append(threading.Thread(target=watch, args=(stream, sink), daemon=True))
+                readers[-1].start()
         code = proc.wait()  # an exception or signal here stops it in Cluster.close()
+        for reader in readers:
+            reader.join(timeout=READER_GRACE_S)
         for line in counters.describe_traffic(before, counters.snapshot(cluster)):
             if report is None:
                 logger.info("link traffic of the job: %s", line)

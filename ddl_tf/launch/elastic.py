@@ -37,7 +37,14 @@ from ddl_tf.launch.hosts import Host
 from ddl_tf.membership.discovery import run_discovery
 from ddl_tf.membership.settings import ElasticSettings
 
-__all__ = ["ULFM_ARGS", "find_hosts", "physical_hosts", "make_elastic", "settings_env"]
+__all__ = [
+    "ULFM_ARGS",
+    "find_hosts",
+    "launch_hosts",
+    "physical_hosts",
+    "make_elastic",
+    "settings_env",
+]
 
 ULFM_ARGS = ["--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
 """mpirun arguments of an elastic job (see the module docstring for why these)."""
@@ -135,6 +142,7 @@ def make_elastic(plan: LaunchPlan, settings: ElasticSettings, hosts: dict[str, i
     plan.mpi_args = [*ULFM_ARGS, *plan.mpi_args]
     plan.env.update(settings_env(settings))
     plan.env[env.DDL_ELASTIC_HOSTS] = _text(dict(ordered))
+    plan.env[env.DDL_ELASTIC_LAUNCH_HOSTS] = ",".join(launch_hosts(hosts))
     plan.program = [
         sys.executable,
         "-m",
@@ -144,6 +152,17 @@ def make_elastic(plan: LaunchPlan, settings: ElasticSettings, hosts: dict[str, i
         "--program",
         json.dumps(plan.program),
     ]
+
+
+def launch_hosts(hosts: dict[str, int]) -> list[str]:
+    """The names mpirun's machine goes by: this machine's usual names and the job's aliases of it.
+
+    Example:
+        >>> "127.0.0.1" in launch_hosts({"node9": 2}) and "node9" not in launch_hosts({"node9": 2})
+        True
+    """
+    names = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
+    return sorted(names | {name for name in hosts if is_this_machine(name)})
 
 
 def _machine(name: str) -> str:

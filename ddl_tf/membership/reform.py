@@ -34,8 +34,10 @@ fails, naming both.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -115,6 +117,11 @@ class Membership:
         self._watcher: _Watcher | None = None
         self._watched_by: int | None = None  # id of the job whose rank 0 runs the watcher
         self._pending = HostChange()
+        # hosts that had ranks of this job (a remote one cannot take ranks again: _used_up)
+        self.hosted: set[str] = {
+            h.split(":")[0] for h in (env.get(env.DDL_ELASTIC_HOSTS) or "").split(",") if h
+        }
+        self._told_not_again: set[str] = set()
 
     # ------------------------------------------------------------------ failures
 
@@ -244,12 +251,39 @@ class Membership:
                 )
         if watcher.hosts is None:
             return HostChange()
+        self.hosted.update(job.hosts)
         return plan_change(
             current=job.hosts,
             discovered=watcher.hosts,
-            blocked=lambda h: self.blacklist.blocked(h, time.monotonic()),
+            blocked=lambda h: self.blacklist.blocked(h, time.monotonic()) or self._used_up(h),
             max_np=self.settings.max_np,
         )
+
+    def _used_up(self, host: str) -> bool:
+        """Whether ``host`` had ranks of this job and is not mpirun's machine (no ranks again).
+
+        Measured with Open MPI 5.0.11 on the rehearsal cluster: ranks spawned on
+        a remote host whose daemon ran ranks of this job before (which failed,
+        or left) abort in ``MPI_Init`` (``OPAL ERROR: Not supported`` in
+        ``dpm.c``), while spawning on a fresh remote host and on mpirun's own
+        machine works. Such a host stays out of this job, with one warning.
+        """
+        if host not in self.hosted or self._is_launch_host(host):
+            return False
+        if host not in self._told_not_again:
+            self._told_not_again.add(host)
+            logger.warning(
+                "host %s is listed again, but it had ranks of this job before and is not "
+                "mpirun's machine: Open MPI 5.0 cannot start ranks there again within the job, "
+                "so it stays out (restart the job to use it again)",
+                host,
+            )
+        return True
+
+    def _is_launch_host(self, host: str) -> bool:
+        if self.settings.launch_hosts:
+            return host in self.settings.launch_hosts
+        return _is_local(host)
 
     def _ensure_watcher(self, job: Job) -> None:
         if self._watcher is not None and self._watched_by == id(job.comm):
@@ -318,11 +352,13 @@ class Membership:
                 argvs.append(worker_arguments(host, first + len(argvs)))
                 counts.append(1)
                 info = MPI.Info.Create()
-                if not _is_local(host):
+                if not self._is_launch_host(host):
                     info.Set("host", host)
-                    info.Set("add-host", host)
+                    info.Set("PMIX_ADD_HOST", host)
                 infos.append(info)
-        inter = comm.Spawn_multiple(commands, argvs, counts, infos, root=0)
+        self.hosted.update(host for host, _ in added)
+        with _deadline(self.settings.spawn_timeout, added):
+            inter = comm.Spawn_multiple(commands, argvs, counts, infos, root=0)
         merged = inter.Merge(high=False)
         inter.Disconnect()
         comm.Free()
@@ -384,6 +420,37 @@ def worker_arguments(host: str, rank: int) -> list[str]:
     for item in passed:
         args += ["--env", item]
     return [*args, "--program", program]
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, added: tuple[tuple[str, int], ...]):
+    """End this process (SIGKILL, after a message) if the block takes over ``seconds``.
+
+    ``MPI_Comm_spawn`` cannot be interrupted; when a new rank dies before it
+    connects, the spawning ranks would wait for ever. Every spawning rank
+    runs its own deadline, so the whole job ends and ``ddlrun`` reports it.
+    """
+    done = threading.Event()
+
+    def expire() -> None:
+        if not done.wait(seconds):
+            where = ", ".join(f"{h}:{n}" for h, n in added)
+            logger.error(
+                "the new ranks on %s did not connect within %g s (%s; see their errors above); "
+                "this rank ends the elastic job",
+                where,
+                seconds,
+                env.DDL_ELASTIC_SPAWN_TIMEOUT,
+            )
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    watchdog = threading.Thread(target=expire, name="ddl_tf-spawn-deadline", daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _is_local(host: str) -> bool:

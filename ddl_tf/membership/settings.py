@@ -16,13 +16,25 @@ from dataclasses import dataclass
 from ddl_tf import env
 from ddl_tf.errors import ConfigError
 
-__all__ = ["ElasticSettings", "DEFAULT_TIMEOUT", "DEFAULT_DISCOVERY_INTERVAL"]
+__all__ = [
+    "ElasticSettings",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_DISCOVERY_INTERVAL",
+    "DEFAULT_SPAWN_TIMEOUT",
+]
 
 DEFAULT_TIMEOUT = 600.0
 """Seconds to wait for ``--min-np`` slots (horovodrun's ``--elastic-timeout`` default)."""
 
 DEFAULT_DISCOVERY_INTERVAL = 1.0
 """Seconds between two runs of the discovery script (Horovod polls every second)."""
+
+DEFAULT_SPAWN_TIMEOUT = 120.0
+"""Seconds a growing job waits for its spawned ranks (Python, imports, ``MPI_Init``) to connect.
+
+Past it the job ends with a message instead of waiting for ever: a new rank
+that fails in ``MPI_Init`` leaves the others blocked in ``MPI_Comm_spawn``
+(measured with Open MPI 5.0.11, see docs/elastic.md)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,8 @@ class ElasticSettings:
         reset_limit: Most membership changes before the job fails; None: no bound.
         cooldown: ``(low, high)`` seconds a failed host stays out; None: for good.
         timeout: Seconds to wait for ``min_np`` slots.
+        launch_hosts: The job's host names that are mpirun's machine.
+        spawn_timeout: Seconds to wait for spawned ranks to connect.
     """
 
     min_np: int = 1
@@ -49,6 +63,8 @@ class ElasticSettings:
     reset_limit: int | None = None
     cooldown: tuple[float, float] | None = None
     timeout: float = DEFAULT_TIMEOUT
+    launch_hosts: tuple[str, ...] = ()
+    spawn_timeout: float = DEFAULT_SPAWN_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.min_np < 1:
@@ -102,4 +118,8 @@ class ElasticSettings:
             reset_limit=number(env.DDL_ELASTIC_RESET_LIMIT),
             cooldown=bounds,
             timeout=number(env.DDL_ELASTIC_TIMEOUT, float) or DEFAULT_TIMEOUT,
+            launch_hosts=tuple(
+                h for h in (env.get(env.DDL_ELASTIC_LAUNCH_HOSTS, environ) or "").split(",") if h
+            ),
+            spawn_timeout=number(env.DDL_ELASTIC_SPAWN_TIMEOUT, float) or DEFAULT_SPAWN_TIMEOUT,
         )

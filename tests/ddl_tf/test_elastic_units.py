@@ -144,5 +144,15 @@ def test_ddlrun_takes_horovodruns_elastic_options(tmp_path, capsys):
     command = shlex.split(out.split("ddlrun: running: ")[1].splitlines()[0])
     assert "--with-ft" in command and command[command.index("-np") + 1] == "3"
     assert "DDL_ELASTIC_COOLDOWN=5,60" in out
-    assert ddlrun.main(["--min-np", "2", "--rehearse", "2", "--dry-run", str(program)]) == 3
-    assert "not supported with --rehearse" in capsys.readouterr().err
+
+    # on the rehearsal cluster: the virtual nodes are the hosts, over TCP only (no sm)
+    code = ddlrun.main(
+        ["--min-np", "2", "--rehearse", "2", "-np", "4", "--dry-run", "--skip-checks", str(program)]
+    )
+    captured = capsys.readouterr()
+    assert code == ddlrun.EXIT_OK, captured.err
+    command = shlex.split(captured.out.split("ddlrun: running: ")[1].splitlines()[0])
+    assert command[command.index("-H") + 1] == "node0:2,node1:2"
+    assert "--with-ft" in command and "plm_rsh_agent" in command
+    btls = [command[i + 2] for i, word in enumerate(command) if command[i + 1 : i + 2] == ["btl"]]
+    assert btls and all(b == "tcp,self" for b in btls), btls

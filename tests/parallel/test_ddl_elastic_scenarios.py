@@ -59,6 +59,7 @@ def _run(
     max_np: int = 4,
     options: tuple[str, ...] = (),
     script_args: tuple[str, ...] = (),
+    on_start=None,
 ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     mpirun_executable()  # skips without an MPI
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -77,15 +78,23 @@ def _run(
     if exits:
         command += ["--exit-schedule", json.dumps(exits), "--exit-mode", exit_mode]
     try:
-        done = subprocess.run(
+        job = subprocess.Popen(
             command,
             cwd=tmp_path,
             env=mpi_env({"DDL_ELASTIC_DISCOVERY_INTERVAL": "0.1"}),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=2 * HANG_SECONDS + PROCESS_MARGIN_SECONDS,
-            check=False,
         )
+        try:
+            if on_start is not None:  # e.g. kill a node's daemon once training runs
+                on_start(job, logfile)
+            out, err = job.communicate(timeout=2 * HANG_SECONDS + PROCESS_MARGIN_SECONDS)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        done = subprocess.CompletedProcess(command, job.returncode, out, err)
     finally:
         left = _orphans(logfile)
         for pid in left:  # never leave a hung job behind for the rest of the suite
@@ -217,3 +226,113 @@ def test_a_blacklisted_host_comes_back_after_its_cooldown(tmp_path):
     assert 4 in sizes[2:], f"127.0.0.1 never came back after its 2 s cooldown: {sizes}"
     back = sizes.index(4, 2)
     assert all(r["rendezvous"] == 3 for r in records[back:])
+
+
+# ---------------------------------------------------------------- the rehearsal cluster
+# ``ddlrun --rehearse 2``: two virtual nodes (network namespaces joined by
+# shaped links, each with its own Open MPI daemon) are the hosts ``node0`` and
+# ``node1``; a rank that joins ``node1`` is spawned through that node's daemon.
+
+
+def _rehearsal_unavailable() -> str | None:
+    from ddl_tf.cluster.netns import unavailable_reason
+
+    return unavailable_reason()
+
+
+def _cluster_namespaces() -> set[str]:
+    from ddl_tf.cluster.netns import find_tools, list_namespaces
+
+    return set(list_namespaces(find_tools(), "ddlc"))
+
+
+rehearsal = pytest.mark.skipif(
+    _rehearsal_unavailable() is not None,
+    reason=f"rehearsal cluster unavailable: {_rehearsal_unavailable()}",
+)
+
+
+@pytest.fixture
+def no_cluster_left():
+    before = _cluster_namespaces()
+    yield
+    assert _cluster_namespaces() <= before, "ddlrun left a virtual node behind"
+
+
+@rehearsal
+def test_rehearsal_hosts_added_and_removed_across_virtual_nodes(tmp_path, no_cluster_left):
+    schedule = [(0, ["node0:1"]), (1, ["node0:1", "node1:1"]), (None, ["node1:1"])]
+    done, records = _run(
+        tmp_path, schedule=schedule, np_=1, min_np=1, max_np=2, options=("--rehearse", "2")
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _shape(records) == [(0, 1, 1), (0, 2, 2), (1, 1, 3)]
+    assert [r["hostname"] for r in records] == ["node0", "node0", "node1"]
+
+
+@rehearsal
+def test_rehearsal_a_node_whose_ranks_die_is_replaced_by_a_fresh_one(tmp_path, no_cluster_left):
+    hosts = ["node0:2", "node1:2"]
+    done, records = _run(
+        tmp_path,
+        schedule=[(0, hosts), (1, hosts), (None, [*hosts, "node2:2"])],
+        exits={str((1, 0)): [2, 3]},  # both ranks of node1 (a lost node)
+        exit_mode="kill",
+        np_=4,
+        options=("--rehearse", "3", "--link", "1gbit", "--blacklist-cooldown-range", "0", "0"),
+        script_args=("--epochs", "4"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _shape(records) == [(0, 4, 1), (0, 2, 2), (0, 4, 3), (0, 4, 3)]
+    # node1's cooldown is over at once, but Open MPI cannot start ranks there again
+    assert "host node1 is listed again, but it had ranks of this job before" in done.stderr
+    assert len(set(map(tuple, _weights(tmp_path)))) == 1, "replicas differ"
+
+
+def _kill_node1_daemon(job: subprocess.Popen, logfile: Path) -> None:
+    """Once rank 0 logged an epoch, SIGKILL Open MPI's daemon on node1 (a node crash)."""
+    deadline = time.monotonic() + HANG_SECONDS
+    while not (logfile.exists() and logfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _descendants(job.pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if Path(argv[0].decode()).name == "prted":
+            os.kill(pid, signal.SIGKILL)
+            return
+    raise AssertionError("no Open MPI daemon of node1 found under ddlrun")
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@rehearsal
+def test_rehearsal_a_lost_node_daemon_ends_the_job_with_a_clear_message(tmp_path, no_cluster_left):
+    start = time.monotonic()
+    done, records = _run(
+        tmp_path,
+        schedule=[(None, ["node0:2", "node1:2"])],
+        np_=4,
+        options=("--rehearse", "2"),
+        script_args=("--epochs", "20", "--epoch-wait", "0.5"),
+        on_start=_kill_node1_daemon,
+    )
+    assert time.monotonic() - start < HANG_SECONDS
+    assert done.returncode != 0
+    assert len(records) < 20
+    assert "ddlrun: Open MPI lost its daemon on host node1" in done.stderr, done.stderr[-3000:]

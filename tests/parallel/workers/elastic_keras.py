@@ -6,8 +6,11 @@ benchmarks/bench_elastic.py. Settings come from the environment:
 * ``ELASTIC_OUT``: folder for ``rank<launch rank>.json`` (weights, steps, sizes);
 * ``ELASTIC_KILL``: ``launch_rank,epoch,batch``: that rank SIGKILLs itself
   after that batch (writing ``killed`` with the time first);
+* ``ELASTIC_KILL_HOST=1``: that rank kills every rank of its host instead
+  (a lost node), after taking the host out of the ``hosts`` file;
 * ``ELASTIC_GROW``: ``host:slots``: rank 0 appends it to the ``hosts`` file
-  the discovery script prints, after batch 3 of epoch 1 (writing ``added``);
+  the discovery script prints, after batch 3 of epoch 1, or at
+  ``ELASTIC_GROW_AT`` (``epoch,batch``) (writing ``added``);
 * ``ELASTIC_SLEEP``: seconds each batch sleeps after it ends (a slower step);
 * ``ELASTIC_COMMIT``: batches per commit (default 1); ``ELASTIC_FIXED=1`` runs
   the same training without elastic state (the cost comparison);
@@ -36,6 +39,8 @@ launch_rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD
 kill = os.environ.get("ELASTIC_KILL")
 pause = float(os.environ.get("ELASTIC_SLEEP", "0"))
 grow = os.environ.get("ELASTIC_GROW")
+grow_at = tuple(int(v) for v in os.environ.get("ELASTIC_GROW_AT", "1,3").split(","))
+kill_host = os.environ.get("ELASTIC_KILL_HOST") == "1"
 commit_every = int(os.environ.get("ELASTIC_COMMIT", "1"))
 fixed = os.environ.get("ELASTIC_FIXED") == "1"
 epochs = int(os.environ.get("ELASTIC_EPOCHS", "3"))
@@ -69,6 +74,23 @@ def _valid(line: str) -> bool:
         return False
 
 
+def _kill_my_host() -> None:
+    """Take this host out of discovery and SIGKILL the other ranks on it (a lost node)."""
+    host = os.environ["HOROVOD_HOSTNAME"]
+    hosts = out / "hosts"
+    if hosts.exists():
+        kept = [line for line in hosts.read_text().splitlines() if line.split(":")[0] != host]
+        hosts.write_text("".join(line + "\n" for line in kept))
+    mine = {f"ELASTIC_OUT={out}".encode(), f"HOROVOD_HOSTNAME={host}".encode()}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if mine <= set((proc / "environ").read_bytes().split(b"\0")):
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except OSError:
+                continue
+
+
 class Recorder(keras.callbacks.Callback):
     keras_epoch = 0
 
@@ -83,8 +105,10 @@ class Recorder(keras.callbacks.Callback):
             who, at_epoch, at_batch = (int(v) for v in kill.split(","))
             if launch_rank == who and (epoch, batch) == (at_epoch, at_batch):
                 (out / "killed").write_text(str(time.time()))
+                if kill_host:
+                    _kill_my_host()
                 os.kill(os.getpid(), signal.SIGKILL)
-        if grow and hvd.rank() == 0 and (epoch, batch) == (1, 3) and not (out / "added").exists():
+        if grow and hvd.rank() == 0 and (epoch, batch) == grow_at and not (out / "added").exists():
             with open(out / "hosts", "a") as hosts:
                 hosts.write(grow + "\n")
             (out / "added").write_text(str(time.time()))
