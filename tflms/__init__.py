@@ -9,6 +9,8 @@ the backward pass needs them. The pipeline, one sub-package per stage:
 * :mod:`tflms.apply` - apply: the only stage that mutates a graph, and
   :func:`validate`, the contracts a rewritten graph must satisfy;
 * :mod:`tflms.simulation` - predicted peak memory and step time;
+* :mod:`tflms.compose` - one plan from the levers (:func:`make_plan`), the
+  choices that need the simulator (order edges, swap-in timing) included;
 * :mod:`tflms.tuning` - the plan that fits a memory budget;
 * :mod:`tflms.saved_model` and :mod:`tflms.cli` - the ``tflms`` command.
 
@@ -66,7 +68,7 @@ __getattr__, __dir__, _exported = _lazy_exports(
         "build_view": "tflms.graph.view",
         "function": "tflms.frontends.decorator",
         "LMSFunction": "tflms.frontends.decorator",
-        "make_plan": "tflms.tuning.compose",
+        "make_plan": "tflms.compose.levers",
         "simulate": "tflms.simulation.simulator",
         "SimulationResult": "tflms.simulation.simulator",
         "validate": "tflms.apply.validation",

@@ -166,7 +166,7 @@ class LMSConfig:
     reorder: bool = False
     """Add control edges that order the ops whose interleaving makes the
     memory peak (two backward branches running side by side), as the
-    simulator finds them (:mod:`tflms.tuning.ordering`). With
+    simulator finds them (:mod:`tflms.compose.ordering`). With
     ``memory_budget`` the auto-tuner decides."""
 
     def __post_init__(self) -> None:

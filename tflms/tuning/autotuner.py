@@ -10,7 +10,7 @@ whose predicted step time is lowest:
 2. ``swapin_ahead`` for the three most promising thresholds, then
    ``swapin_groupby`` around the best pair;
 3. swap-in triggers chosen by simulated time rather than level distance
-   (:func:`tflms.tuning.retime.retime_triggers`), with a few slacks;
+   (:func:`tflms.compose.retime.retime_triggers`), with a few slacks;
 4. ``recompute=True`` on the most promising settings: cheap activations
    re-run instead of kept or swapped (their compute time is charged), and
    over a finite link ``recompute_dense`` 0.05 / 0.1 / 0.25 on the best of
@@ -95,7 +95,7 @@ class AutotuneResult:
         usable_bytes: the budget minus the safety margin: what plans must fit.
         candidates: every plan simulated, in search order.
         device, link: the presets used for time predictions.
-        retime: the ``slack`` of :func:`tflms.tuning.retime.retime_triggers`
+        retime: the ``slack`` of :func:`tflms.compose.retime.retime_triggers`
             if the chosen plan's swap-in triggers were chosen by simulated
             time, ``None`` if they are the planner's (level-based) ones.
     """

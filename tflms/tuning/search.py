@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from tflms.compose.levers import make_plan, with_order
+from tflms.compose.retime import retime_triggers
 from tflms.config import LMSConfig
 from tflms.cost.gpu_memory import SoftwareStack
 from tflms.plan.swap_plan import SwapPlan
@@ -34,8 +36,6 @@ from tflms.simulation.allocator import Accounting
 from tflms.simulation.plans import PlanSimulator
 from tflms.simulation.schedule import CompiledGraph, Schedule, compile_view, first_ready
 from tflms.simulation.simulator import SimulationResult
-from tflms.tuning.compose import make_plan, with_order
-from tflms.tuning.retime import retime_triggers
 
 __all__ = ["Search", "Candidate", "TUNED_OPTIONS"]
 
@@ -138,7 +138,7 @@ class Search:
 
         Args:
             retime: Slack factor for simulated-time triggers
-                (:func:`~tflms.tuning.retime.retime_triggers`); None keeps the
+                (:func:`~tflms.compose.retime.retime_triggers`); None keeps the
                 planner's level-based triggers.
             **options: :class:`~tflms.LMSConfig` fields overriding the base config.
 

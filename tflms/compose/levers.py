@@ -7,7 +7,7 @@ earlier ones produce:
    ``LMSConfig.recompute``: cheap ops re-run before their far consumers;
 2. swaps (:func:`~tflms.plan.planner.plan_swaps`) on the view rewritten by
    the recomputations, so a tensor a clone reads may be swapped for it;
-3. order edges (:func:`~tflms.tuning.ordering.order_edges`), if
+3. order edges (:func:`~tflms.compose.ordering.order_edges`), if
    ``LMSConfig.reorder``, chosen by simulating the view rewritten by both.
 
 With ``LMSConfig.memory_budget`` use :func:`tflms.autotune`, which searches
@@ -108,13 +108,13 @@ def with_order(view: nx.DiGraph, plan: SwapPlan, *, device, link, **options) -> 
         plan: a plan without order edges.
         device: device preset (or model) for the simulation.
         link: link preset (or model) for the simulation.
-        **options: passed to :func:`~tflms.tuning.ordering.order_edges`.
+        **options: passed to :func:`~tflms.compose.ordering.order_edges`.
 
     Returns:
         The plan with :attr:`~tflms.SwapPlan.order` set (unchanged when no
         order lowers the peak).
     """
-    from tflms.tuning.ordering import order_edges  # the simulator: only when ordering
+    from tflms.compose.ordering import order_edges  # the simulator: only when ordering
 
     base = dataclasses.replace(plan, order=())
     rewritten = apply_to_view(view, base) if not base.empty else view
