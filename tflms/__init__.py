@@ -15,7 +15,8 @@ the backward pass needs them. The pipeline, one sub-package per stage:
 * :mod:`tflms.saved_model` and :mod:`tflms.cli` - the ``tflms`` command.
 
 Below the pipeline: :mod:`tflms.config` and :mod:`tflms.errors`,
-:mod:`tflms.cost` (device and link presets, per-op cost) and
+:mod:`tflms.cost` (device and link presets, per-op cost, the :class:`Target`
+a plan is made for) and
 :mod:`tflms.utils` (units, device strings, files, lazy exports). Above it,
 the front ends: :mod:`tflms.frontends` (:class:`LMS` for ``tf.compat.v1``
 graphs, :func:`function` for custom loops) and :mod:`tflms.keras`
@@ -61,6 +62,7 @@ __getattr__, __dir__, _exported = _lazy_exports(
         "Swap": "tflms.plan.swap_plan",
         "SwapIn": "tflms.plan.swap_plan",
         "SwapPlan": "tflms.plan.swap_plan",
+        "Target": "tflms.cost.target",
         "apply_plan": "tflms.apply.core",
         "apply_to_view": "tflms.apply.core",
         "autotune": "tflms.tuning.autotuner",

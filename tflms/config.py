@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from tflms.cost.hardware import DEVICES, LINKS
+from tflms.cost.target import Target
 from tflms.errors import ConfigError
 from tflms.utils.devices import check_device_string, same_device
 from tflms.utils.units import parse_bytes
@@ -265,6 +266,30 @@ class LMSConfig:
             )
 
     # ------------------------------------------------------------------ helpers
+    def target(self, **overrides: Any) -> Target:
+        """The :class:`~tflms.cost.target.Target` these options describe.
+
+        ``memory_budget`` (its preset names the device model), ``link`` and
+        ``tensor_factor``; the front ends resolve it once and pass it down.
+
+        Args:
+            **overrides: keyword arguments of
+                :meth:`~tflms.cost.target.Target.for_budget` (``budget``,
+                ``device``, ``link``, ``accounting``, ``stack``) that win over
+                the config's; None values are ignored.
+
+        Returns:
+            The resolved target.
+
+        Raises:
+            ConfigError: an override is invalid, or ``tensor_factor`` is set
+                with an accounting that does not read it.
+        """
+        options: dict[str, Any] = {"link": self.link, "tensor_factor": self.tensor_factor}
+        options.update({k: v for k, v in overrides.items() if v is not None})
+        budget = options.pop("budget", self.memory_budget)
+        return Target.for_budget(budget, **options)
+
     def replace(self, **changes: Any) -> LMSConfig:
         """A copy with some fields changed (validated again).
 

@@ -132,11 +132,12 @@ class LMS:
 
     def _plan(self, view) -> SwapPlan:
         self.view = view
+        target = self.config.target()  # device, link, budget and stack: resolved once, here
         if self.config.memory_budget is None:
-            return make_plan(view, self.config)
+            return make_plan(view, self.config, target=target)
         from tflms.tuning.autotuner import autotune
 
-        self.tuning = autotune(view, config=self.config)
+        self.tuning = autotune(view, config=self.config, target=target)
         return self.tuning.plan
 
     @tf.autograph.experimental.do_not_convert

@@ -199,11 +199,13 @@ def plan_view(view: nx.DiGraph, config: LMSConfig):
         ``(plan, tuning)`` where ``tuning`` is the auto-tuner's result, or None
         when no budget is set.
     """
-    if getattr(config, "memory_budget", None) is None:
-        return make_plan(view, config), None
+    config = config or LMSConfig()
+    target = config.target()  # device, link, budget and stack: resolved once, here
+    if config.memory_budget is None:
+        return make_plan(view, config, target=target), None
     from tflms.tuning.autotuner import autotune  # the simulator: imported only when a budget is set
 
-    tuning = autotune(view, config=config)
+    tuning = autotune(view, config=config, target=target)
     return tuning.plan, tuning
 
 
