@@ -72,6 +72,9 @@ def test_autotune_with_a_target_equals_autotune_with_its_keywords(view):
     assert by_keywords.target == by_target.target and by_target.link == "nvlink2"
     with pytest.raises(ConfigError, match="not both"):
         tflms.autotune(view, "12MiB", target=by_target.target)
+    budgeted = tflms.LMSConfig(memory_budget="12MiB")
+    with pytest.raises(ConfigError, match="No memory budget"):  # the target's, not the config's
+        tflms.autotune(view, config=budgeted, target=Target.for_device())
 
 
 def test_errors_name_the_fix():

@@ -267,8 +267,11 @@ def autotune(
             "target already names them (build another with config.target(...))."
         )
     if target.budget_bytes is None:
-        resolve_budget(None, config)  # raises: no budget
-    budget_bytes = int(target.budget_bytes or 0)
+        raise ConfigError(
+            "No memory budget: pass one, e.g. tflms.autotune(view, '16GiB'), set "
+            "LMSConfig(memory_budget='16GiB') or give the target one (Target.for_budget(...))."
+        )
+    budget_bytes = target.budget_bytes
     margin = config.safety_margin if safety_margin is None else safety_margin
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.9:
         raise ConfigError(
