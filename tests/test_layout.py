@@ -293,7 +293,16 @@ def test_the_packages_stand_alone(scan):
     assert not found, f"{scan.package} imports {other} (each must install alone): {found}"
 
 
-TFLMS_STAGES = ("graph", "plan", "apply", "simulation", "tuning", "saved_model", "cli")
+TFLMS_STAGES = (
+    "graph",
+    "plan",
+    "apply",
+    "simulation",
+    "compose",
+    "tuning",
+    "saved_model",
+    "cli",
+)
 """tflms' pipeline, in order: a stage may use earlier stages, never later ones."""
 
 

@@ -9,11 +9,14 @@ the backward pass needs them. The pipeline, one sub-package per stage:
 * :mod:`tflms.apply` - apply: the only stage that mutates a graph, and
   :func:`validate`, the contracts a rewritten graph must satisfy;
 * :mod:`tflms.simulation` - predicted peak memory and step time;
+* :mod:`tflms.compose` - one plan from the levers (:func:`make_plan`), the
+  choices that need the simulator (order edges, swap-in timing) included;
 * :mod:`tflms.tuning` - the plan that fits a memory budget;
 * :mod:`tflms.saved_model` and :mod:`tflms.cli` - the ``tflms`` command.
 
 Below the pipeline: :mod:`tflms.config` and :mod:`tflms.errors`,
-:mod:`tflms.cost` (device and link presets, per-op cost) and
+:mod:`tflms.cost` (device and link presets, per-op cost, the :class:`Target`
+a plan is made for) and
 :mod:`tflms.utils` (units, device strings, files, lazy exports). Above it,
 the front ends: :mod:`tflms.frontends` (:class:`LMS` for ``tf.compat.v1``
 graphs, :func:`function` for custom loops) and :mod:`tflms.keras`
@@ -59,6 +62,7 @@ __getattr__, __dir__, _exported = _lazy_exports(
         "Swap": "tflms.plan.swap_plan",
         "SwapIn": "tflms.plan.swap_plan",
         "SwapPlan": "tflms.plan.swap_plan",
+        "Target": "tflms.cost.target",
         "apply_plan": "tflms.apply.core",
         "apply_to_view": "tflms.apply.core",
         "autotune": "tflms.tuning.autotuner",
@@ -66,7 +70,7 @@ __getattr__, __dir__, _exported = _lazy_exports(
         "build_view": "tflms.graph.view",
         "function": "tflms.frontends.decorator",
         "LMSFunction": "tflms.frontends.decorator",
-        "make_plan": "tflms.tuning.compose",
+        "make_plan": "tflms.compose.levers",
         "simulate": "tflms.simulation.simulator",
         "SimulationResult": "tflms.simulation.simulator",
         "validate": "tflms.apply.validation",

@@ -5,6 +5,15 @@ The same fields drive the Python API (:class:`tflms.LMS`,
 (``tflms rewrite --swapout-threshold ...``), so there is one source of truth.
 The option names follow TFLMS v2 where TFLMS had the same knob.
 
+The fields are flat, as users pass them (``LMSConfig(swapout_threshold=4)``,
+``--swapout-threshold 4``, a plan's JSON), and grouped by the stage that reads
+them (:data:`GROUPS`): ``config.analysis`` (:class:`AnalysisOptions`: devices,
+batch size), ``config.plan`` (:class:`PlanOptions`: the swap, recompute and
+order levers), ``config.tuning`` (:class:`TuningOptions`: budget, margin,
+link) and ``config.calibration`` (:class:`CalibrationOptions`). A group is a
+frozen value; ``config.replace(plan=...)`` and :meth:`LMSConfig.from_groups`
+take groups back.
+
 Example:
     >>> from tflms import LMSConfig
     >>> cfg = LMSConfig(swapout_threshold=20, serialization=["3", "10:12"])
@@ -12,6 +21,10 @@ Example:
     ((3, 3), (10, 12))
     >>> LMSConfig.from_dict(cfg.to_dict()) == cfg
     True
+    >>> cfg.plan.swapout_threshold, cfg.analysis.host_device, cfg.tuning.link
+    (20, '/device:CPU:0', 'pcie3')
+    >>> cfg.replace(plan=cfg.plan.replace(swapin_ahead=4)).swapin_ahead
+    4
     >>> LMSConfig(memory_budget="16GiB").memory_budget, LMSConfig(memory_budget="v100-16gb").memory_budget
     (17179869184, 'V100-16GB')
     >>> LMSConfig(sync_mode=7)
@@ -26,14 +39,24 @@ import dataclasses
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from tflms.cost.hardware import DEVICES, LINKS
+from tflms.cost.target import DEFAULT_LINK, Target
 from tflms.errors import ConfigError
 from tflms.utils.devices import check_device_string, same_device
 from tflms.utils.units import parse_bytes
 
-__all__ = ["LMSConfig", "SYNC_MODES", "SyncMode"]
+__all__ = [
+    "AnalysisOptions",
+    "CalibrationOptions",
+    "GROUPS",
+    "LMSConfig",
+    "PlanOptions",
+    "SYNC_MODES",
+    "SyncMode",
+    "TuningOptions",
+]
 
 SyncMode: TypeAlias = Literal[0, 1, 2, 3]
 """The values of ``LMSConfig.sync_mode`` (see :data:`SYNC_MODES`)."""
@@ -48,6 +71,69 @@ SYNC_MODES: dict[SyncMode, str] = {
 
 def _fail(name: str, value: Any, expected: str, fix: str) -> ConfigError:
     return ConfigError(f"LMSConfig.{name} must be {expected}. Received {name}={value!r}. {fix}")
+
+
+class _Group:
+    """A frozen group of :class:`LMSConfig` fields (its docs are the config's)."""
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with some fields changed; :class:`LMSConfig` validates it when it takes it back."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]  # a dataclass
+
+
+@dataclass(frozen=True)
+class AnalysisOptions(_Group):
+    """How the graph is read (:mod:`tflms.graph`): devices and the batch size."""
+
+    device: str | None
+    host_device: str
+    batch_size: int | None
+
+
+@dataclass(frozen=True)
+class PlanOptions(_Group):
+    """What the planners may do (:mod:`tflms.plan`, :mod:`tflms.compose`): the levers."""
+
+    min_tensor_bytes: int
+    swapout_threshold: int
+    swapin_ahead: int
+    swapin_groupby: int
+    sync_mode: SyncMode
+    serialization: tuple[tuple[int, int], ...]
+    incl_scopes: tuple[str, ...]
+    excl_scopes: tuple[str, ...]
+    incl_types: tuple[str, ...]
+    excl_types: tuple[str, ...]
+    n_tensors: int | None
+    swap_weight_gradients: bool
+    recompute: bool
+    recompute_dense: float
+    reorder: bool
+
+
+@dataclass(frozen=True)
+class TuningOptions(_Group):
+    """What the auto-tuner (:mod:`tflms.tuning`) fits the plan to: budget, margin, link."""
+
+    memory_budget: int | str | None
+    safety_margin: float
+    link: str
+
+
+@dataclass(frozen=True)
+class CalibrationOptions(_Group):
+    """The realistic memory model fitted to your own GPU (:mod:`tflms.cost.gpu_memory`)."""
+
+    tensor_factor: float
+
+
+GROUPS: dict[str, type[_Group]] = {
+    "analysis": AnalysisOptions,
+    "plan": PlanOptions,
+    "tuning": TuningOptions,
+    "calibration": CalibrationOptions,
+}
+"""``{group name: its frozen class}``: every :class:`LMSConfig` field is in exactly one."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +229,7 @@ class LMSConfig:
     largest batch that trained and the first that ran out of memory (see the
     docs page "The simulator against real GPUs"). 1.0: the sourced model."""
 
-    link: str = "pcie3"
+    link: str = DEFAULT_LINK
     """Host link the auto-tuner times swap copies with: ``"pcie3"``,
     ``"pcie4"``, ``"pcie5"``, ``"nvlink2"`` or ``"ideal"``."""
 
@@ -166,7 +252,7 @@ class LMSConfig:
     reorder: bool = False
     """Add control edges that order the ops whose interleaving makes the
     memory peak (two backward branches running side by side), as the
-    simulator finds them (:mod:`tflms.tuning.ordering`). With
+    simulator finds them (:mod:`tflms.compose.ordering`). With
     ``memory_budget`` the auto-tuner decides."""
 
     def __post_init__(self) -> None:
@@ -264,12 +350,80 @@ class LMSConfig:
                 "Set recompute=True as well: dense ops are re-run in recompute groups.",
             )
 
+    # ------------------------------------------------------------------ groups
+    @property
+    def analysis(self) -> AnalysisOptions:
+        """The analysis options: ``device``, ``host_device``, ``batch_size``."""
+        return self._group(AnalysisOptions)
+
+    @property
+    def plan(self) -> PlanOptions:
+        """The planners' options: thresholds, filters and the levers."""
+        return self._group(PlanOptions)
+
+    @property
+    def tuning(self) -> TuningOptions:
+        """The auto-tuner's options: ``memory_budget``, ``safety_margin``, ``link``."""
+        return self._group(TuningOptions)
+
+    @property
+    def calibration(self) -> CalibrationOptions:
+        """The memory model's calibration: ``tensor_factor``."""
+        return self._group(CalibrationOptions)
+
+    def _group(self, kind: type[_G]) -> _G:
+        names = (f.name for f in dataclasses.fields(kind))  # type: ignore[arg-type]
+        return kind(**{name: getattr(self, name) for name in names})
+
+    @classmethod
+    def from_groups(cls, *groups: _Group, **changes: Any) -> LMSConfig:
+        """A config from groups (:data:`GROUPS`) and fields; missing ones keep their defaults.
+
+        Args:
+            *groups: group values, e.g. ``PlanOptions(...)`` or another
+                config's ``config.plan``.
+            **changes: field names (or group names) and values, applied last.
+
+        Returns:
+            The validated config.
+
+        Raises:
+            ConfigError: a value is invalid, or an argument is not a group.
+        """
+        return cls().replace(**{_name_of(g): g for g in groups}, **changes)
+
     # ------------------------------------------------------------------ helpers
+    def target(self, **overrides: Any) -> Target:
+        """The :class:`~tflms.cost.target.Target` these options describe.
+
+        ``memory_budget`` (its preset names the device model), ``link`` and
+        ``tensor_factor``; the front ends resolve it once and pass it down.
+
+        Args:
+            **overrides: keyword arguments of
+                :meth:`~tflms.cost.target.Target.for_budget` (``budget``,
+                ``device``, ``link``, ``accounting``, ``stack``) that win over
+                the config's; None values are ignored.
+
+        Returns:
+            The resolved target.
+
+        Raises:
+            ConfigError: an override is invalid, or ``tensor_factor`` is set
+                with an accounting that does not read it.
+        """
+        options: dict[str, Any] = {"link": self.link, "tensor_factor": self.tensor_factor}
+        options.update({k: v for k, v in overrides.items() if v is not None})
+        budget = options.pop("budget", self.memory_budget)
+        return Target.for_budget(budget, **options)
+
     def replace(self, **changes: Any) -> LMSConfig:
         """A copy with some fields changed (validated again).
 
         Args:
-            **changes: Field names and their new values.
+            **changes: Field names and their new values, or group names
+                (:data:`GROUPS`) and a group value (``plan=config.plan.replace(
+                swapin_ahead=4)``), which replaces every field of the group.
 
         Returns:
             A new config; this one is unchanged.
@@ -277,7 +431,7 @@ class LMSConfig:
         Raises:
             ConfigError: a new value is invalid (the same checks as the constructor).
         """
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **_flattened(changes))
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -320,6 +474,39 @@ class LMSConfig:
                 f"Unknown LMSConfig option(s) {unknown}. Valid options: {', '.join(cls.field_names())}."
             )
         return cls(**data)
+
+
+_G = TypeVar("_G", bound=_Group)
+
+
+def _name_of(group: Any) -> str:
+    for name, kind in GROUPS.items():
+        if type(group) is kind:
+            return name
+    raise ConfigError(
+        f"LMSConfig.from_groups takes option groups ({', '.join(k.__name__ for k in GROUPS.values())}), "
+        f"got {type(group).__name__}. Pass single options as keywords: from_groups(plan, n_tensors=4)."
+    )
+
+
+def _flattened(changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` with each group value (``plan=PlanOptions(...)``) spread into its fields."""
+    out: dict[str, Any] = {}
+    for name, value in changes.items():
+        kind = GROUPS.get(name)
+        if kind is None:
+            out[name] = value
+            continue
+        if type(value) is not kind:
+            raise ConfigError(
+                f"LMSConfig.{name} is the group {kind.__name__}; got {type(value).__name__}. "
+                f"Example: config.replace({name}=config.{name}.replace(...)), or set its fields "
+                "one by one."
+            )
+        out.update(dataclasses.asdict(value))  # type: ignore[call-overload]  # a dataclass
+    # single fields win over the group they belong to when both are given
+    out.update({k: v for k, v in changes.items() if k not in GROUPS})
+    return out
 
 
 _INT_FIELDS = (

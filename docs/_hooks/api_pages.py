@@ -30,6 +30,7 @@ PACKAGES = {
     "ddl_tf.keras": "reference/ddl_tf.keras.md",
     "tflms.simulation": "reference/tflms.simulation.md",
     "tflms.simulation.crosscheck": "reference/tflms.simulation.crosscheck.md",
+    "tflms.compose": "reference/tflms.compose.md",
     "tflms.tuning": "reference/tflms.tuning.md",
     "tflms.zoo": "reference/tflms.zoo.md",
     "ddl_tf.config": "reference/ddl_tf.config.md",
@@ -39,7 +40,7 @@ PACKAGES = {
 
 INTRO = {
     "tflms": "Large Model Support: the front ends (`LMSCallback`, `function`, `LMS`), the "
-    "pipeline stages (analysis, plan, apply, simulation, tuning) and the errors.",
+    "pipeline stages (analysis, plan, apply, simulation, compose, tuning) and the errors.",
     "ddl_tf": "Horovod's TensorFlow API over MPI (`import ddl_tf as hvd`): initialization, rank "
     "queries, collectives, the gradient tape and the reduce operations.",
     "ddl_tf.keras": "Horovod's Keras API for Keras 3 (`import ddl_tf.keras as hvd`): the "
@@ -48,6 +49,8 @@ INTRO = {
     "tflms.simulation": "Predicted peak memory and step time of a training step, without a GPU "
     "(see [the simulator](../simulator.md)).",
     "tflms.simulation.crosscheck": "The simulator side by side with Grappler's own estimate.",
+    "tflms.compose": "One plan from the levers (recompute, swap, order), and the choices "
+    "made by simulation (order edges, swap-in triggers timed).",
     "tflms.tuning": "The swap plan that fits a memory budget at the lowest predicted cost.",
     "tflms.zoo": "The compiled Keras models the tests, benchmarks, examples and demo train.",
     "ddl_tf.config": "`DDLConfig`, the one configuration value of ddl_tf "

@@ -5,7 +5,7 @@ A page asks for one with ``{{ source NAME [ARG ...] }}`` on a line of its own:
 * ``env_table``: every ``DDL_*`` variable of :mod:`ddl_tf.env` with its
   docstring, its ``ddlrun`` option, its Horovod fallback and its default
   (read from ``ddl_tf/ddlrun.py`` and ``DDLConfig.from_env`` with :mod:`ast`);
-* ``lms_config_table``: every field of :class:`tflms.LMSConfig` with its
+* ``lms_config_table``: every field of :class:`tflms.LMSConfig` with its group,
   command-line option, default and docstring;
 * ``hardware_table``: the simulator's device and link presets
   (:mod:`tflms.cost.hardware`);
@@ -160,11 +160,16 @@ def _env_table() -> str:
 
 
 def _lms_config_table() -> str:
-    from tflms.cli.options import config_fields
+    import dataclasses
 
+    from tflms.cli.options import config_fields
+    from tflms.config import GROUPS
+
+    group_of = {f.name: name for name, kind in GROUPS.items() for f in dataclasses.fields(kind)}
     rows = [
         [
             f"`{f.name}`",
+            f"`{group_of[f.name]}`",
             f"`{f.option}`",
             f"`{f.annotation.replace(' | ', ' or ')}`",  # a | would split the table cell
             f"`{f.default!r}`",
@@ -172,7 +177,7 @@ def _lms_config_table() -> str:
         ]
         for f in config_fields()
     ]
-    return markdown_table(["field", "tflms option", "type", "default", "meaning"], rows)
+    return markdown_table(["field", "group", "tflms option", "type", "default", "meaning"], rows)
 
 
 def _hardware_table() -> str:

@@ -180,7 +180,7 @@ def test_a_fit_never_depends_on_slow_copies(chain, link):
 
 
 def test_retimed_triggers_keep_the_graph_valid_and_hide_copies():
-    from tflms.tuning.retime import retime_triggers
+    from tflms.compose.retime import retime_triggers
 
     step = dense_chain_step(BATCH, WIDTH, DEPTH)
     view = tflms.build_view(step.graph)

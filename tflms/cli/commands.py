@@ -110,6 +110,7 @@ def _predicted_peaks(analysis, progress) -> dict:
 def _cmd_simulate(args, progress) -> int:
     try:
         from tflms.cost.gpu_memory import configured_stack
+        from tflms.cost.target import Target
         from tflms.simulation.simulator import simulate
     except ImportError as err:
         raise ConfigError(
@@ -120,23 +121,21 @@ def _cmd_simulate(args, progress) -> int:
     analysis = saved_model.analyze_model(model, config, progress=progress)
     if not analysis.training:
         return _nothing_to_swap(args, analysis, "simulate")
-    link = getattr(config, "link", "pcie3")
     hardware = args.hardware
+    # --hardware (default: the default device) over the config's link, once for every graph
+    target = Target.for_device(
+        hardware, config.link, stack=configured_stack("tf2", config.tensor_factor)
+    )
+    plain = Target.for_device(hardware, config.link)  # no budget: the sourced stack
     results, texts = {}, []
     for done in analysis.training:
         progress.stage(f"simulating {done.name}")
         if done.tuning is not None:
             result = done.tuning.result
             if hardware is not None and hardware.lower() != result.device.lower():
-                stack = configured_stack("tf2", config.tensor_factor)
-                result = simulate(done.view, done.plan, device=hardware, link=link, stack=stack)
+                result = simulate(done.view, done.plan, target=target)
         else:
-            result = simulate(
-                done.view,
-                None if done.plan.empty else done.plan,
-                device=hardware or "V100-16GB",
-                link=link,
-            )
+            result = simulate(done.view, None if done.plan.empty else done.plan, target=plain)
         results[done.name] = (result, done.tuning)
         texts.append(simulation_text(done.name, result, done.tuning))
     if args.plot:

@@ -38,11 +38,11 @@ import tensorflow as tf
 
 from tflms.apply.core import apply_plan
 from tflms.apply.validation import validate
+from tflms.compose.levers import make_plan
 from tflms.config import LMSConfig
 from tflms.errors import AlreadyRewrittenError, ConfigError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
 from tflms.plan.swap_plan import SwapPlan
-from tflms.tuning.compose import make_plan
 from tflms.utils.devices import check_local_device
 
 if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is set
@@ -132,11 +132,12 @@ class LMS:
 
     def _plan(self, view) -> SwapPlan:
         self.view = view
+        target = self.config.target()  # device, link, budget and stack: resolved once, here
         if self.config.memory_budget is None:
-            return make_plan(view, self.config)
+            return make_plan(view, self.config, target=target)
         from tflms.tuning.autotuner import autotune
 
-        self.tuning = autotune(view, config=self.config)
+        self.tuning = autotune(view, config=self.config, target=target)
         return self.tuning.plan
 
     @tf.autograph.experimental.do_not_convert

@@ -240,8 +240,9 @@ class LMSCallback(keras.callbacks.Callback):
 
         Args:
             **kwargs: passed to :func:`tflms.simulate` (``device``, ``link``,
-                ``accounting``, ``stack``); ``stack`` defaults to the
-                TensorFlow 2.x one calibrated with ``LMSConfig.tensor_factor``.
+                ``accounting``, ``stack``, or a ``target``); ``stack``
+                defaults to the TensorFlow 2.x one calibrated with
+                ``LMSConfig.tensor_factor``.
 
         Returns:
             The :class:`~tflms.simulation.simulator.SimulationResult`; every figure is simulated.
@@ -254,7 +255,8 @@ class LMSCallback(keras.callbacks.Callback):
         from tflms.cost.gpu_memory import configured_stack
         from tflms.simulation.simulator import simulate
 
-        kwargs.setdefault("stack", configured_stack("tf2", self.config.tensor_factor))
+        if kwargs.get("target") is None:
+            kwargs.setdefault("stack", configured_stack("tf2", self.config.tensor_factor))
         return simulate(self.view, self.plan, **kwargs)
 
     def summary(self) -> str:

@@ -67,8 +67,9 @@ import logging
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.cost.hardware import DEVICES, DeviceModel, get_device, get_link
+from tflms.cost.hardware import DeviceModel
 from tflms.cost.ops import DENSE_OPS
+from tflms.cost.target import Target
 from tflms.graph.grappler_rules import (
     aliases_a_variable,
     foldable_link,
@@ -108,11 +109,6 @@ MAX_CHAIN_OPS = 32
 """With ``recompute_dense``, groups that feed each other are merged into one
 (the clones read clones, so the tensors between them need not be kept or
 swapped) while the merged group has at most this many ops."""
-
-
-def _device_model(config: LMSConfig) -> DeviceModel:
-    preset = config.memory_budget if isinstance(config.memory_budget, str) else None
-    return get_device(preset if preset in DEVICES else "V100-16GB")
 
 
 def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
@@ -164,7 +160,11 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
 
 
 def plan_recomputes(
-    view: nx.DiGraph, config: LMSConfig | None = None, *, device: DeviceModel | None = None
+    view: nx.DiGraph,
+    config: LMSConfig | None = None,
+    *,
+    device: DeviceModel | None = None,
+    target: Target | None = None,
 ) -> tuple[Recompute, ...]:
     """Choose the recomputation groups of ``view`` (see the module docstring).
 
@@ -174,14 +174,18 @@ def plan_recomputes(
             how early a group is triggered, ``min_tensor_bytes`` what is worth
             it, the scope/type filters which producers qualify,
             ``recompute_dense`` and ``link`` which dense ops may be re-run.
-        device: times the clones (default: the budget's preset, else V100-16GB).
+        device: times the clones (default: ``target``'s device).
+        target: the device and link (default: the config's,
+            ``memory_budget``'s preset else
+            :data:`~tflms.cost.target.DEFAULT_DEVICE`, over ``config.link``).
 
     Returns:
         The groups, largest saving first.
     """
     config = config or LMSConfig()
-    device = device or _device_model(config)
-    link = get_link(config.link)
+    target = target or Target.for_budget(config.memory_budget, link=config.link)
+    device = device or target.device
+    link = target.link
     levels = nx.get_node_attributes(view, "level")
     trigger_ok = trigger_filter(view)
     memo: dict[str, tuple[bool, float]] = {}

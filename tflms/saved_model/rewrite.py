@@ -46,12 +46,12 @@ import networkx as nx
 from tflms.apply.core import apply_with
 from tflms.apply.proto_editor import ProtoEditor
 from tflms.apply.validation import validate
+from tflms.compose.levers import make_plan
 from tflms.config import LMSConfig
 from tflms.errors import AlreadyRewrittenError, ConfigError
 from tflms.graph.view import SWAP_ATTR, build_view, require_batch_size
 from tflms.plan.swap_plan import SwapPlan
 from tflms.saved_model.read import Model, Target
-from tflms.tuning.compose import make_plan
 
 if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is set
     from tflms.tuning.autotuner import AutotuneResult
@@ -199,11 +199,13 @@ def plan_view(view: nx.DiGraph, config: LMSConfig):
         ``(plan, tuning)`` where ``tuning`` is the auto-tuner's result, or None
         when no budget is set.
     """
-    if getattr(config, "memory_budget", None) is None:
-        return make_plan(view, config), None
+    config = config or LMSConfig()
+    target = config.target()  # device, link, budget and stack: resolved once, here
+    if config.memory_budget is None:
+        return make_plan(view, config, target=target), None
     from tflms.tuning.autotuner import autotune  # the simulator: imported only when a budget is set
 
-    tuning = autotune(view, config=config)
+    tuning = autotune(view, config=config, target=target)
     return tuning.plan, tuning
 
 

@@ -39,6 +39,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from tflms.cost.target import Accounting
 from tflms.errors import ConfigError
 
 __all__ = [
@@ -62,9 +63,6 @@ _FIRST_REGION = 2 << 20  # the first region with allow_growth
 Allocator: TypeAlias = Literal["exact", "bfc"]
 """An allocator model of :func:`tflms.simulate`: a key of :data:`ALLOCATORS`."""
 
-Accounting: TypeAlias = Literal["realistic", "tensors", "tensorflow", "grappler"]
-"""A memory accounting of :func:`tflms.simulate`: a key of
-:data:`tflms.simulation.memory.ACCOUNTINGS`."""
 
 ALLOCATORS: dict[Allocator, str] = {
     "exact": "the bytes of the live tensors: what any allocator needs at least",

@@ -38,6 +38,7 @@ from dataclasses import dataclass, fields
 
 import tensorflow as tf
 
+from tflms.cost.target import DEFAULT_DEVICE
 from tflms.errors import UnsupportedGraphError
 from tflms.graph.view import build_view
 from tflms.simulation import grappler as _grappler
@@ -202,7 +203,7 @@ def crosscheck(
     realistic = simulate(view, link="ideal")
 
     scheduled = view.subgraph([n for n in view if n in timeline.ops]).copy()
-    compiled = compile_view(scheduled, device="V100-16GB", link="ideal", bypass_identity_n=False)
+    compiled = compile_view(scheduled, device=DEFAULT_DEVICE, link="ideal", bypass_identity_n=False)
     start = [timeline.ops[name][1] for name in compiled.names]
     end = [timeline.ops[name][2] for name in compiled.names]
     order = tuple(sorted(range(len(compiled)), key=lambda i: (start[i], end[i], compiled.names[i])))

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 from tflms.cost import gpu_memory
 from tflms.cost.ops import ALIAS_OPS
+from tflms.cost.target import ACCOUNTINGS
 from tflms.errors import ConfigError
 from tflms.simulation.allocator import BFCModel, BufferReplay, check_allocator
 from tflms.simulation.schedule import CompiledGraph, Schedule
@@ -72,14 +73,6 @@ __all__ = [
     "variable_bytes",
     "variable_sizes",
 ]
-
-ACCOUNTINGS = {
-    "realistic": "TensorFlow's conventions plus what a GPU process holds beyond tensors",
-    "tensors": "variables resident, variable reads and Identity/Reshape alias their input",
-    "tensorflow": "the former name of 'tensors'",
-    "grappler": "every output is a fresh buffer, variable reads included; variables weigh 0",
-}
-"""The memory accountings of :func:`trace_memory` and :func:`tflms.simulate`."""
 
 TF_CONVENTIONS = frozenset({"realistic", "tensors", "tensorflow"})
 """Accountings that follow TensorFlow's buffer conventions (aliases, forwarding, variables)."""

@@ -54,12 +54,13 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from tflms.apply.core import apply_to_view
-from tflms.cost.gpu_memory import GPU_FACTS, SoftwareStack, get_stack
-from tflms.cost.hardware import DeviceModel, LinkModel, get_device, get_link
+from tflms.cost.gpu_memory import SoftwareStack
+from tflms.cost.hardware import DeviceModel, LinkModel
+from tflms.cost.target import Target
 from tflms.errors import ConfigError
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.allocator import Accounting, Allocator, check_allocator
-from tflms.simulation.memory import ACCOUNTINGS, LiveBuffer, trace_memory
+from tflms.simulation.memory import LiveBuffer, trace_memory
 from tflms.simulation.schedule import CompiledGraph, compile_view, first_ready, replayed
 from tflms.utils.files import write_atomic
 from tflms.utils.units import format_bytes
@@ -296,13 +297,14 @@ def simulate(
     view: nx.DiGraph,
     plan: SwapPlan | None = None,
     *,
-    device: str | DeviceModel = "V100-16GB",
-    link: str | LinkModel = "pcie3",
+    device: str | DeviceModel | None = None,
+    link: str | LinkModel | None = None,
     accounting: Accounting | None = None,
     allocator: Allocator = "exact",
     baseline: bool | SimulationResult = True,
     order: Sequence[str] | None = None,
-    stack: str | SoftwareStack = "tf2",
+    stack: str | SoftwareStack | None = None,
+    target: Target | None = None,
 ) -> SimulationResult:
     """Simulate one training step of ``view``, rewritten by ``plan`` if given.
 
@@ -311,9 +313,11 @@ def simulate(
             swap ops; tensors are sized with its batch size.
         plan: a swap plan to apply (to a copy) before simulating.
         device: a device preset name (``"V100-16GB"``, ``"A100-80GB"``,
-            ``"H100-80GB"``...) or a :class:`~tflms.cost.hardware.DeviceModel`.
+            ``"H100-80GB"``...) or a :class:`~tflms.cost.hardware.DeviceModel`;
+            default :data:`tflms.cost.target.DEFAULT_DEVICE`.
         link: a link preset name (``"pcie3"``, ``"pcie4"``, ``"nvlink2"``,
-            ``"ideal"``...) or a :class:`~tflms.cost.hardware.LinkModel`.
+            ``"ideal"``...) or a :class:`~tflms.cost.hardware.LinkModel`;
+            default ``"pcie3"``.
         accounting: ``"realistic"``: tensors with TensorFlow's conventions
             (resident variables, aliases) plus what a GPU process holds
             beyond them, term by term (:mod:`tflms.cost.gpu_memory`), so that
@@ -343,6 +347,9 @@ def simulate(
             stack calibrated to real measurements
             (:func:`tflms.cost.gpu_memory.calibrated`), whose fitted extra
             memory is the ``calibration`` term.
+        target: device, link, accounting and stack resolved at once
+            (:class:`~tflms.cost.target.Target`, e.g. ``config.target()``),
+            instead of ``device``, ``link``, ``accounting`` and ``stack``.
 
     Returns:
         A :class:`SimulationResult`.
@@ -352,14 +359,16 @@ def simulate(
         UnsupportedGraphError: the graph cannot be scheduled (a cycle).
         ValidationError: the plan does not match the view.
     """
-    device, link = get_device(device), get_link(link)
-    if accounting is None:
-        cpu_judge = allocator == "bfc" or order is not None
-        accounting = "realistic" if device.name in GPU_FACTS and not cpu_judge else "tensors"
-    if accounting not in ACCOUNTINGS:
+    if target is None:
+        if accounting is None and (allocator == "bfc" or order is not None):
+            accounting = "tensors"  # the CPU judge's modes replay the CPU's allocator
+        target = Target.for_device(device, link, accounting=accounting, stack=stack or "tf2")
+    elif device is not None or link is not None or accounting is not None or stack is not None:
         raise ConfigError(
-            f"accounting must be one of {sorted(ACCOUNTINGS)}. Received accounting={accounting!r}."
+            "simulate() takes a target or device/link/accounting/stack, not both: the target "
+            "already names them (build another with Target.for_device(...))."
         )
+    device, link, accounting, stack = target.device, target.link, target.accounting, target.stack
     check_allocator(allocator, accounting)
     if plan is not None and not isinstance(plan, SwapPlan):
         raise ConfigError(f"plan must be a tflms.SwapPlan or None, got {type(plan).__name__}.")
@@ -371,7 +380,6 @@ def simulate(
             "order must be a sequence of op names (e.g. measure_cpu_step(...).order). "
             f"Received {type(order).__name__}."
         )
-    stack = get_stack(stack)
     result = _run(target, device, link, accounting, allocator, order, stack)
     before = None
     if isinstance(baseline, SimulationResult):

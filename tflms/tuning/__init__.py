@@ -1,10 +1,9 @@
 """Tuning: the plan that fits a memory budget at the lowest predicted step time.
 
-:func:`make_plan` combines the levers (recompute, swap, order);
-:func:`autotune` searches their options (:mod:`~tflms.tuning.search`) with
-the simulator as judge; :func:`order_edges` finds the control edges that
-lower a simulated peak; :func:`retime_triggers` re-triggers swap-ins by
-simulated time instead of level distance.
+:func:`autotune` searches the options (:mod:`~tflms.tuning.search`) of the
+plans :mod:`tflms.compose` makes, with the simulator as judge.
+``make_plan``, ``order_edges`` and ``retime_triggers`` live in
+:mod:`tflms.compose`; they are still importable from here.
 """
 
 from tflms.utils.exports import lazy_exports
@@ -15,8 +14,8 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "AutotuneResult": "tflms.tuning.autotuner",
         "autotune": "tflms.tuning.autotuner",
         "resolve_budget": "tflms.tuning.autotuner",
-        "retime_triggers": "tflms.tuning.retime",
-        "make_plan": "tflms.tuning.compose",
-        "order_edges": "tflms.tuning.ordering",
+        "retime_triggers": "tflms.compose.retime",
+        "make_plan": "tflms.compose.levers",
+        "order_edges": "tflms.compose.ordering",
     },
 )

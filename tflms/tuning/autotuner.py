@@ -10,7 +10,7 @@ whose predicted step time is lowest:
 2. ``swapin_ahead`` for the three most promising thresholds, then
    ``swapin_groupby`` around the best pair;
 3. swap-in triggers chosen by simulated time rather than level distance
-   (:func:`tflms.tuning.retime.retime_triggers`), with a few slacks;
+   (:func:`tflms.compose.retime.retime_triggers`), with a few slacks;
 4. ``recompute=True`` on the most promising settings: cheap activations
    re-run instead of kept or swapped (their compute time is charged), and
    over a finite link ``recompute_dense`` 0.05 / 0.1 / 0.25 on the best of
@@ -64,16 +64,17 @@ import networkx as nx
 import tensorflow as tf
 
 from tflms.config import LMSConfig
-from tflms.cost.gpu_memory import GPU_FACTS, SoftwareStack, configured_stack
-from tflms.cost.hardware import DEVICES, LINKS, DeviceModel, LinkModel, get_device, get_link
+from tflms.cost.gpu_memory import SoftwareStack
+from tflms.cost.hardware import LINKS, DeviceModel, LinkModel
+from tflms.cost.target import Accounting, Target
+from tflms.cost.target import resolve_budget as target_budget
 from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
 from tflms.plan.swap_plan import SwapPlan
-from tflms.simulation.allocator import Accounting
 from tflms.simulation.simulator import SimulationResult
 from tflms.tuning.search import TUNED_OPTIONS, Candidate, Search
 from tflms.utils.gc_pause import gc_frozen
-from tflms.utils.units import format_bytes, parse_bytes
+from tflms.utils.units import format_bytes
 
 __all__ = ["autotune", "AutotuneResult", "Candidate", "resolve_budget", "TUNED_OPTIONS"]
 
@@ -95,9 +96,11 @@ class AutotuneResult:
         usable_bytes: the budget minus the safety margin: what plans must fit.
         candidates: every plan simulated, in search order.
         device, link: the presets used for time predictions.
-        retime: the ``slack`` of :func:`tflms.tuning.retime.retime_triggers`
+        retime: the ``slack`` of :func:`tflms.compose.retime.retime_triggers`
             if the chosen plan's swap-in triggers were chosen by simulated
             time, ``None`` if they are the planner's (level-based) ones.
+        target: everything the plans were made for (device, link, budget,
+            accounting, stack).
     """
 
     lms_needed: bool
@@ -111,6 +114,7 @@ class AutotuneResult:
     device: str
     link: str
     retime: float | None = None
+    target: Target | None = None
 
     @property
     def overhead(self) -> float:
@@ -181,7 +185,7 @@ def resolve_budget(
 
     Returns:
         ``(budget in bytes, the device preset)``; the preset is None when the
-        budget was given as a size.
+        budget was given as a size (see :func:`tflms.cost.target.resolve_budget`).
 
     Raises:
         ConfigError: no budget was given, or it is not a size or a preset.
@@ -190,27 +194,9 @@ def resolve_budget(
         >>> resolve_budget("16GiB")[0], resolve_budget("A100-80GB")[1].name
         (17179869184, 'A100-80GB')
     """
-    value = budget if budget is not None else (config.memory_budget if config else None)
-    if value is None:
-        raise ConfigError(
-            "No memory budget: pass one, e.g. tflms.autotune(view, '16GiB'), or set "
-            "LMSConfig(memory_budget='16GiB')."
-        )
-    if isinstance(value, DeviceModel):
-        return value.memory_bytes, value
-    if isinstance(value, str) and value.strip().lower() in {n.lower() for n in DEVICES}:
-        device = get_device(value.strip())
-        return device.memory_bytes, device
-    try:
-        size = parse_bytes(value)
-    except ValueError as err:
-        raise ConfigError(
-            f"memory budget must be a byte count, a size such as '16GiB' or a device preset "
-            f"({', '.join(DEVICES)}). Received {value!r}."
-        ) from err
-    if size <= 0:
-        raise ConfigError(f"memory budget must be positive. Received {value!r}.")
-    return size, None
+    return target_budget(
+        budget if budget is not None else (config.memory_budget if config else None)
+    )
 
 
 def autotune(
@@ -224,7 +210,8 @@ def autotune(
     safety_margin: float | None = None,
     robust: bool = True,
     accounting: Accounting | None = None,
-    stack: str | SoftwareStack = "tf2",
+    stack: str | SoftwareStack | None = None,
+    target: Target | None = None,
 ) -> AutotuneResult:
     """Find the swap plan that fits ``budget`` with the lowest predicted overhead.
 
@@ -236,7 +223,7 @@ def autotune(
             fields (:data:`TUNED_OPTIONS`) start from its values.
         batch_size: sizes tensors with an unknown batch dimension (graphs only).
         device: device model for time predictions; default the budget's
-            preset, else ``"V100-16GB"``.
+            preset, else :data:`tflms.cost.target.DEFAULT_DEVICE`.
         link: link preset; default ``config.link``.
         safety_margin: fraction of the budget kept free; default
             ``config.safety_margin``.
@@ -253,7 +240,11 @@ def autotune(
             accepts).
         stack: the software stack whose terms ``"realistic"`` counts
             (:data:`tflms.cost.gpu_memory.STACKS`), or a calibrated one
-            (:func:`tflms.cost.gpu_memory.calibrated`).
+            (:func:`tflms.cost.gpu_memory.calibrated`); default ``"tf2"``.
+        target: the device, link, budget, accounting and stack resolved at
+            once (:class:`~tflms.cost.target.Target`, e.g. ``config.target()``),
+            instead of ``budget``, ``device``, ``link``, ``accounting`` and
+            ``stack``; it needs a budget.
 
     Returns:
         An :class:`AutotuneResult`.
@@ -266,32 +257,34 @@ def autotune(
     config = config or LMSConfig()
     if not isinstance(config, LMSConfig):
         raise ConfigError(f"config must be an LMSConfig, got {type(config).__name__}.")
-    budget_bytes, preset = resolve_budget(budget, config)
+    if target is None:
+        target = config.target(
+            budget=budget, device=device, link=link, accounting=accounting, stack=stack
+        )
+    elif any(v is not None for v in (budget, device, link, accounting, stack)):
+        raise ConfigError(
+            "autotune() takes a target or budget/device/link/accounting/stack, not both: the "
+            "target already names them (build another with config.target(...))."
+        )
+    if target.budget_bytes is None:
+        raise ConfigError(
+            "No memory budget: pass one, e.g. tflms.autotune(view, '16GiB'), set "
+            "LMSConfig(memory_budget='16GiB') or give the target one (Target.for_budget(...))."
+        )
+    budget_bytes = target.budget_bytes
     margin = config.safety_margin if safety_margin is None else safety_margin
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.9:
         raise ConfigError(
             f"safety_margin must be a fraction in [0, 0.9). Received safety_margin={margin!r}."
         )
-    device_model = get_device(device) if device is not None else (preset or get_device("V100-16GB"))
-    link_model = get_link(link if link is not None else config.link)
-    if link is not None and link_model.name in LINKS:
+    device_model, link_model = target.device, target.link
+    if link_model.name in LINKS and link_model.name != config.link:
         # The chosen options must reproduce the chosen plan: ordering is
         # simulated over config.link, so it carries the link tuned for.
         config = config.replace(link=link_model.name)
     view = _as_view(graph_or_view, config, batch_size)
     usable = int(budget_bytes * (1.0 - margin))
-    if accounting is None:
-        known_gpu = preset is not None and preset.name in GPU_FACTS
-        accounting = "realistic" if known_gpu else "tensors"
-    if config.tensor_factor != 1.0:
-        if accounting != "realistic":
-            raise ConfigError(
-                f"LMSConfig.tensor_factor={config.tensor_factor:g} calibrates the realistic GPU "
-                f"memory model, but this budget is judged by {accounting!r}. Give the budget as "
-                "a GPU preset (memory_budget='V100-16GB') or leave tensor_factor at 1.0."
-            )
-        stack = configured_stack(stack, config.tensor_factor)
-    search = Search(view, config, usable, device_model, link_model, robust, accounting, stack)
+    search = Search(view, config, usable, target, robust)
 
     if search.baseline.device_peak_bytes <= usable:
         plan = SwapPlan(
@@ -314,6 +307,7 @@ def autotune(
             (),
             device_model.name,
             link_model.name,
+            target=target,
         )
         logger.info("%s", outcome.summary())
         return outcome
@@ -344,6 +338,7 @@ def autotune(
         device_model.name,
         link_model.name,
         best.retime,
+        target,
     )
     logger.info("%s", outcome.summary())
     return outcome

@@ -27,15 +27,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from tflms.compose.levers import make_plan, with_order
+from tflms.compose.retime import retime_triggers
 from tflms.config import LMSConfig
-from tflms.cost.gpu_memory import SoftwareStack
+from tflms.cost.target import Accounting, Target
 from tflms.plan.swap_plan import SwapPlan
-from tflms.simulation.allocator import Accounting
 from tflms.simulation.plans import PlanSimulator
 from tflms.simulation.schedule import CompiledGraph, Schedule, compile_view, first_ready
 from tflms.simulation.simulator import SimulationResult
-from tflms.tuning.compose import make_plan, with_order
-from tflms.tuning.retime import retime_triggers
 
 __all__ = ["Search", "Candidate", "TUNED_OPTIONS"]
 
@@ -109,20 +108,21 @@ class Search:
         view,
         config: LMSConfig,
         usable: int,
-        device,
-        link,
+        target: Target,
         robust=True,
-        accounting: Accounting | None = None,
-        stack: str | SoftwareStack = "tf2",
     ):
         self.view, self.base, self.usable = view, config, usable
-        self.device, self.link = device, link
-        self.robust = robust and link.bandwidth != float("inf")
-        self.accounting: Accounting = accounting or "tensors"
-        self.stack = stack
+        self.target = target
+        self.device, self.link = target.device, target.link
+        self.robust = robust and self.link.bandwidth != float("inf")
+        self.accounting: Accounting = target.accounting
         # Every plan is of one view: rewrites, op times and plans' results are shared.
         self.plans = PlanSimulator(
-            view, device=device, link=link, accounting=self.accounting, stack=stack
+            view,
+            device=self.device,
+            link=self.link,
+            accounting=self.accounting,
+            stack=target.stack,
         )
         self.baseline = self.plans.baseline
         self.candidates: list[Candidate] = []
@@ -138,7 +138,7 @@ class Search:
 
         Args:
             retime: Slack factor for simulated-time triggers
-                (:func:`~tflms.tuning.retime.retime_triggers`); None keeps the
+                (:func:`~tflms.compose.retime.retime_triggers`); None keeps the
                 planner's level-based triggers.
             **options: :class:`~tflms.LMSConfig` fields overriding the base config.
 

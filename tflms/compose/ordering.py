@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from tflms.cost.hardware import DeviceModel, LinkModel
+from tflms.cost.target import DEFAULT_DEVICE, DEFAULT_LINK
 from tflms.graph.grappler_rules import in_a_fold, removed_at_run_time
 from tflms.plan.candidates import ORDER_SENSITIVE
 from tflms.simulation.allocator import Accounting
@@ -162,8 +163,8 @@ class _Graph:
 def order_edges(
     view: nx.DiGraph,
     *,
-    device: str | DeviceModel = "V100-16GB",
-    link: str | LinkModel = "pcie3",
+    device: str | DeviceModel = DEFAULT_DEVICE,
+    link: str | LinkModel = DEFAULT_LINK,
     accounting: Accounting = "tensorflow",
     rounds: int = 24,
     max_slowdown: float = 0.02,

@@ -7,7 +7,7 @@ earlier ones produce:
    ``LMSConfig.recompute``: cheap ops re-run before their far consumers;
 2. swaps (:func:`~tflms.plan.planner.plan_swaps`) on the view rewritten by
    the recomputations, so a tensor a clone reads may be swapped for it;
-3. order edges (:func:`~tflms.tuning.ordering.order_edges`), if
+3. order edges (:func:`~tflms.compose.ordering.order_edges`), if
    ``LMSConfig.reorder``, chosen by simulating the view rewritten by both.
 
 With ``LMSConfig.memory_budget`` use :func:`tflms.autotune`, which searches
@@ -41,7 +41,7 @@ import networkx as nx
 
 from tflms.apply.core import apply_to_view
 from tflms.config import LMSConfig
-from tflms.cost.hardware import DEVICES, get_device
+from tflms.cost.target import Target
 from tflms.plan.planner import plan_swaps
 from tflms.plan.recompute import plan_recomputes
 from tflms.plan.swap_plan import SwapPlan
@@ -57,7 +57,11 @@ _SWAPS_ONLY = dict(swapin_groupby=0, n_tensors=None, sync_mode=0, serialization=
 
 
 def make_plan(
-    view: nx.DiGraph, config: LMSConfig | None = None, *, memo: dict | None = None
+    view: nx.DiGraph,
+    config: LMSConfig | None = None,
+    *,
+    memo: dict | None = None,
+    target: Target | None = None,
 ) -> SwapPlan:
     """Plan recomputations, swaps and order edges for ``view`` under ``config``.
 
@@ -68,18 +72,25 @@ def make_plan(
             auto-tuner's): the recomputation groups and the view they
             rewrite, reused by options that differ only in what the groups
             do not depend on. None: nothing is kept.
+        target: the device the recomputations are timed on and the link
+            ordering simulates; default the config's own
+            (``memory_budget``'s preset, else
+            :data:`~tflms.cost.target.DEFAULT_DEVICE`, over ``config.link``), so
+            that a config always reproduces its plan.
 
     Returns:
         The :class:`~tflms.SwapPlan`; possibly empty, in which case
         ``plan.skipped`` and ``plan.notes`` say why.
     """
     config = config or LMSConfig()
-    device = get_device(config.memory_budget if config.memory_budget in DEVICES else "V100-16GB")
+    if target is None:  # the stack and accounting are not read: tensor_factor is left out
+        target = Target.for_budget(config.memory_budget, link=config.link)
+    device = target.device
     key = config.replace(**_SWAPS_ONLY) if config.recompute else None
     if memo is not None and key in memo:
         recomputes, staged = memo[key]
     else:
-        recomputes = plan_recomputes(view, config, device=device) if config.recompute else ()
+        recomputes = plan_recomputes(view, config, target=target) if config.recompute else ()
         staged = (
             apply_to_view(view, SwapPlan(recomputes=recomputes, config=config))
             if recomputes
@@ -96,7 +107,7 @@ def make_plan(
         )
     plan = dataclasses.replace(plan, recomputes=recomputes, notes=tuple(notes))
     if config.reorder:
-        plan = with_order(view, plan, device=device, link=config.link)
+        plan = with_order(view, plan, device=device, link=target.link)
     return plan
 
 
@@ -108,13 +119,13 @@ def with_order(view: nx.DiGraph, plan: SwapPlan, *, device, link, **options) -> 
         plan: a plan without order edges.
         device: device preset (or model) for the simulation.
         link: link preset (or model) for the simulation.
-        **options: passed to :func:`~tflms.tuning.ordering.order_edges`.
+        **options: passed to :func:`~tflms.compose.ordering.order_edges`.
 
     Returns:
         The plan with :attr:`~tflms.SwapPlan.order` set (unchanged when no
         order lowers the peak).
     """
-    from tflms.tuning.ordering import order_edges  # the simulator: only when ordering
+    from tflms.compose.ordering import order_edges  # the simulator: only when ordering
 
     base = dataclasses.replace(plan, order=())
     rewritten = apply_to_view(view, base) if not base.empty else view

@@ -36,6 +36,7 @@ import logging
 import networkx as nx
 
 from tflms.cost.hardware import DeviceModel, LinkModel, get_link
+from tflms.cost.target import DEFAULT_DEVICE, DEFAULT_LINK
 from tflms.plan.swap_plan import SwapPlan
 from tflms.plan.triggers import trigger_filter
 from tflms.simulation.schedule import compile_view, first_ready
@@ -49,8 +50,8 @@ def retime_triggers(
     view: nx.DiGraph | None,
     plan: SwapPlan,
     *,
-    device: str | DeviceModel = "V100-16GB",
-    link: str | LinkModel = "pcie3",
+    device: str | DeviceModel = DEFAULT_DEVICE,
+    link: str | LinkModel = DEFAULT_LINK,
     slack: float = 1.0,
     timed: tuple | None = None,
 ) -> SwapPlan:

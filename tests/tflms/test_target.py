@@ -1,0 +1,86 @@
+"""``Target``: the device, link, budget, accounting and stack, resolved once.
+
+The keyword APIs (``tflms.simulate(view, device=..., link=...)``,
+``tflms.autotune(view, budget, ...)``, ``LMSConfig(memory_budget=...)``) build
+a target; passing one must give the same answers as the keywords it stands for.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+import tflms
+from tflms.cost.gpu_memory import STACKS
+from tflms.cost.target import DEFAULT_DEVICE, Target
+from tflms.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def view():
+    g = tf.Graph()
+    with g.as_default():
+        h = tf.compat.v1.placeholder(tf.float32, [256, 1024], name="x")
+        keep = []
+        for i in range(12):
+            h = tf.nn.relu(h * 1.5, name=f"act{i}")
+            keep.append(h)
+        for i, k in enumerate(reversed(keep)):
+            h = tf.maximum(h, k, name=f"back{i}")
+    return tflms.build_view(g)
+
+
+def test_a_budget_preset_names_the_device_and_the_realistic_accounting():
+    target = Target.for_budget("a100-80gb")
+    assert target.device.name == "A100-80GB" == target.budget_preset
+    assert target.budget_bytes == 80 << 30 and target.accounting == "realistic"
+    in_bytes = Target.for_budget("16GiB")
+    assert in_bytes.device.name == DEFAULT_DEVICE and in_bytes.accounting == "tensors"
+    assert in_bytes.budget_preset is None
+    assert Target.for_budget(None).budget_bytes is None
+
+
+def test_the_config_resolves_its_own_target():
+    config = tflms.LMSConfig(memory_budget="V100-32GB", link="nvlink2", tensor_factor=1.5)
+    target = config.target()
+    assert (target.device.name, target.link.name) == ("V100-32GB", "nvlink2")
+    assert target.stack.tensor_factor == 1.5 and target.stack.name == "tf2+calibrated"
+    assert config.target(link="ideal", budget="16GiB", accounting="realistic").link.name == "ideal"
+    with pytest.raises(ConfigError, match="tensor_factor=1.5 calibrates"):
+        config.target(budget="16GiB")  # a size: judged by 'tensors', which has no calibration
+
+
+def test_simulate_with_a_target_equals_simulate_with_its_keywords(view):
+    by_keywords = tflms.simulate(view, device="A100-80GB", link="nvlink2", stack="tf1")
+    target = Target.for_device("A100-80GB", "nvlink2", stack=STACKS["tf1"])
+    by_target = tflms.simulate(view, target=target)
+    assert by_target.device_peak_bytes == by_keywords.device_peak_bytes
+    assert by_target.step_time_s == by_keywords.step_time_s
+    assert by_target.accounting == "realistic" == by_keywords.accounting
+    with pytest.raises(ConfigError, match="not both"):
+        tflms.simulate(view, device="A100-80GB", target=target)
+
+
+def test_autotune_with_a_target_equals_autotune_with_its_keywords(view):
+    config = tflms.LMSConfig(safety_margin=0)
+    by_keywords = tflms.autotune(view, "12MiB", config=config, link="nvlink2")
+    by_target = tflms.autotune(
+        view, config=config, target=config.target(budget="12MiB", link="nvlink2")
+    )
+    assert by_target.plan == by_keywords.plan and by_target.config == by_keywords.config
+    assert by_target.result.device_peak_bytes == by_keywords.result.device_peak_bytes
+    assert by_keywords.target == by_target.target and by_target.link == "nvlink2"
+    with pytest.raises(ConfigError, match="not both"):
+        tflms.autotune(view, "12MiB", target=by_target.target)
+    budgeted = tflms.LMSConfig(memory_budget="12MiB")
+    with pytest.raises(ConfigError, match="No memory budget"):  # the target's, not the config's
+        tflms.autotune(view, config=budgeted, target=Target.for_device())
+
+
+def test_errors_name_the_fix():
+    with pytest.raises(ConfigError, match="Unknown device model 'P100'"):
+        Target.for_device("P100")
+    with pytest.raises(ConfigError, match="accounting must be one of"):
+        Target.for_device(accounting="bytes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="Received 'lots'"):
+        Target.for_budget("lots")
