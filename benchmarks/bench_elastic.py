@@ -25,11 +25,14 @@ All runs use ``ddlrun`` and the Keras worker of the tests
   interleaved, ``ROUNDS`` times, so that ratios come from the same minutes.
 
 ``python benchmarks/bench_elastic.py`` writes ``results/elastic.json`` (about
-15 minutes on a 2-core machine).
+15 minutes on a 2-core machine; the rehearsal part needs root, and is recorded
+as skipped without); ``--only PART`` measures one part again and keeps the
+others (``measured`` says when each part ran).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -221,23 +224,38 @@ def cost() -> dict:
     return rows
 
 
+PARTS = {
+    "recovery": recovery,
+    "growth": growth,
+    "node_loss_rehearsal": node_loss_rehearsal,
+    "cost": cost,
+}
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--only",
+        choices=sorted(PARTS),
+        action="append",
+        help="measure these parts again and keep the others from results/elastic.json",
+    )
+    args = parser.parse_args()
+    path = RESULTS / "elastic.json"
     started = time.time()
-    result = {
-        "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "machine": machine_info(),
-        "recovery": recovery(),
-    }
-    print(json.dumps(result["recovery"]), flush=True)
-    result["growth"] = growth()
-    print(json.dumps(result["growth"]), flush=True)
-    result["node_loss_rehearsal"] = node_loss_rehearsal()
-    print(json.dumps(result["node_loss_rehearsal"]), flush=True)
-    result["cost"] = cost()
+    result = json.loads(path.read_text()) if args.only and path.exists() else {}
+    result["machine"] = machine_info()
+    measured = result.setdefault("measured", {})
+    for name, part in PARTS.items():
+        if args.only and name not in args.only:
+            continue
+        result[name] = part()
+        measured[name] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        print(json.dumps({name: result[name]}), flush=True)
+    result["created"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     result["seconds"] = round(time.time() - started, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / "elastic.json", result)
-    print(json.dumps(result["cost"], indent=1))
+    write_json(path, result)
 
 
 if __name__ == "__main__":
