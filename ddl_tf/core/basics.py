@@ -24,20 +24,21 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from ddl_tf import env
 from ddl_tf.config import DDLConfig
 from ddl_tf.core import HOROVOD_BASICS, current, mpi
 from ddl_tf.core import process_sets as process_sets_module
-from ddl_tf.core.current import CURRENT
 from ddl_tf.core.engine import Engine
 from ddl_tf.core.job import Job, spawned_parent
+from ddl_tf.core.process_sets import ProcessSet
 from ddl_tf.core.topology import Topology
 from ddl_tf.env import HOROVOD_IGNORED
 from ddl_tf.errors import ConfigError, DDLError
 
-__all__ = ["engine", "job", "replace_job", "topology", "CURRENT", *HOROVOD_BASICS]
+__all__ = ["engine", "job", "replace_job", "topology", *HOROVOD_BASICS]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ _previous_excepthook = None
 _atexit_registered = False
 
 
-def init(comm: Any = None, process_sets: Any = None) -> Engine:
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> Engine:
     """Start ddl_tf on every rank (collective; later calls return the same engine).
 
     Args:

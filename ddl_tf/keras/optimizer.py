@@ -40,11 +40,11 @@ import tensorflow as tf
 from keras import ops
 
 from ddl_tf.core.compression import Compression, Compressor
-from ddl_tf.core.process_sets import excludes_this_rank
-from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.core.process_sets import ProcessSet, excludes_this_rank, member_engine
+from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import ConfigError
-from ddl_tf.tensorflow.functions import allreduce_gradients
-from ddl_tf.tensorflow.tf_errors import engine_for
+from ddl_tf.tensorflow.functions import reduce_gradients
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "unwrap_optimizer"]
 
@@ -113,7 +113,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         average_aggregated_gradients: bool = False,
         num_groups: int = 0,
         groups: Any = None,
-        process_set: Any = None,
+        process_set: ProcessSet | None = None,
         scale_local_gradients: bool = True,
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
@@ -134,7 +134,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 "backward_passes_per_step must be a whole number >= 1. Received "
                 f"backward_passes_per_step={backward_passes_per_step!r}."
             )
-        op = parse_op(op)
+        spec = ReduceSpec.for_gradients(
+            op=op,
+            compression=compression,
+            gradient_predivide_factor=gradient_predivide_factor,
+            process_set=process_set,
+        )
+        op = spec.op
         if op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
             raise ConfigError(
                 "DistributedOptimizer combines gradients with Average, Sum or Adasum. Received "
@@ -158,6 +164,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.overlap = overlap
         self.bucket_bytes = bucket_bytes
         self.process_set = process_set
+        self._spec = spec  # the reduction, resolved once; the attributes above are its config
         self.reduce_in_apply = True  # False inside a DistributedLossScaleOptimizer
         self._local_vars: set = set()
         self._accumulators: list = []
@@ -294,26 +301,25 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             The reduced gradients, in the same order.
         """
         grads = list(grads)
-        if excludes_this_rank(self.process_set):
+        engine = member_engine(self._spec.process_set)  # the one look-up of the set per step
+        if engine is None:
             return grads  # as in Horovod: a rank outside the set trains on its own gradients
         overlap = self.overlap if overlap is None else overlap
         shared = [i for i, v in enumerate(variables) if _key(v) not in self._local_vars]
-        reduced = allreduce_gradients(
+        reduced = reduce_gradients(
             [grads[i] for i in shared],
-            op=self.op,
-            compression=self.compression,
+            self._spec,
+            engine,
             sparse_as_dense=self.sparse_as_dense,
-            gradient_predivide_factor=self.gradient_predivide_factor,
             name=f"{self.name}_allreduce",
             overlap=overlap,
             bucket_bytes=self.bucket_bytes,
-            process_set=self.process_set,
         )
         out = list(grads)
         for i, g in zip(shared, reduced, strict=True):
             out[i] = g
         if self.scale_local_gradients and len(shared) < len(grads):
-            size = engine_for(self.process_set).size
+            size = engine.size
             for i, v in enumerate(variables):
                 if _key(v) in self._local_vars and out[i] is not None:
                     out[i] = _divide(out[i], size)

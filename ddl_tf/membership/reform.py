@@ -113,7 +113,6 @@ class Membership:
         self.settings = settings
         self.blacklist = Blacklist(settings.cooldown)
         self._watcher: _Watcher | None = None
-        self._watched_by: int | None = None  # id of the job whose rank 0 runs the watcher
         self._pending = HostChange()
 
     # ------------------------------------------------------------------ failures
@@ -233,7 +232,7 @@ class Membership:
     # ------------------------------------------------------------------ helpers
 
     def _decide(self, job: Job) -> HostChange | str:
-        self._ensure_watcher(job)
+        self._ensure_watcher()
         watcher = self._watcher
         assert watcher is not None
         if watcher.error is not None and watcher.failing_since is not None:
@@ -251,13 +250,10 @@ class Membership:
             max_np=self.settings.max_np,
         )
 
-    def _ensure_watcher(self, job: Job) -> None:
-        if self._watcher is not None and self._watched_by == id(job.comm):
-            return
+    def _ensure_watcher(self) -> None:
         if self._watcher is None:
             self._watcher = _Watcher(self.settings)
             self._watcher.start()
-        self._watched_by = id(job.comm)
 
     def _grow_to_min_np(self) -> None:
         """Wait (up to ``timeout``) for discovered hosts that bring the job to ``min_np``."""

@@ -341,7 +341,6 @@ def test_the_api_table_lists_exactly_what_basics_defines():
         "job",
         "replace_job",
         "topology",
-        "CURRENT",
     }
     for name, module in ddl_tf.tensorflow.API.items():
         assert name in importlib.import_module(module).__all__ or module.endswith(f".{name}"), name
