@@ -376,6 +376,26 @@ def test_a_wrapped_loss_scale_optimizer_trains_like_keras_own(ddl, mixed_float16
     assert int(ours.optimizer.iterations.numpy()) == int(plain.optimizer.iterations.numpy()) > 0
 
 
+def test_a_distributed_loss_scale_optimizer_saves_its_reduction_and_keeps_local_layers(
+    ddl, mixed_float16, tmp_path
+):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    opt = hvd_keras.PartialDistributedOptimizer(
+        keras.optimizers.SGD(0.05), local_layers=model.layers[0], op=hvd.Sum
+    )
+    assert type(opt).__name__ == "DistributedLossScaleOptimizer"
+    assert isinstance(opt.inner_optimizer, keras.optimizers.SGD)  # reduced once, by the outer
+    model.compile(opt, "mse", jit_compile=False)
+    x = np.ones((8, 4), "float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
+    model.save(tmp_path / "mixed.keras")
+    loaded = hvd_keras.load_model(tmp_path / "mixed.keras")
+    assert type(loaded.optimizer).__name__ == "DistributedLossScaleOptimizer"  # not wrapped again
+    assert loaded.optimizer.reducer.op is hvd.Sum
+    with pytest.raises(ConfigError, match="backward_passes_per_step > 1"):
+        hvd_keras.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2)
+
+
 def test_a_policy_set_after_the_optimizer_is_refused_with_the_fix(ddl):
     late = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.05))
     keras.mixed_precision.set_global_policy("mixed_float16")
