@@ -165,7 +165,7 @@ def engine_for(process_set: ProcessSet | None) -> Any:
         process_set: The ``process_set`` argument of a collective.
 
     Returns:
-        The :class:`~ddl_tf.core.engine.Engine` of the set on this rank (for
+        The :class:`~ddl_tf.core.collectives.engine.Engine` of the set on this rank (for
         an elastic job's whole set, :data:`~ddl_tf.core.current.CURRENT`,
         which stands for it).
 

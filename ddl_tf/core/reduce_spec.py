@@ -32,9 +32,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from ddl_tf.core.compression import Compression, Compressor
+from ddl_tf.core.numerics.compression import Compression, Compressor
+from ddl_tf.core.numerics.reduce_ops import ReduceOp, parse_op
 from ddl_tf.core.process_sets import ProcessSet, check_process_set
-from ddl_tf.core.reduce_ops import ReduceOp, parse_op
 from ddl_tf.errors import ConfigError
 
 __all__ = ["ReduceSpec", "split_compression"]
@@ -44,7 +44,7 @@ def split_compression(compression: Any) -> tuple[Compressor | None, Any]:
     """The engine's compressor, or a Horovod-style compressor to apply around the collective.
 
     Args:
-        compression: None, a :class:`~ddl_tf.core.compression.Compressor` or its
+        compression: None, a :class:`~ddl_tf.core.numerics.compression.Compressor` or its
             name, or an object with ``compress``/``decompress`` methods (Horovod
             style, applied by the framework layer to its tensors).
 
@@ -103,7 +103,7 @@ class ReduceSpec:
         """The spec of a collective called with Horovod's keyword arguments.
 
         Args:
-            op: A :class:`~ddl_tf.core.reduce_ops.ReduceOp`, its name, or None (Average).
+            op: A :class:`~ddl_tf.core.numerics.reduce_ops.ReduceOp`, its name, or None (Average).
             average: Horovod's deprecated flag (only with ``op=None``).
             compression: See :func:`split_compression`.
             prescale_factor: Multiply before reducing.
@@ -140,7 +140,7 @@ class ReduceSpec:
         """The spec of a gradient reduction (``DistributedOptimizer``, ``DistributedGradientTape``).
 
         Args:
-            op: Average (default), Sum or another :class:`~ddl_tf.core.reduce_ops.ReduceOp`.
+            op: Average (default), Sum or another :class:`~ddl_tf.core.numerics.reduce_ops.ReduceOp`.
             compression: See :func:`split_compression`.
             gradient_predivide_factor: With Average, divide by this before the
                 sum and multiply by it after (Horovod's option against fp16 overflow).

@@ -55,13 +55,13 @@ from ddl_tf.core.basics import (
     start_timeline,
     stop_timeline,
 )
+from ddl_tf.core.numerics.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from ddl_tf.core.process_sets import (
     ProcessSet,
     add_process_set,
     global_process_set,
     remove_process_set,
 )
-from ddl_tf.core.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras import callbacks, elastic
 from ddl_tf.keras.loss_scale import DistributedLossScaleOptimizer

@@ -31,9 +31,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from ddl_tf.core.compression import Compression, Compressor
+from ddl_tf.core.numerics.compression import Compression, Compressor
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet, excludes_this_rank, member_engine
-from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import reduce_gradients

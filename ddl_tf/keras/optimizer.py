@@ -40,9 +40,9 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from ddl_tf.core.compression import Compressor
+from ddl_tf.core.numerics.compression import Compressor
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet
-from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras.gradient_reducer import GradientReducer, variable_key, variables_of_apply
 from ddl_tf.keras.loss_scale import DistributedLossScaleOptimizer
@@ -72,7 +72,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         gradient_predivide_factor: With Average, scale by ``1/f`` before the sum
             and ``f/size`` after it.
         op: ``Average`` (default), ``Sum`` or ``Adasum`` (Horovod's Keras optimizer refuses
-            Adasum; ddl_tf combines the gradients with it, see :mod:`ddl_tf.core.adasum`).
+            Adasum; ddl_tf combines the gradients with it, see :mod:`ddl_tf.core.algorithms.adasum`).
         backward_passes_per_step: Accumulate this many gradient calls locally
             before one reduction and update.
         average_aggregated_gradients: Divide accumulated gradients by

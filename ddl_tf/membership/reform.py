@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddl_tf import env
-from ddl_tf.core import basics, mpi
+from ddl_tf.core import basics
 from ddl_tf.core.job import Job
+from ddl_tf.core.numerics import mpi
 from ddl_tf.errors import ConfigError, DDLError, HostsUpdatedInterrupt
 from ddl_tf.membership.discovery import Blacklist, DiscoveryError, run_discovery
 from ddl_tf.membership.settings import ElasticSettings

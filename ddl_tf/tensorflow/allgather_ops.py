@@ -28,8 +28,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet
-from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.tf_errors import engine_for
 

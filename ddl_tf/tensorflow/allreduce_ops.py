@@ -3,11 +3,11 @@ grouped_allreduce and barrier.
 
 Shapes and dtypes are preserved. Every Horovod dtype and op works as
 Horovod defines it, including ``Average`` of integers (the truncated mean), ``Adasum``
-of float16/32/64 tensors (:mod:`ddl_tf.core.adasum`; ``2^k`` ranks, or ``2^k``
+of float16/32/64 tensors (:mod:`ddl_tf.core.algorithms.adasum`; ``2^k`` ranks, or ``2^k``
 nodes with a hierarchical allreduce; any registered process set; after the
 engine's or a Horovod-style compression, as Horovod compresses first)
 and ``prescale_factor`` / ``postscale_factor`` on integers (float64 math,
-truncated; see :mod:`ddl_tf.core.scaling`). A ``tf.IndexedSlices`` is
+truncated; see :mod:`ddl_tf.core.numerics.scaling`). A ``tf.IndexedSlices`` is
 allgathered (values and indices) instead of reduced, as in Horovod, which
 supports only Sum and Average there and no scale factors; anything else
 raises :class:`~ddl_tf.errors.UnsupportedError` (a ``NotImplementedError``)
@@ -39,8 +39,8 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core import current
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet
-from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import UnsupportedError
 from ddl_tf.tensorflow import bridge

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet, set_root
-from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.errors import ExecutionModeError
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.functions import broadcast_variables

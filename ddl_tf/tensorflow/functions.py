@@ -18,8 +18,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet, set_root
-from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allreduce_ops import reduce_tensors

@@ -26,8 +26,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet, member_engine
-from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import reduce_gradients

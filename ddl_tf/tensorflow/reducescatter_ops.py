@@ -5,7 +5,7 @@ rank ``r`` keeps its share of the first dimension: ``rows // size`` rows,
 plus one for the first ``rows % size`` ranks. Shapes and dtypes must match
 across ranks; a scalar raises :class:`~ddl_tf.tensorflow.tf_errors.CollectiveArgumentError`
 (a ``ValueError`` and ``tf.errors.InvalidArgumentError``) on every rank.
-Integer Average and scale factors follow :mod:`ddl_tf.core.scaling`.
+Integer Average and scale factors follow :mod:`ddl_tf.core.numerics.scaling`.
 
 Gradient (as Horovod 0.28.1): the allgather of the upstream gradient,
 multiplied by the number of ranks for ``op=Sum`` and by the pre- and
@@ -27,8 +27,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet
-from ddl_tf.core.reduce_ops import ReduceOp
 from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import gather_tensors

@@ -4,8 +4,8 @@ import pytest
 
 from ddl_tf import env
 from ddl_tf.config import DEFAULT_FUSION_THRESHOLD, DDLConfig
-from ddl_tf.core.compression import Compression
-from ddl_tf.core.reduce_ops import Average, ReduceOp, Sum, parse_op
+from ddl_tf.core.numerics.compression import Compression
+from ddl_tf.core.numerics.reduce_ops import Average, ReduceOp, Sum, parse_op
 from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import ConfigError
 
@@ -83,7 +83,9 @@ def test_reduce_op_parsing_follows_horovod():
     assert parse_op("MAX") is ReduceOp.MAX
     with pytest.raises(ConfigError, match="not both"):
         parse_op(Sum, average=True)
-    assert parse_op("adasum") is ReduceOp.ADASUM  # the engine runs it (ddl_tf.core.adasum)
+    assert (
+        parse_op("adasum") is ReduceOp.ADASUM
+    )  # the engine runs it (ddl_tf.core.algorithms.adasum)
     with pytest.raises(ConfigError, match="Unknown reduction 'mean'"):
         parse_op("mean")
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 import ddl_tf as hvd
 import ddl_tf.keras as hvd_keras
 from ddl_tf.core import basics
-from ddl_tf.core.aligned import BufferPool, aligned_empty
+from ddl_tf.core.numerics.aligned import BufferPool, aligned_empty
 from ddl_tf.errors import ConfigError, NotInitializedError
 from ddl_tf.keras.callbacks import (
     BroadcastGlobalVariablesCallback,
@@ -37,9 +37,7 @@ def test_importing_ddl_tf_starts_neither_mpi_nor_tensorflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    core = (
-        "import sys, ddl_tf, ddl_tf.core.engine, ddl_tf.ddlrun; print('tensorflow' in sys.modules)"
-    )
+    core = "import sys, ddl_tf, ddl_tf.core.collectives.engine, ddl_tf.ddlrun; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
