@@ -24,7 +24,7 @@ $(PY):
 
 # Reinstall only when the packaging metadata changes; the install is editable,
 # so source edits need no reinstall.
-$(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/halfkernels.c
+$(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/numerics/halfkernels.c
 	$(PY) -m pip install --disable-pip-version-check -q -e '.[$(EXTRAS)]'
 	@touch $@
 

@@ -1,4 +1,6 @@
-"""Build hook for the one optional C extension (ddl_tf.core.halfkernels); metadata is in setup.cfg.
+"""Build hook for the one optional C extension, ddl_tf.core.numerics.halfkernels.
+
+Metadata is in setup.cfg.
 
 The extension speeds up float16/bfloat16 conversions in ddl_tf's host-side
 reductions. It is optional: without a C compiler the install still succeeds
@@ -10,8 +12,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "ddl_tf.core.halfkernels",
-            ["ddl_tf/core/halfkernels.c"],
+            "ddl_tf.core.numerics.halfkernels",
+            ["ddl_tf/core/numerics/halfkernels.c"],
             extra_compile_args=["-O3"],
             optional=True,
         )

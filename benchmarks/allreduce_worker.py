@@ -25,7 +25,7 @@ issue's targets are judged on.
 
 With fp16/bf16 compression the timed region includes the float32 -> half
 conversion before and the half -> float32 conversion after the transfer,
-made the way the engine makes them (``ddl_tf.core.halfconv.cast_into``,
+made the way the engine makes them (``ddl_tf.core.numerics.halfconv.cast_into``,
 compiled: 1.6-2.3 ms each way for 16 MiB of float32 here, where numpy's
 ``astype`` took 9.6-17 ms);
 compressed rows cover the reducing algorithms (flat, ring, asa, auto; only
@@ -41,8 +41,8 @@ import numpy as np
 from mpi4py import MPI
 
 import ddl_tf as hvd
-from ddl_tf.core.engine import Engine
-from ddl_tf.core.halfconv import cast_into
+from ddl_tf.core.collectives.engine import Engine
+from ddl_tf.core.numerics.halfconv import cast_into
 
 HALF = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
 ROUND_SECONDS = 0.02

@@ -65,7 +65,7 @@ from benchmarks.policy_fit import fit_tables  # noqa: E402
 from ddl_tf.cluster import Cluster, ClusterSpec, parse_rate, unavailable_reason  # noqa: E402
 from ddl_tf.cluster.bounds import framing_overhead  # noqa: E402
 from ddl_tf.cluster.probe import LINK_BOUND_RATIO, link_throughput  # noqa: E402
-from ddl_tf.core.selection import DEFAULT_POLICY, layout_key  # noqa: E402
+from ddl_tf.core.algorithms.selection import DEFAULT_POLICY, layout_key  # noqa: E402
 
 RESULTS = HERE / "results"
 LADDER = ["1gbit", "500mbit", "250mbit", "125mbit", "62500kbit"]

@@ -9,7 +9,7 @@ on this machine; the JSON records the ratio), with every variant in the
 same MPI job, interleaved round by round: overlap on (one run per bucket
 size of the sweep), overlap off, compute alone (no allreduce), the forward
 pass alone and the allreduce alone (the same gradient bytes). The allreduce is ``ring``, whose
-waits sleep instead of spinning (:mod:`ddl_tf.core.waiting`); the worker
+waits sleep instead of spinning (:mod:`ddl_tf.core.algorithms.waiting`); the worker
 gives each rank one compute thread.
 
 The job runs ``--jobs`` times (3 by default), each a fresh ``mpirun``: on

@@ -36,7 +36,7 @@ from mpi4py import MPI
 
 import ddl_tf as hvd
 from ddl_tf.cluster.counters import read_local
-from ddl_tf.core.algorithms import make_allreduce
+from ddl_tf.core.algorithms.allreduce import make_allreduce
 
 
 def add_variants(engine, names):

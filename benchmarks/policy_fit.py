@@ -1,17 +1,17 @@
-"""Learn the ``auto`` tables of an :class:`~ddl_tf.core.selection.AutoPolicy` from timings.
+"""Learn the ``auto`` tables of an :class:`~ddl_tf.core.algorithms.selection.AutoPolicy` from timings.
 
 The one rule set behind ``benchmarks/bench_allreduce.py`` (one machine) and
 ``benchmarks/bench_cluster_allreduce.py`` (rehearsal clusters). Its input is
 benchmark rows, dicts with ``algorithm``, ``compression``, ``seconds`` and
 the message size (``wire_bytes``, or ``bytes`` of float32 data); its output
-is rules in the JSON form :func:`~ddl_tf.core.selection.load_policy` reads.
+is rules in the JSON form :func:`~ddl_tf.core.algorithms.selection.load_policy` reads.
 
 The rules, written to tolerate the noise of a shared machine (two timings of
 the same algorithm in one run differ by up to ~20 % there, and a table that
 switches algorithm at every size fits that noise):
 
 1. *Cost.* At each message size (bytes on the wire, what
-   :meth:`AutoPolicy.choose <ddl_tf.core.selection.AutoPolicy.choose>` is
+   :meth:`AutoPolicy.choose <ddl_tf.core.algorithms.selection.AutoPolicy.choose>` is
    given), an algorithm's cost is its largest ratio to the fastest algorithm
    over the layouts measured (its worst-case regret; with one layout, its
    time relative to the fastest). Only :data:`CANDIDATES` compete (``auto``'s

@@ -64,7 +64,7 @@ class DDLConfig:
 
     Attributes:
         algorithm: Allreduce algorithm. ``auto`` picks per message size and
-            topology from measured tables (see :mod:`ddl_tf.core.selection`);
+            topology from measured tables (see :mod:`ddl_tf.core.algorithms.selection`);
             the others force one algorithm for every allreduce.
         fusion_threshold_bytes: Largest fused bucket (bytes on the wire). A
             tensor larger than this travels alone; ``0`` disables fusion.
@@ -88,7 +88,7 @@ class DDLConfig:
         abort_on_error: Install an excepthook at ``init()`` that aborts the
             whole MPI job when any rank dies of an uncaught exception.
         topology_file: JSON file refining the topology (see
-            :mod:`ddl_tf.core.topology`).
+            :mod:`ddl_tf.core.topology.layout`).
         pseudo_nodes: Fake node layout for testing hierarchy on one host: a
             node count, or one node name per rank (comma separated).
         auto_policy_file: JSON table overriding the built-in ``auto`` choice.

@@ -48,9 +48,9 @@ from pathlib import Path
 
 from ddl_tf import __version__, env
 from ddl_tf.config import ALGORITHMS, COMPRESSIONS, DDLConfig
-from ddl_tf.core.selection import load_policy
-from ddl_tf.core.topology import Topology, pseudo_node_names
-from ddl_tf.core.topology_file import load_topology_file
+from ddl_tf.core.algorithms.selection import load_policy
+from ddl_tf.core.topology.layout import Topology, pseudo_node_names
+from ddl_tf.core.topology.topology_file import load_topology_file
 from ddl_tf.errors import DDLError, LaunchError
 from ddl_tf.launch import checks
 from ddl_tf.launch.command import (

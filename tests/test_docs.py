@@ -296,7 +296,7 @@ def test_every_python_snippet_of_the_docs_compiles():
 
 
 def test_json_snippets_parse_and_topology_files_load():
-    from ddl_tf.core.topology_file import TopologySpec
+    from ddl_tf.core.topology.topology_file import TopologySpec
 
     blocks = [b for page in _pages() for b in _blocks(page.read_text(), "json")]
     assert blocks

@@ -363,6 +363,34 @@ def test_elastic_membership_sits_between_the_core_and_the_framework_layers():
         assert not nx.has_path(graph, "ddl_tf.membership", late), late
 
 
+DDL_TF_CORE_LAYERS = ("numerics", "topology", "algorithms", "collectives")
+"""``ddl_tf.core``'s sub-packages, lowest first; the job modules (``core.basics``, ``core.job``,
+...) sit above them all, and ``core.timeline`` below them all."""
+
+
+def test_the_ddl_tf_core_sub_packages_flow_one_way():
+    scan = Scan("ddl_tf")
+    core = scan.root / "ddl_tf" / "core"
+    assert {p.parent.name for p in core.glob("*/__init__.py")} == set(DDL_TF_CORE_LAYERS)
+    graph = nx.DiGraph()
+    for module, tree in scan.trees.items():
+        for imp in scan.imports_of(module, tree):
+            a, b = _core_part(module), _core_part(imp.target)
+            if a and b and a != b:
+                graph.add_edge(a, b)
+    top = [n for n in graph if n not in DDL_TF_CORE_LAYERS and n != "timeline"]
+    for i, early in enumerate(DDL_TF_CORE_LAYERS):
+        for late in (*DDL_TF_CORE_LAYERS[i + 1 :], *top):
+            assert not graph.has_edge(early, late), f"ddl_tf.core.{early} imports {late}"
+    assert not any(graph.has_edge("timeline", n) for n in graph), "the timeline is a leaf"
+
+
+def _core_part(module: str) -> str | None:
+    """``numerics`` for ``ddl_tf.core.numerics.mpi``, ``basics`` for ``ddl_tf.core.basics``."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["ddl_tf", "core"] else None
+
+
 def test_the_ddl_tf_launch_library_sits_below_the_cluster_and_ddlrun():
     graph = Scan("ddl_tf").unit_graph
     assert not nx.has_path(graph, "ddl_tf.launch", "ddl_tf.cluster")

@@ -2,24 +2,33 @@
 
 Nothing in this package imports TensorFlow or Keras, and nothing imports
 ``mpi4py.MPI`` at module level (that would initialize MPI on import); MPI is
-loaded by :func:`ddl_tf.core.mpi.load` when ``init()`` runs.
+loaded by :func:`ddl_tf.core.numerics.mpi.load` when ``init()`` runs.
 
-Modules, in data-flow order: :mod:`~ddl_tf.core.basics` (``init()``, rank
-queries), :mod:`~ddl_tf.core.current` (the current :class:`~ddl_tf.core.job.Job`:
-one membership's communicator, engine, hosts and process sets),
-:mod:`~ddl_tf.core.process_sets`,
-:mod:`~ddl_tf.core.topology` and
-:mod:`~ddl_tf.core.topology_file` (who is where), :mod:`~ddl_tf.core.comms`
-(finding nodes through MPI, sub-communicators), :mod:`~ddl_tf.core.mpi`
-(dtype and reduction tables), :mod:`~ddl_tf.core.algorithms` (flat, ring,
-hierarchical, asa), :mod:`~ddl_tf.core.selection` (``auto``; its tables are
-learnt from benchmark timings by ``benchmarks/policy_fit.py``),
-:mod:`~ddl_tf.core.fusion` (fusion and gradient buckets), :mod:`~ddl_tf.core.compression`,
-:mod:`~ddl_tf.core.movement` (gather, broadcast, alltoall),
-:mod:`~ddl_tf.core.negotiation` (mismatch and stall detection),
-:mod:`~ddl_tf.core.timeline`, :mod:`~ddl_tf.core.guard` (the engine's
-runtime state and each collective's critical section), and :mod:`~ddl_tf.core.engine`, which ties them into
-collectives on numpy arrays.
+Sub-packages, lowest first (each uses only those before it and
+:mod:`~ddl_tf.core.timeline`):
+
+* :mod:`~ddl_tf.core.numerics`: reduction ops, wire compression, scale
+  factors, float16/bfloat16 conversion (with its C kernels), aligned
+  buffers, and :mod:`~ddl_tf.core.numerics.mpi` (mpi4py's late loading, the
+  dtype and reduction tables).
+* :mod:`~ddl_tf.core.topology`: who is where (:mod:`~ddl_tf.core.topology.layout`,
+  :mod:`~ddl_tf.core.topology.topology_file`) and the MPI sub-communicators
+  (:mod:`~ddl_tf.core.topology.comms`).
+* :mod:`~ddl_tf.core.algorithms`: the allreduce algorithms (flat, ring,
+  hierarchical, asa) and their steps, Adasum, and ``auto``'s
+  :mod:`~ddl_tf.core.algorithms.selection` (its tables are learnt from
+  benchmark timings by ``benchmarks/policy_fit.py``).
+* :mod:`~ddl_tf.core.collectives`: the :mod:`~ddl_tf.core.collectives.engine`
+  (collectives on numpy arrays) and what it uses: negotiation (mismatch and
+  stall detection), the guard (runtime state, each collective's critical
+  section), fusion and gradient buckets, movement (gather, broadcast,
+  alltoall) and join.
+
+At the top, the job: :mod:`~ddl_tf.core.basics` (``init()``, rank queries),
+:mod:`~ddl_tf.core.current` (the current :class:`~ddl_tf.core.job.Job`: one
+membership's communicator, engine, hosts and process sets),
+:mod:`~ddl_tf.core.process_sets`, :mod:`~ddl_tf.core.reduce_spec` (a
+reduction's settings, parsed once), and :mod:`~ddl_tf.core.timeline`.
 """
 
 HOROVOD_BASICS = (

@@ -3,7 +3,7 @@
 ``init()`` is where MPI starts (importing ddl_tf never initializes it). It
 reads :class:`~ddl_tf.config.DDLConfig` from the environment, works out the
 topology, checks that every rank was started with the same settings, builds
-the communicators and the :class:`~ddl_tf.core.engine.Engine`, installs an
+the communicators and the :class:`~ddl_tf.core.collectives.engine.Engine`, installs an
 excepthook that aborts the whole job when any rank dies of an uncaught
 exception (so no rank waits forever for a dead peer), and registers a
 collective shutdown at exit.
@@ -24,20 +24,22 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from ddl_tf import env
 from ddl_tf.config import DDLConfig
-from ddl_tf.core import HOROVOD_BASICS, current, mpi
+from ddl_tf.core import HOROVOD_BASICS, current
 from ddl_tf.core import process_sets as process_sets_module
-from ddl_tf.core.current import CURRENT
-from ddl_tf.core.engine import Engine
+from ddl_tf.core.collectives.engine import Engine
 from ddl_tf.core.job import Job, spawned_parent
-from ddl_tf.core.topology import Topology
+from ddl_tf.core.numerics import mpi
+from ddl_tf.core.process_sets import ProcessSet
+from ddl_tf.core.topology.layout import Topology
 from ddl_tf.env import HOROVOD_IGNORED
 from ddl_tf.errors import ConfigError, DDLError
 
-__all__ = ["engine", "job", "replace_job", "topology", "CURRENT", *HOROVOD_BASICS]
+__all__ = ["engine", "job", "replace_job", "topology", *HOROVOD_BASICS]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ _previous_excepthook = None
 _atexit_registered = False
 
 
-def init(comm: Any = None, process_sets: Any = None) -> Engine:
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> Engine:
     """Start ddl_tf on every rank (collective; later calls return the same engine).
 
     Args:
@@ -243,7 +245,7 @@ def is_initialized() -> bool:
 
 
 def topology() -> Topology:
-    """This rank's :class:`~ddl_tf.core.topology.Topology`."""
+    """This rank's :class:`~ddl_tf.core.topology.layout.Topology`."""
     return engine().topology
 
 

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddl_tf.config import DDLConfig
-from ddl_tf.core import comms, mpi
-from ddl_tf.core.engine import Engine
-from ddl_tf.core.selection import AutoPolicy, load_policy
-from ddl_tf.core.topology import Topology
+from ddl_tf.core.algorithms.selection import AutoPolicy, load_policy
+from ddl_tf.core.collectives.engine import Engine
+from ddl_tf.core.numerics import mpi
+from ddl_tf.core.topology import comms
+from ddl_tf.core.topology.layout import Topology
 from ddl_tf.errors import ConfigError
 
 __all__ = ["Job", "spawned_parent"]

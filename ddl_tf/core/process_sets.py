@@ -54,6 +54,8 @@ __all__ = [
     "register_at_init",
     "check_init_argument",
     "engine_for",
+    "check_process_set",
+    "member_engine",
     "set_root",
     "by_id",
     "registered",
@@ -143,14 +145,29 @@ class ProcessSet:
 global_process_set = ProcessSet()
 
 
-def engine_for(process_set: Any) -> Any:
+def check_process_set(process_set: ProcessSet | None) -> None:
+    """Refuse a ``process_set`` argument that is neither None nor a :class:`ProcessSet`.
+
+    Raises:
+        ConfigError: Anything else (e.g. a list of ranks).
+    """
+    if process_set is not None and not isinstance(process_set, ProcessSet):
+        raise ConfigError(
+            f"process_set must be a ddl_tf ProcessSet. Received {process_set!r}; use "
+            "hvd.global_process_set or a set returned by hvd.add_process_set(ranks)."
+        )
+
+
+def engine_for(process_set: ProcessSet | None) -> Any:
     """The engine that runs a collective on ``process_set`` (the job's for None or the global set).
 
     Args:
         process_set: The ``process_set`` argument of a collective.
 
     Returns:
-        The :class:`~ddl_tf.core.engine.Engine` of the set on this rank.
+        The :class:`~ddl_tf.core.collectives.engine.Engine` of the set on this rank (for
+        an elastic job's whole set, :data:`~ddl_tf.core.current.CURRENT`,
+        which stands for it).
 
     Raises:
         ConfigError: Not a registered process set.
@@ -160,11 +177,8 @@ def engine_for(process_set: Any) -> Any:
     engine = current.CURRENT if job.elastic else job.engine
     if process_set is None or process_set is global_process_set:
         return engine
-    if not isinstance(process_set, ProcessSet):
-        raise ConfigError(
-            f"process_set must be a ddl_tf ProcessSet. Received {process_set!r}; use "
-            "hvd.global_process_set or a set returned by hvd.add_process_set(ranks)."
-        )
+    check_process_set(process_set)
+    assert process_set is not None  # checked above; for mypy
     set_id = process_set.process_set_id
     if set_id == 0:
         return engine
@@ -183,8 +197,8 @@ def engine_for(process_set: Any) -> Any:
     return sub
 
 
-def excludes_this_rank(process_set: Any) -> bool:
-    """Whether ``process_set`` is a registered set that this rank is not in.
+def member_engine(process_set: ProcessSet | None) -> Any:
+    """:func:`engine_for`, or None when ``process_set`` is a registered set this rank is not in.
 
     Horovod's gradient reducers (``DistributedGradientTape``,
     ``DistributedOptimizer``) leave the gradients of such a rank local: it
@@ -194,10 +208,18 @@ def excludes_this_rank(process_set: Any) -> bool:
         ConfigError: ``process_set`` is neither None nor a registered set.
     """
     try:
-        engine_for(process_set)
+        return engine_for(process_set)
     except NotInProcessSetError:
-        return True
-    return False
+        return None
+
+
+def excludes_this_rank(process_set: ProcessSet | None) -> bool:
+    """Whether ``process_set`` is a registered set that this rank is not in (see :func:`member_engine`).
+
+    Raises:
+        ConfigError: ``process_set`` is neither None nor a registered set.
+    """
+    return member_engine(process_set) is None
 
 
 def by_id(process_set_id: int) -> ProcessSet:
@@ -229,7 +251,7 @@ def registered() -> dict[int, list[int]]:
     return found
 
 
-def set_root(process_set: Any, root_rank: int) -> int:
+def set_root(process_set: ProcessSet | None, root_rank: int) -> int:
     """The set's own rank of job rank ``root_rank`` (unchanged for None or the global set).
 
     Raises:
@@ -238,7 +260,7 @@ def set_root(process_set: Any, root_rank: int) -> int:
     return root_rank if process_set is None else process_set.root(root_rank)
 
 
-def check_init_argument(process_sets: Any) -> None:
+def check_init_argument(process_sets: object) -> None:
     """Refuse a bad ``init(process_sets=...)`` before anything starts.
 
     Raises:
@@ -253,7 +275,7 @@ def check_init_argument(process_sets: Any) -> None:
         )
 
 
-def register_at_init(job: Job, process_sets: Any) -> None:
+def register_at_init(job: Job, process_sets: Sequence[ProcessSet] | str | None) -> None:
     """``init(process_sets=...)``: register a list of sets, or allow adding them later.
 
     Args:
@@ -264,7 +286,7 @@ def register_at_init(job: Job, process_sets: Any) -> None:
         ConfigError: Anything else.
     """
     job.dynamic_sets = job.engine.config.dynamic_process_sets or process_sets == "dynamic"
-    if process_sets is None or process_sets == "dynamic":
+    if process_sets is None or isinstance(process_sets, str):  # "dynamic" (checked at init)
         return
     for process_set in process_sets:
         _add(job, process_set, at_init=True)

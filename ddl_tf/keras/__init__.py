@@ -55,15 +55,16 @@ from ddl_tf.core.basics import (
     start_timeline,
     stop_timeline,
 )
+from ddl_tf.core.numerics.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from ddl_tf.core.process_sets import (
     ProcessSet,
     add_process_set,
     global_process_set,
     remove_process_set,
 )
-from ddl_tf.core.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras import callbacks, elastic
+from ddl_tf.keras.loss_scale import DistributedLossScaleOptimizer
 from ddl_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from ddl_tf.tensorflow import BASICS, allgather_ops, allreduce_ops, broadcast_ops, reducescatter_ops
 from ddl_tf.tensorflow.allreduce_ops import barrier
@@ -215,7 +216,9 @@ def load_model(
         objects[cls.__name__] = cls
     model = keras.models.load_model(filepath, custom_objects=objects, **kwargs)
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and not isinstance(optimizer, DistributedOptimizer):
+    if optimizer is not None and not isinstance(
+        optimizer, (DistributedOptimizer, DistributedLossScaleOptimizer)
+    ):
         model.optimizer = DistributedOptimizer(optimizer, compression=compression)
         model.train_function = None  # rebuilt by the next fit() with the wrapped optimizer
     return model

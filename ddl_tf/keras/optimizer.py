@@ -32,6 +32,7 @@ Example (one process):
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -39,14 +40,19 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from ddl_tf.core.compression import Compression, Compressor
-from ddl_tf.core.process_sets import excludes_this_rank
-from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.core.numerics.compression import Compressor
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.process_sets import ProcessSet
 from ddl_tf.errors import ConfigError
-from ddl_tf.tensorflow.functions import allreduce_gradients
-from ddl_tf.tensorflow.tf_errors import engine_for
+from ddl_tf.keras.gradient_reducer import GradientReducer, variable_key, variables_of_apply
+from ddl_tf.keras.loss_scale import DistributedLossScaleOptimizer
 
-__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "unwrap_optimizer"]
+__all__ = [
+    "DistributedOptimizer",
+    "PartialDistributedOptimizer",
+    "distributed_loss_scale_optimizer",
+    "unwrap_optimizer",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +72,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         gradient_predivide_factor: With Average, scale by ``1/f`` before the sum
             and ``f/size`` after it.
         op: ``Average`` (default), ``Sum`` or ``Adasum`` (Horovod's Keras optimizer refuses
-            Adasum; ddl_tf combines the gradients with it, see :mod:`ddl_tf.core.adasum`).
+            Adasum; ddl_tf combines the gradients with it, see :mod:`ddl_tf.core.algorithms.adasum`).
         backward_passes_per_step: Accumulate this many gradient calls locally
             before one reduction and update.
         average_aggregated_gradients: Divide accumulated gradients by
@@ -86,17 +92,21 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     """
 
     def __new__(cls, optimizer=None, *args, **kwargs):
-        """A :class:`DistributedLossScaleOptimizer` where Keras would scale the loss.
+        """A :class:`~ddl_tf.keras.loss_scale.DistributedLossScaleOptimizer` where Keras would scale the loss.
 
-        Under the ``mixed_float16`` policy Keras wraps any optimizer that is not
-        a ``LossScaleOptimizer`` in one, which would check each rank's own
-        gradients for overflow and reach the allreduce only on the finite
-        branch: the ranks would split. So with that policy, or when
-        ``optimizer`` is a ``LossScaleOptimizer``, the distributed optimizer
-        is itself the loss-scale optimizer, and reduces before the check.
+        The one place where calling ``DistributedOptimizer(...)`` makes
+        something else (Horovod's ``DistributedOptimizer`` is a factory
+        function; here it stays a class so that ``isinstance`` and Keras
+        deserialization work). Under the ``mixed_float16`` policy Keras wraps
+        any optimizer that is not a ``LossScaleOptimizer`` in one, which would
+        check each rank's own gradients for overflow and reach the allreduce
+        only on the finite branch: the ranks would split. So with that policy,
+        or when ``optimizer`` is a ``LossScaleOptimizer``, the result is a
+        loss-scale optimizer that reduces before the check, made by
+        :func:`distributed_loss_scale_optimizer` from the same arguments.
         """
         if cls is DistributedOptimizer and _needs_loss_scaling(optimizer):
-            return DistributedLossScaleOptimizer.around(optimizer, *args, **kwargs)
+            return distributed_loss_scale_optimizer(optimizer, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(
@@ -113,56 +123,49 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         average_aggregated_gradients: bool = False,
         num_groups: int = 0,
         groups: Any = None,
-        process_set: Any = None,
+        process_set: ProcessSet | None = None,
         scale_local_gradients: bool = True,
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
     ) -> None:
-        excludes_this_rank(process_set)  # refuse a bad set here, not inside fit
         _warn_ignored(device_dense=device_dense, device_sparse=device_sparse)
         _warn_ignored(num_groups=num_groups, groups=groups)
-        inner = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
-        if not isinstance(inner, keras.optimizers.Optimizer):
-            raise ConfigError(
-                "DistributedOptimizer wraps Keras 3 optimizers. Received "
-                f"optimizer={optimizer!r} ({type(optimizer).__name__}); pass e.g. "
-                "keras.optimizers.SGD(0.01), or use ddl_tf.DistributedGradientTape in "
-                "custom TensorFlow loops."
-            )
-        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-            raise ConfigError(
-                "backward_passes_per_step must be a whole number >= 1. Received "
-                f"backward_passes_per_step={backward_passes_per_step!r}."
-            )
-        op = parse_op(op)
-        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
-            raise ConfigError(
-                "DistributedOptimizer combines gradients with Average, Sum or Adasum. Received "
-                f"op={op!r}."
-            )
-        if op is ReduceOp.ADASUM and average_aggregated_gradients:
-            raise ConfigError(  # Horovod's rule (a ValueError there too)
-                "Adasum does not support average_aggregated_gradients=True (Adasum combines "
-                "whole gradients by their directions). Received op=Adasum, "
-                "average_aggregated_gradients=True; leave it False."
-            )
-        super().__init__(learning_rate=0.0, name=name or f"Distributed{type(inner).__name__}")
+        inner = _inner_optimizer(optimizer)
+        name = name or f"Distributed{type(inner).__name__}"
+        reducer = GradientReducer(
+            name,
+            compression=compression,
+            sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor,
+            op=op,
+            process_set=process_set,
+            scale_local_gradients=scale_local_gradients,
+            overlap=overlap,
+            bucket_bytes=bucket_bytes,
+        )
+        _check_accumulation(reducer.op, backward_passes_per_step, average_aggregated_gradients)
+        super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner
-        self.compression = compression
-        self.sparse_as_dense = sparse_as_dense
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.op = op
+        self.reducer = reducer
         self.backward_passes_per_step = backward_passes_per_step
         self.average_aggregated_gradients = average_aggregated_gradients
-        self.scale_local_gradients = scale_local_gradients
-        self.overlap = overlap
-        self.bucket_bytes = bucket_bytes
-        self.process_set = process_set
-        self.reduce_in_apply = True  # False inside a DistributedLossScaleOptimizer
-        self._local_vars: set = set()
         self._accumulators: list = []
         self._accumulator_of: dict = {}
         self._passes: keras.Variable | None = None  # built when backward_passes_per_step > 1
+
+    # the reducer's options, read-only here (Keras saves them with the optimizer)
+    op = property(lambda self: self.reducer.op, doc="The reduction (a ``ReduceOp``).")
+    compression = property(lambda self: self.reducer.compression, doc="As passed.")
+    sparse_as_dense = property(lambda self: self.reducer.sparse_as_dense, doc="As passed.")
+    gradient_predivide_factor = property(
+        lambda self: self.reducer.gradient_predivide_factor, doc="As passed."
+    )
+    process_set = property(lambda self: self.reducer.process_set, doc="As passed.")
+    scale_local_gradients = property(
+        lambda self: self.reducer.scale_local_gradients, doc="As passed."
+    )
+    overlap = property(lambda self: self.reducer.overlap, doc="As passed.")
+    bucket_bytes = property(lambda self: self.reducer.bucket_bytes, doc="As passed.")
 
     def register_local_var(self, var) -> None:
         """Keep ``var``'s gradient on this rank: it is not reduced across ranks.
@@ -170,7 +173,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         Args:
             var: A trainable variable of the model (Keras or TensorFlow).
         """
-        self._local_vars.add(_key(var))
+        self.reducer.register_local_var(var)
 
     # ------------------------------------------------------------------ state
 
@@ -188,7 +191,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 self.add_variable_from_reference(v, name="ddl_accumulator") for v in var_list
             ]
             self._accumulator_of = {
-                _key(v): slot for v, slot in zip(var_list, self._accumulators, strict=True)
+                variable_key(v): slot for v, slot in zip(var_list, self._accumulators, strict=True)
             }
             self._passes = self.add_variable((), initializer="zeros", dtype="int", name="passes")
 
@@ -259,10 +262,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             ConfigError: No variables are given and the optimizer was not built.
         """
         grads = list(grads)
-        variables = _variables_of_apply(self, trainable_variables, self._trainable_variables)
-        if not self.reduce_in_apply:  # the loss-scale optimizer around it reduced already
-            self.inner_optimizer.apply(grads, variables)
-        elif self.backward_passes_per_step == 1:
+        variables = variables_of_apply(self, trainable_variables, self._trainable_variables)
+        if self.backward_passes_per_step == 1:
             if _mixed_float16():
                 raise ConfigError(
                     "DistributedOptimizer was created before the mixed_float16 policy was set, "
@@ -282,7 +283,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def reduce(self, grads: list, variables: list, overlap: bool | None = None) -> list:
         """The gradients averaged (or summed) across ranks, local variables' kept on this rank.
 
-        On a rank outside ``process_set`` every gradient stays local, as in Horovod.
+        See :meth:`ddl_tf.keras.gradient_reducer.GradientReducer.reduce`.
 
         Args:
             grads: One gradient per variable (tensors, ``tf.IndexedSlices`` or None).
@@ -293,35 +294,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         Returns:
             The reduced gradients, in the same order.
         """
-        grads = list(grads)
-        if excludes_this_rank(self.process_set):
-            return grads  # as in Horovod: a rank outside the set trains on its own gradients
-        overlap = self.overlap if overlap is None else overlap
-        shared = [i for i, v in enumerate(variables) if _key(v) not in self._local_vars]
-        reduced = allreduce_gradients(
-            [grads[i] for i in shared],
-            op=self.op,
-            compression=self.compression,
-            sparse_as_dense=self.sparse_as_dense,
-            gradient_predivide_factor=self.gradient_predivide_factor,
-            name=f"{self.name}_allreduce",
-            overlap=overlap,
-            bucket_bytes=self.bucket_bytes,
-            process_set=self.process_set,
-        )
-        out = list(grads)
-        for i, g in zip(shared, reduced, strict=True):
-            out[i] = g
-        if self.scale_local_gradients and len(shared) < len(grads):
-            size = engine_for(self.process_set).size
-            for i, v in enumerate(variables):
-                if _key(v) in self._local_vars and out[i] is not None:
-                    out[i] = _divide(out[i], size)
-        return out
+        return self.reducer.reduce(grads, variables, overlap)
 
     def _accumulate(self, grads: list, variables: list) -> None:
         pairs = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
-        slots = [self._accumulator_of[_key(v)] for _, v in pairs]
+        slots = [self._accumulator_of[variable_key(v)] for _, v in pairs]
         for (g, _), slot in zip(pairs, slots, strict=True):
             slot.assign_add(tf.convert_to_tensor(g))
         assert self._passes is not None  # build() made it: backward_passes_per_step > 1
@@ -340,22 +317,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     # ------------------------------------------------------------------ config
 
     def get_config(self) -> dict:
-        compression = self.compression
-        if compression is not None and not isinstance(compression, (Compressor, str)):
-            logger.warning("custom compressor %r is not saved with the optimizer", compression)
-            compression = None
         return {
             "name": self.name,
             "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
-            "compression": None if compression is None else Compression.get(compression).name,
-            "sparse_as_dense": self.sparse_as_dense,
-            "gradient_predivide_factor": self.gradient_predivide_factor,
-            "op": self.op.value,
+            **self.reducer.get_config(),
             "backward_passes_per_step": self.backward_passes_per_step,
             "average_aggregated_gradients": self.average_aggregated_gradients,
-            "scale_local_gradients": self.scale_local_gradients,
-            "overlap": self.overlap,
-            "bucket_bytes": self.bucket_bytes,
         }
 
     @classmethod
@@ -376,79 +343,53 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return cls(inner, **config)
 
 
-@keras.saving.register_keras_serializable(package="ddl_tf", name="DistributedLossScaleOptimizer")
-class DistributedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
-    """Mixed precision across ranks: reduce the scaled gradients, then check them for overflow.
-
-    Keras's ``LossScaleOptimizer`` skips a step whose gradients hold an inf or
-    a NaN and halves the loss scale. Checked on each rank's own gradients,
-    one rank's overflow would make it skip the allreduce the others enter.
-    Here the scaled gradients are reduced first (by the inner
-    :class:`DistributedOptimizer`, with its buckets and compression), so an
-    overflow on any rank makes every rank's reduced gradients non-finite and
-    every rank skips the same step, as Horovod did with Keras 2. Made by
-    ``DistributedOptimizer(...)`` under the ``mixed_float16`` policy or
-    around a ``LossScaleOptimizer``; Keras then uses it as the model's
-    loss-scale optimizer instead of adding its own.
+def distributed_loss_scale_optimizer(
+    optimizer: Any, *args: Any, **kwargs: Any
+) -> DistributedLossScaleOptimizer:
+    """The loss-scale optimizer ``DistributedOptimizer(optimizer, *args, **kwargs)`` makes.
 
     Args:
-        inner_optimizer: The :class:`DistributedOptimizer` that reduces and
-            applies the gradients.
-        initial_scale: The first loss scale.
-        dynamic_growth_steps: Finite steps after which the scale doubles.
-        **kwargs: ``keras.optimizers.LossScaleOptimizer`` arguments (``name``).
+        optimizer: A Keras optimizer, or a ``LossScaleOptimizer`` (whose inner
+            optimizer and scale settings are kept).
+        *args: ``DistributedOptimizer``'s further arguments, in its order.
+        **kwargs: ``DistributedOptimizer``'s keyword arguments.
+
+    Returns:
+        A :class:`~ddl_tf.keras.loss_scale.DistributedLossScaleOptimizer`.
+
+    Raises:
+        ConfigError: ``backward_passes_per_step > 1`` (the loss scale would change
+            between the accumulated passes), or an option ``DistributedOptimizer`` refuses.
     """
-
-    def __init__(self, inner_optimizer, initial_scale=2.0**15, dynamic_growth_steps=1000, **kwargs):
-        if not isinstance(inner_optimizer, DistributedOptimizer):
-            raise ConfigError(
-                "DistributedLossScaleOptimizer wraps a DistributedOptimizer; create it with "
-                "hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt)). "
-                f"Received {type(inner_optimizer).__name__}."
-            )
-        if inner_optimizer.backward_passes_per_step != 1:
-            raise ConfigError(
-                "Mixed precision with backward_passes_per_step > 1 is not supported: the "
-                "loss scale would change between the accumulated passes. Use "
-                "backward_passes_per_step=1 (a larger batch per step), or float32."
-            )
-        super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps, **kwargs)
-        inner_optimizer.reduce_in_apply = False
-
-    @classmethod
-    def around(cls, optimizer, *args, **kwargs) -> DistributedLossScaleOptimizer:
-        """The distributed loss-scale optimizer for ``optimizer`` and ``DistributedOptimizer``'s
-        arguments (a ``LossScaleOptimizer`` keeps its scale settings)."""
-        scale = {}
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            scale = {
-                "initial_scale": optimizer.initial_scale,
-                "dynamic_growth_steps": optimizer.dynamic_growth_steps,
-            }
-            optimizer = optimizer.inner_optimizer
-        distributed = _ReducingOptimizer(optimizer, *args, **kwargs)
-        return cls(distributed, name=f"DistributedLossScale{distributed.name}", **scale)
-
-    def apply(self, grads, trainable_variables=None):
-        """Reduce the scaled gradients across ranks, then unscale, check and apply them.
-
-        Args:
-            grads: One gradient per variable.
-            trainable_variables: The variables (None: those it was built with).
-        """
-        variables = _variables_of_apply(self, trainable_variables, self._trainable_variables)
-        reduced = self.inner_optimizer.reduce(list(grads), variables)
-        return super().apply(reduced, trainable_variables)
-
-
-@keras.saving.register_keras_serializable(package="ddl_tf", name="ReducingOptimizer")
-class _ReducingOptimizer(DistributedOptimizer):
-    """The :class:`DistributedOptimizer` inside a :class:`DistributedLossScaleOptimizer`.
-
-    A subclass only so that constructing it never redirects to the loss-scale
-    optimizer (``DistributedOptimizer.__new__`` redirects the class itself);
-    the outer optimizer reduces through it and then has it apply.
-    """
+    options = inspect.signature(DistributedOptimizer.__init__).bind(
+        None, optimizer, *args, **kwargs
+    )
+    options.apply_defaults()
+    given = dict(options.arguments)
+    for unused in ("self", "optimizer"):
+        given.pop(unused)
+    _warn_ignored(device_dense=given.pop("device_dense"), device_sparse=given.pop("device_sparse"))
+    _warn_ignored(num_groups=given.pop("num_groups"), groups=given.pop("groups"))
+    passes = given.pop("backward_passes_per_step")
+    average_aggregated = given.pop("average_aggregated_gradients")
+    name = given.pop("name")
+    if passes != 1:
+        raise ConfigError(
+            "Mixed precision with backward_passes_per_step > 1 is not supported: the "
+            "loss scale would change between the accumulated passes. Use "
+            "backward_passes_per_step=1 (a larger batch per step), or float32."
+        )
+    scale = {}
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        scale = {
+            "initial_scale": optimizer.initial_scale,
+            "dynamic_growth_steps": optimizer.dynamic_growth_steps,
+        }
+        optimizer = optimizer.inner_optimizer
+    inner = _inner_optimizer(optimizer)
+    reducer = GradientReducer(f"Distributed{type(inner).__name__}", **given)
+    _check_accumulation(reducer.op, passes, average_aggregated)
+    return DistributedLossScaleOptimizer(inner, name=name, reducer=reducer, **scale)
 
 
 def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
@@ -487,29 +428,41 @@ def PartialDistributedOptimizer(  # noqa: N802 - Horovod's name
     return wrapped
 
 
-def _variables_of_apply(optimizer, trainable_variables, built_with) -> list:
-    """The variables an ``apply`` call updates, building ``optimizer`` over them the first time.
-
-    ``built_with`` is the optimizer's own list of the variables it was built
-    with (the caller passes it: it is the optimizer's, not this module's).
+def _inner_optimizer(optimizer: Any) -> Any:
+    """The Keras optimizer to wrap (from its name too).
 
     Raises:
-        ConfigError: no variables are given and the optimizer was never built.
+        ConfigError: Not a Keras 3 optimizer.
     """
-    if trainable_variables is None:
-        if not optimizer.built:
-            raise ConfigError(
-                f"{type(optimizer).__name__}.apply() got gradients without variables before it "
-                "was built. Pass the variables (optimizer.apply(grads, model.trainable_"
-                "variables)) or call optimizer.build(variables) first."
-            )
-        return list(built_with)
-    variables = list(trainable_variables)
-    if not optimizer.built:
-        with keras.name_scope(optimizer.name, caller=optimizer):
-            optimizer.build(variables)
-        optimizer.built = True
-    return variables
+    inner = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
+    if not isinstance(inner, keras.optimizers.Optimizer):
+        raise ConfigError(
+            "DistributedOptimizer wraps Keras 3 optimizers. Received "
+            f"optimizer={optimizer!r} ({type(optimizer).__name__}); pass e.g. "
+            "keras.optimizers.SGD(0.01), or use ddl_tf.DistributedGradientTape in "
+            "custom TensorFlow loops."
+        )
+    return inner
+
+
+def _check_accumulation(op: ReduceOp, passes: Any, average_aggregated: bool) -> None:
+    """Refuse Horovod's accumulation options where they make no sense (Horovod's rules).
+
+    Raises:
+        ConfigError: ``passes`` is not a whole number >= 1, or Adasum with
+            ``average_aggregated``.
+    """
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ConfigError(
+            "backward_passes_per_step must be a whole number >= 1. Received "
+            f"backward_passes_per_step={passes!r}."
+        )
+    if op is ReduceOp.ADASUM and average_aggregated:
+        raise ConfigError(  # Horovod's rule (a ValueError there too)
+            "Adasum does not support average_aggregated_gradients=True (Adasum combines "
+            "whole gradients by their directions). Received op=Adasum, "
+            "average_aggregated_gradients=True; leave it False."
+        )
 
 
 def _mixed_float16() -> bool:
@@ -541,16 +494,6 @@ def _warn_ignored(**options: Any) -> None:
         ", ".join(f"{name}={options[name]!r}" for name in fresh),
         why,
     )
-
-
-def _key(variable):
-    return variable.ref() if hasattr(variable, "ref") else id(variable)
-
-
-def _divide(grad, n: int):
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape)
-    return grad / tf.cast(n, grad.dtype)
 
 
 def unwrap_optimizer(optimizer: Any) -> Any:

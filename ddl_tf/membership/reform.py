@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddl_tf import env
-from ddl_tf.core import basics, mpi
+from ddl_tf.core import basics
 from ddl_tf.core.job import Job
+from ddl_tf.core.numerics import mpi
 from ddl_tf.errors import ConfigError, DDLError, HostsUpdatedInterrupt
 from ddl_tf.membership.discovery import Blacklist, DiscoveryError, run_discovery
 from ddl_tf.membership.settings import ElasticSettings
@@ -115,7 +116,6 @@ class Membership:
         self.settings = settings
         self.blacklist = Blacklist(settings.cooldown)
         self._watcher: _Watcher | None = None
-        self._watched_by: int | None = None  # id of the job whose rank 0 runs the watcher
         self._pending = HostChange()
         # hosts that had ranks of this job (a remote one cannot take ranks again: _used_up)
         self.hosted: set[str] = {
@@ -240,7 +240,7 @@ class Membership:
     # ------------------------------------------------------------------ helpers
 
     def _decide(self, job: Job) -> HostChange | str:
-        self._ensure_watcher(job)
+        self._ensure_watcher()
         watcher = self._watcher
         assert watcher is not None
         if watcher.error is not None and watcher.failing_since is not None:
@@ -285,13 +285,10 @@ class Membership:
             return host in self.settings.launch_hosts
         return _is_local(host)
 
-    def _ensure_watcher(self, job: Job) -> None:
-        if self._watcher is not None and self._watched_by == id(job.comm):
-            return
+    def _ensure_watcher(self) -> None:
         if self._watcher is None:
             self._watcher = _Watcher(self.settings)
             self._watcher.start()
-        self._watched_by = id(job.comm)
 
     def _grow_to_min_np(self) -> None:
         """Wait (up to ``timeout``) for discovered hosts that bring the job to ``min_np``."""

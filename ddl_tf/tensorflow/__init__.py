@@ -83,7 +83,8 @@ API = {
     "SyncBatchNormalization": "ddl_tf.tensorflow.sync_batch_norm",
     "Compression": "ddl_tf.tensorflow.compression",
     **dict.fromkeys(
-        ("ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum"), "ddl_tf.core.reduce_ops"
+        ("ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum"),
+        "ddl_tf.core.numerics.reduce_ops",
     ),
     "elastic": "ddl_tf.tensorflow.elastic",  # Horovod's hvd.elastic namespace: the module
 }

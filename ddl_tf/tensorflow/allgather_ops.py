@@ -28,11 +28,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.process_sets import ProcessSet
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.tf_errors import engine_for
 
-__all__ = ["allgather", "grouped_allgather", "gathered_shape"]
+__all__ = ["allgather", "grouped_allgather", "gather_tensors", "gathered_shape"]
 
 
 def gathered_shape(x: tf.Tensor) -> tf.TensorShape | None:
@@ -63,7 +64,7 @@ def grouped_allgather(
     tensors: Sequence,
     name: str | None = None,
     ignore_name_scope: bool = False,
-    process_set: Any = None,
+    process_set: ProcessSet | None = None,
 ) -> list[tf.Tensor]:
     """Allgather several tensors under one negotiation (Horovod's ``grouped_allgather``).
 
@@ -77,7 +78,20 @@ def grouped_allgather(
     Returns:
         One tensor per input: every rank's rows (of the set), concatenated in rank order.
     """
-    engine = engine_for(process_set)
+    return gather_tensors(engine_for(process_set), tensors, name)
+
+
+def gather_tensors(engine: Any, tensors: Sequence, name: str | None) -> list[tf.Tensor]:
+    """:func:`grouped_allgather` on the engine of a process set already resolved.
+
+    Args:
+        engine: The set's engine on this rank (:func:`~ddl_tf.tensorflow.tf_errors.engine_for`).
+        tensors: As for :func:`grouped_allgather`.
+        name: Optional name, compared across ranks.
+
+    Returns:
+        As :func:`grouped_allgather`.
+    """
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -107,7 +121,10 @@ def grouped_allgather(
 
 
 def allgather(
-    tensor, name: str | None = None, ignore_name_scope: bool = False, process_set: Any = None
+    tensor,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet | None = None,
 ) -> tf.Tensor:
     """Concatenate every rank's ``tensor`` along the first dimension (which may differ).
 

@@ -3,11 +3,11 @@ grouped_allreduce and barrier.
 
 Shapes and dtypes are preserved. Every Horovod dtype and op works as
 Horovod defines it, including ``Average`` of integers (the truncated mean), ``Adasum``
-of float16/32/64 tensors (:mod:`ddl_tf.core.adasum`; ``2^k`` ranks, or ``2^k``
+of float16/32/64 tensors (:mod:`ddl_tf.core.algorithms.adasum`; ``2^k`` ranks, or ``2^k``
 nodes with a hierarchical allreduce; any registered process set; after the
 engine's or a Horovod-style compression, as Horovod compresses first)
 and ``prescale_factor`` / ``postscale_factor`` on integers (float64 math,
-truncated; see :mod:`ddl_tf.core.scaling`). A ``tf.IndexedSlices`` is
+truncated; see :mod:`ddl_tf.core.numerics.scaling`). A ``tf.IndexedSlices`` is
 allgathered (values and indices) instead of reduced, as in Horovod, which
 supports only Sum and Average there and no scale factors; anything else
 raises :class:`~ddl_tf.errors.UnsupportedError` (a ``NotImplementedError``)
@@ -38,51 +38,30 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ddl_tf.core import basics
-from ddl_tf.core.compression import Compressor
-from ddl_tf.core.reduce_ops import ReduceOp, parse_op
-from ddl_tf.errors import ConfigError, UnsupportedError
+from ddl_tf.core import current
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.process_sets import ProcessSet
+from ddl_tf.core.reduce_spec import ReduceSpec
+from ddl_tf.errors import UnsupportedError
 from ddl_tf.tensorflow import bridge
-from ddl_tf.tensorflow.allgather_ops import grouped_allgather
+from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.compression import Compression
 from ddl_tf.tensorflow.rank_ops import size_op
 from ddl_tf.tensorflow.tf_errors import engine_for
 
-__all__ = ["allreduce", "grouped_allreduce", "barrier", "join", "split_compression"]
+__all__ = ["allreduce", "grouped_allreduce", "reduce_tensors", "barrier", "join"]
 
 
-def split_compression(compression: Any) -> tuple[Compressor | None, Any]:
-    """Engine-side compressor, or a Horovod-style TF compressor to apply around the op.
-
-    Args:
-        compression: None, a core :class:`Compressor` or its name, or an
-            object with ``compress``/``decompress`` methods (Horovod style).
-
-    Returns:
-        ``(engine compressor or None, TF-side compressor or None)``; a
-        Horovod-style compressor runs on the TF side with no engine
-        compression.
-
-    Raises:
-        ConfigError: ``compression`` is none of these.
-    """
-    if compression is None or isinstance(compression, (Compressor, str)):
-        return (None if compression is None else Compression.get(compression)), None
-    if hasattr(compression, "compress") and hasattr(compression, "decompress"):
-        return Compression.none, compression
-    raise ConfigError(f"Unknown compression {compression!r}; use ddl_tf.Compression.fp16 etc.")
-
-
-def _raw_allreduce(engine, tensors, op, compressor, name, pre, post) -> list[tf.Tensor]:
+def _raw_allreduce(engine, tensors, spec: ReduceSpec, name, compressor) -> list[tf.Tensor]:
 
     def fn(*arrays):
         return engine.allreduce(
             arrays,
-            op=op,
+            op=spec.op,
             compression=compressor,
             name=name,
-            prescale_factor=pre,
-            postscale_factor=post,
+            prescale_factor=spec.prescale_factor,
+            postscale_factor=spec.postscale_factor,
         )
 
     return bridge.run(
@@ -103,7 +82,7 @@ def grouped_allreduce(
     op: ReduceOp | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-    process_set: Any = None,
+    process_set: ProcessSet | None = None,
     ignore_name_scope: bool = False,
     name: str | None = None,
 ) -> list:
@@ -134,71 +113,76 @@ def grouped_allreduce(
             ``tf.errors.FailedPreconditionError``).
     """
     engine = engine_for(process_set)
-    tensors = list(tensors)
+    spec = ReduceSpec.of(
+        op,
+        average=average,
+        compression=compression,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
+    return reduce_tensors(engine, list(tensors), spec, name)
+
+
+def reduce_tensors(engine: Any, tensors: list, spec: ReduceSpec, name: str | None) -> list:
+    """:func:`grouped_allreduce` with its arguments already resolved (the gradient path's entry).
+
+    Args:
+        engine: The engine of ``spec.process_set`` on this rank (:func:`engine_for`).
+        tensors: Tensors or ``tf.IndexedSlices``.
+        spec: How to reduce them.
+        name: Optional name, compared across ranks.
+
+    Returns:
+        Reduced tensors, same order, dtypes and shapes.
+    """
     if not tensors:
         return []
-    op = parse_op(op, average)
-    if op is ReduceOp.ADASUM:
+    if spec.op is ReduceOp.ADASUM:
         engine.adasum()  # a width that is not 2^k: UnsupportedError now, on every rank alike
     out: list = [None] * len(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     if sparse:
-        for i, t in zip(
-            sparse,
-            _sparse_allreduce(
-                engine,
-                process_set,
-                [tensors[i] for i in sparse],
-                op,
-                name,
-                prescale_factor,
-                postscale_factor,
-            ),
-            strict=True,
-        ):
+        reduced_slices = _sparse_allreduce(engine, [tensors[i] for i in sparse], spec, name)
+        for i, t in zip(sparse, reduced_slices, strict=True):
             out[i] = t
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if dense:
         reduced = _dense_allreduce(
-            engine,
-            [tf.convert_to_tensor(tensors[i]) for i in dense],
-            op,
-            compression,
-            name,
-            prescale_factor,
-            postscale_factor,
+            engine, [tf.convert_to_tensor(tensors[i]) for i in dense], spec, name
         )
         for i, t in zip(dense, reduced, strict=True):
             out[i] = t
     return out
 
 
-def _dense_allreduce(engine, tensors, op, compression, name, pre, post) -> list[tf.Tensor]:
-    compressor, tf_compressor = split_compression(compression)
+def _dense_allreduce(engine, tensors, spec: ReduceSpec, name) -> list[tf.Tensor]:
+    wrapper = spec.wrapper
     contexts = None
-    if tf_compressor is not None:
-        pairs = [tf_compressor.compress(t) for t in tensors]
+    if wrapper is not None:
+        pairs = [wrapper.compress(t) for t in tensors]
         tensors, contexts = [p[0] for p in pairs], [p[1] for p in pairs]
 
     @tf.custom_gradient
     def reduce(*xs):
-        ys = _raw_allreduce(engine, list(xs), op, compressor, name, pre, post)
+        ys = _raw_allreduce(engine, list(xs), spec, name, spec.compressor)
 
         def grad(*dys):
             filled = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
             grad_name = f"{name}_grad" if name else None
-            return _raw_allreduce(engine, filled, op, Compression.none, grad_name, pre, post)
+            return _raw_allreduce(engine, filled, spec, grad_name, Compression.none)
 
         return ys, grad
 
     results = list(reduce(*tensors))
-    if tf_compressor is not None:
+    if wrapper is not None:
         assert contexts is not None  # set with the compression above
-        results = [tf_compressor.decompress(r, c) for r, c in zip(results, contexts, strict=True)]
+        results = [wrapper.decompress(r, c) for r, c in zip(results, contexts, strict=True)]
     return results
 
 
-def _sparse_allreduce(engine, process_set, slices, op, name, pre, post) -> list[tf.IndexedSlices]:
+def _sparse_allreduce(engine, slices, spec: ReduceSpec, name) -> list[tf.IndexedSlices]:
+    op = spec.op
     problem = None
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         problem = (
@@ -206,26 +190,23 @@ def _sparse_allreduce(engine, process_set, slices, op, name, pre, post) -> list[
             f"reduced). Received op={op!r}; pass sparse_as_dense=True to the optimizer or "
             "tape, or convert with tf.convert_to_tensor."
         )
-    elif pre != 1.0 or post != 1.0:
+    elif spec.scaled:
         problem = (
             "prescale_factor and postscale_factor are not supported with tf.IndexedSlices. "
-            f"Received prescale_factor={pre}, postscale_factor={post}; scale the values "
+            f"Received prescale_factor={spec.prescale_factor}, "
+            f"postscale_factor={spec.postscale_factor}; scale the values "
             "yourself or convert with tf.convert_to_tensor."
         )
     if problem is not None:
         bridge.refuse("allgather", UnsupportedError(problem), name=name, engine=engine)
-    values = grouped_allgather(
-        [s.values for s in slices],
-        name=f"{name}_values" if name else None,
-        process_set=process_set,
+    values = gather_tensors(
+        engine, [s.values for s in slices], name=f"{name}_values" if name else None
     )
-    indices = grouped_allgather(
-        [s.indices for s in slices],
-        name=f"{name}_indices" if name else None,
-        process_set=process_set,
+    indices = gather_tensors(
+        engine, [s.indices for s in slices], name=f"{name}_indices" if name else None
     )
     # an elastic job's size changes under a traced step: read it when the step runs
-    size = size_op() if engine is basics.CURRENT else engine.size
+    size = size_op() if engine is current.CURRENT else engine.size
     out = []
     for s, v, i in zip(slices, values, indices, strict=True):
         if op is ReduceOp.AVERAGE:
@@ -244,7 +225,7 @@ def allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     name: str | None = None,
-    process_set: Any = None,
+    process_set: ProcessSet | None = None,
     ignore_name_scope: bool = False,
 ):
     """Reduce ``tensor`` across ranks (Average by default); see :func:`grouped_allreduce`.
@@ -284,7 +265,7 @@ def allreduce(
     )[0]
 
 
-def barrier(process_set: Any = None) -> None:
+def barrier(process_set: ProcessSet | None = None) -> None:
     """Block until every rank arrives (eagerly; inside tf.function it is an op in the chain).
 
     Args:
@@ -302,7 +283,7 @@ def barrier(process_set: Any = None) -> None:
     bridge.run(wait, [], [tf.int32], [tf.TensorShape([])], name=bridge.op_name("Barrier", None))
 
 
-def join(device: Any = -1, process_set: Any = None) -> tf.Tensor:
+def join(device: Any = -1, process_set: ProcessSet | None = None) -> tf.Tensor:
     """This rank has no more data: take part in the others' allreduces with zeros until all join.
 
     Horovod's ``join()``. While some ranks have joined, the other ranks' allreduces

@@ -18,10 +18,9 @@ Example (one process):
 
 from __future__ import annotations
 
-from typing import Any
-
 import tensorflow as tf
 
+from ddl_tf.core.process_sets import ProcessSet
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import gathered_shape
 from ddl_tf.tensorflow.tf_errors import engine_for
@@ -34,7 +33,7 @@ def alltoall(
     splits=None,
     name: str | None = None,
     ignore_name_scope: bool = False,
-    process_set: Any = None,
+    process_set: ProcessSet | None = None,
 ):
     """Send row slices to every rank; returns the received rows (and splits, if given).
 

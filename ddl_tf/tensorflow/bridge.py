@@ -11,7 +11,7 @@ Copies. A collective's data is copied once on its way through: into the
 engine's fusion buffer, which MPI reduces in place. Host tensors are read in
 place (eagerly through the buffer protocol; ``numpy_function`` passes its
 inputs as views of TensorFlow's memory), and results, 64-byte aligned
-(:mod:`ddl_tf.core.aligned`), become tensors without a copy (eagerly through
+(:mod:`ddl_tf.core.numerics.aligned`), become tensors without a copy (eagerly through
 DLPack; ``numpy_function`` adopts aligned outputs itself).
 
 Ordering. TensorFlow may run independent graph ops in any order, and in a
@@ -61,7 +61,7 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core import basics
-from ddl_tf.core.aligned import is_aligned
+from ddl_tf.core.numerics.aligned import is_aligned
 from ddl_tf.errors import CollectiveMismatchError, ConfigError, DDLError
 from ddl_tf.tensorflow import tf_errors
 

@@ -25,12 +25,11 @@ Example (one process):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.process_sets import set_root
-from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.process_sets import ProcessSet, set_root
 from ddl_tf.errors import ExecutionModeError
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.functions import broadcast_variables
@@ -49,7 +48,7 @@ def broadcast(
     root_rank: int,
     name: str | None = None,
     ignore_name_scope: bool = False,
-    process_set: Any = None,
+    process_set: ProcessSet | None = None,
 ) -> tf.Tensor:
     """``tensor`` from ``root_rank`` on every rank.
 
@@ -101,7 +100,10 @@ def broadcast(
 
 
 def broadcast_(
-    variables: Sequence, root_rank: int, name: str | None = None, process_set: Any = None
+    variables: Sequence,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
 ) -> list[tf.Tensor]:
     """Assign every variable the root's value in place; returns the new values.
 

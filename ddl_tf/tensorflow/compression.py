@@ -2,7 +2,7 @@
 
 Horovod's ``Compression.fp16.compress(tensor)`` takes and returns
 ``tf.Tensor``s (users call it themselves, e.g. around their own
-collectives). The engine's compressors (:mod:`ddl_tf.core.compression`) work
+collectives). The engine's compressors (:mod:`ddl_tf.core.numerics.compression`) work
 on numpy arrays and know nothing of TensorFlow; the classes here extend them
 so that the same objects accept both: a ``tf.Tensor`` (or ``tf.Variable``)
 is cast with ``tf.cast``, anything else goes to the numpy implementation.
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ddl_tf.core import compression as core
+from ddl_tf.core.numerics import compression as core
 
 __all__ = ["Compression", "TensorNoneCompressor", "TensorHalfCompressor"]
 

@@ -36,7 +36,6 @@ Example (one process):
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,8 +55,6 @@ __all__ = [
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 class TensorFlowState(ObjectState):

@@ -13,17 +13,16 @@ Example (one process):
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.process_sets import set_root
-from ddl_tf.core.reduce_ops import ReduceOp, parse_op
-from ddl_tf.errors import ConfigError
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.process_sets import ProcessSet, set_root
+from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.tensorflow import bridge
-from ddl_tf.tensorflow.allreduce_ops import grouped_allreduce
+from ddl_tf.tensorflow.allreduce_ops import reduce_tensors
 from ddl_tf.tensorflow.overlap import reduce_in_buckets, resolve
 from ddl_tf.tensorflow.tf_errors import engine_for
 
@@ -33,13 +32,15 @@ __all__ = [
     "broadcast_object_fn",
     "allgather_object",
     "allreduce_gradients",
+    "reduce_gradients",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 def broadcast_variables(
-    variables: Sequence, root_rank: int, process_set: Any = None, inplace: bool = False
+    variables: Sequence,
+    root_rank: int,
+    process_set: ProcessSet | None = None,
+    inplace: bool = False,
 ):
     """Assign every variable the root's value, in one fused broadcast.
 
@@ -76,7 +77,7 @@ def broadcast_object(
     root_rank: int = 0,
     session: Any = None,
     name: str | None = None,
-    process_set: Any = None,
+    process_set: ProcessSet | None = None,
 ) -> Any:
     """A picklable object from ``root_rank`` on every rank (eager only).
 
@@ -98,7 +99,10 @@ def broadcast_object(
 
 
 def broadcast_object_fn(
-    root_rank: int = 0, session: Any = None, name: str | None = None, process_set: Any = None
+    root_rank: int = 0,
+    session: Any = None,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
 ):
     """A function that broadcasts a picklable object from ``root_rank`` (Horovod's TF1 helper).
 
@@ -127,7 +131,7 @@ def broadcast_object_fn(
 
 
 def allgather_object(
-    obj: Any, session: Any = None, name: str | None = None, process_set: Any = None
+    obj: Any, session: Any = None, name: str | None = None, process_set: ProcessSet | None = None
 ) -> list:
     """Every rank's picklable object, as a list in rank order (eager only).
 
@@ -156,7 +160,7 @@ def allreduce_gradients(
     name: str | None = None,
     overlap: bool | None = None,
     bucket_bytes: int | None = None,
-    process_set: Any = None,
+    process_set: ProcessSet | None = None,
 ) -> list:
     """Reduce a gradient list across ranks; ``None`` entries stay ``None``.
 
@@ -184,17 +188,54 @@ def allreduce_gradients(
     Raises:
         ConfigError: Invalid ``gradient_predivide_factor``, ``overlap`` or ``bucket_bytes``.
     """
-    op = parse_op(op)
-    if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
-        raise ConfigError(
-            "gradient_predivide_factor only applies to op=Average. Received "
-            f"gradient_predivide_factor={gradient_predivide_factor}, op={op.name}."
-        )
+    spec = ReduceSpec.for_gradients(
+        op=op,
+        compression=compression,
+        gradient_predivide_factor=gradient_predivide_factor,
+        process_set=process_set,
+    )
+    return reduce_gradients(
+        grads,
+        spec,
+        engine_for(process_set),
+        sparse_as_dense=sparse_as_dense,
+        name=name,
+        overlap=overlap,
+        bucket_bytes=bucket_bytes,
+    )
+
+
+def reduce_gradients(
+    grads: Sequence,
+    spec: ReduceSpec,
+    engine: Any,
+    *,
+    sparse_as_dense: bool = False,
+    name: str | None = None,
+    overlap: bool | None = None,
+    bucket_bytes: int | None = None,
+) -> list:
+    """:func:`allreduce_gradients` with the reduction resolved (the optimizer's and tape's entry).
+
+    Args:
+        grads: Gradients (tensors, ``tf.IndexedSlices`` or None).
+        spec: How to reduce them (built once by the optimizer or tape).
+        engine: The engine of ``spec.process_set`` on this rank.
+        sparse_as_dense: Densify ``tf.IndexedSlices`` before reducing.
+        name: Collective name (bucket ``k`` is named ``<name>_b<k>``).
+        overlap: Bucket and overlap inside graphs; None: the job's ``DDL_OVERLAP``.
+        bucket_bytes: Bytes per bucket; None: the job's ``DDL_BUCKET_BYTES``.
+
+    Returns:
+        The reduced gradients, in the order of ``grads``.
+
+    Raises:
+        ConfigError: Invalid ``overlap`` or ``bucket_bytes``.
+    """
     present = [i for i, g in enumerate(grads) if g is not None]
     use_overlap, nbytes = resolve(overlap, bucket_bytes)
-    engine = engine_for(process_set)
     # an elastic job of one rank may grow: its traced steps must keep the collective
-    if engine.size == 1 and not engine.elastic and op in (ReduceOp.AVERAGE, ReduceOp.SUM):
+    if engine.size == 1 and not engine.elastic and spec.op in (ReduceOp.AVERAGE, ReduceOp.SUM):
         return list(grads)  # nothing to reduce; keep tensors (and IndexedSlices) untouched
     chosen = []
     for i in present:
@@ -204,15 +245,7 @@ def allreduce_gradients(
         chosen.append(g)
 
     def reduce(tensors: list, collective_name: str | None) -> list:
-        return grouped_allreduce(
-            tensors,
-            op=op,
-            compression=compression,
-            prescale_factor=1.0 / gradient_predivide_factor,
-            postscale_factor=gradient_predivide_factor,
-            name=collective_name,
-            process_set=process_set,
-        )
+        return reduce_tensors(engine, tensors, spec, collective_name)
 
     if use_overlap and chosen and not tf.executing_eagerly():
         reduced = reduce_in_buckets(chosen, reduce, bucket_bytes=nbytes, name=name or "gradients")

@@ -26,11 +26,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.process_sets import excludes_this_rank
-from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.process_sets import ProcessSet, member_engine
+from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import ConfigError
-from ddl_tf.tensorflow.functions import allreduce_gradients
-from ddl_tf.tensorflow.tf_errors import engine_for
+from ddl_tf.tensorflow.functions import reduce_gradients
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -68,20 +68,23 @@ class DistributedGradientTape:
         gradient_predivide_factor: float = 1.0,
         num_groups: int = 0,
         groups: Any = None,
-        process_set: Any = None,
+        process_set: ProcessSet | None = None,
         scale_local_gradients: bool = True,
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
     ) -> None:
-        excludes_this_rank(process_set)  # refuse a bad set here, not at the first gradient
-        self._process_set = process_set
+        self._spec = ReduceSpec.for_gradients(
+            op=op,
+            compression=compression,
+            gradient_predivide_factor=gradient_predivide_factor,
+            process_set=process_set,
+        )
+        # a tape lives for one step: its set's engine (None outside the set) is looked up once
+        self._engine = member_engine(process_set)  # and a bad set refused here
         self._tape = gradtape
         self._overlap = overlap
         self._bucket_bytes = bucket_bytes
-        self._compression = compression
         self._sparse_as_dense = sparse_as_dense
-        self._op = parse_op(op)
-        self._predivide = gradient_predivide_factor
         self._scale_local = scale_local_gradients
         self._local_sources: set = set()
 
@@ -118,27 +121,26 @@ class DistributedGradientTape:
             Gradients in the structure of ``sources`` (None for unconnected ones).
         """
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
-        if excludes_this_rank(self._process_set):
+        engine = self._engine
+        if engine is None:
             return grads  # as in Horovod: a rank outside the set trains on its own gradients
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
         shared = [i for i, s in enumerate(flat_sources) if not self._is_local(s)]
-        reduced = allreduce_gradients(
+        reduced = reduce_gradients(
             [flat_grads[i] for i in shared],
-            op=self._op,
-            compression=self._compression,
+            self._spec,
+            engine,
             sparse_as_dense=self._sparse_as_dense,
-            gradient_predivide_factor=self._predivide,
             name="DistributedGradientTape",
             overlap=self._overlap,
             bucket_bytes=self._bucket_bytes,
-            process_set=self._process_set,
         )
         out = list(flat_grads)
         for i, g in zip(shared, reduced, strict=True):
             out[i] = g
         if self._scale_local and len(shared) < len(flat_sources):
-            n = engine_for(self._process_set).size
+            n = engine.size
             for i, s in enumerate(flat_sources):
                 if self._is_local(s) and out[i] is not None:
                     out[i] = _divide(out[i], n)

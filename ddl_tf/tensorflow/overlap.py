@@ -2,7 +2,7 @@
 
 One fused collective after the whole backward pass leaves the network idle
 while gradients are computed and the processor idle while they are reduced.
-Here the gradients are instead cut into buckets (:mod:`ddl_tf.core.fusion`)
+Here the gradients are instead cut into buckets (:mod:`ddl_tf.core.collectives.fusion`)
 *in the order backprop produces them* (last layer first), and each bucket
 becomes its own collective op that depends only on its own gradients. The
 bridge (:mod:`ddl_tf.tensorflow.bridge`) chains a graph's collectives in creation order;
@@ -55,7 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core import basics
-from ddl_tf.core.fusion import GradientBucket, plan_gradient_buckets
+from ddl_tf.core.collectives.fusion import GradientBucket, plan_gradient_buckets
 from ddl_tf.errors import ConfigError
 
 __all__ = ["production_levels", "production_order", "resolve", "reduce_in_buckets"]
@@ -176,7 +176,7 @@ def reduce_in_buckets(
         grads: Gradients of one graph (tensors or ``tf.IndexedSlices``).
         reduce: ``reduce(bucket_grads, bucket_name) -> reduced`` builds one
             collective (e.g. :func:`ddl_tf.tensorflow.allreduce_ops.grouped_allreduce`).
-        bucket_bytes: Largest bucket in bytes (see :mod:`ddl_tf.core.fusion`).
+        bucket_bytes: Largest bucket in bytes (see :mod:`ddl_tf.core.collectives.fusion`).
         name: Base name; bucket ``k`` is ``f"{name}_b{k}"``.
 
     Returns:

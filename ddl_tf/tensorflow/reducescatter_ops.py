@@ -5,7 +5,7 @@ rank ``r`` keeps its share of the first dimension: ``rows // size`` rows,
 plus one for the first ``rows % size`` ranks. Shapes and dtypes must match
 across ranks; a scalar raises :class:`~ddl_tf.tensorflow.tf_errors.CollectiveArgumentError`
 (a ``ValueError`` and ``tf.errors.InvalidArgumentError``) on every rank.
-Integer Average and scale factors follow :mod:`ddl_tf.core.scaling`.
+Integer Average and scale factors follow :mod:`ddl_tf.core.numerics.scaling`.
 
 Gradient (as Horovod 0.28.1): the allgather of the upstream gradient,
 multiplied by the number of ranks for ``op=Sum`` and by the pre- and
@@ -27,10 +27,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.reduce_ops import ReduceOp, parse_op
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.process_sets import ProcessSet
+from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.tensorflow import bridge
-from ddl_tf.tensorflow.allgather_ops import grouped_allgather
-from ddl_tf.tensorflow.allreduce_ops import split_compression
+from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = ["reducescatter", "grouped_reducescatter"]
@@ -41,7 +42,7 @@ def grouped_reducescatter(
     device_dense: str = "",
     compression: Any = None,
     op: ReduceOp = ReduceOp.AVERAGE,
-    process_set: Any = None,
+    process_set: ProcessSet | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     name: str | None = None,
@@ -62,11 +63,18 @@ def grouped_reducescatter(
         This rank's rows of each reduced tensor.
     """
     engine = engine_for(process_set)
-    op = parse_op(op)
+    spec = ReduceSpec.of(
+        op,
+        compression=compression,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
+    op = spec.op
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    compressor, tf_compressor = split_compression(compression)
+    compressor, tf_compressor = spec.compressor, spec.wrapper
     contexts = None
     if tf_compressor is not None:
         pairs = [tf_compressor.compress(t) for t in tensors]
@@ -95,9 +103,7 @@ def grouped_reducescatter(
             factor *= postscale_factor
             if factor != 1:
                 filled = [d * tf.cast(factor, d.dtype) for d in filled]
-            return grouped_allgather(
-                filled, name=f"{name}_grad" if name else None, process_set=process_set
-            )
+            return gather_tensors(engine, filled, f"{name}_grad" if name else None)
 
         return ys, grad
 
@@ -114,7 +120,7 @@ def reducescatter(
     compression: Any = None,
     op: ReduceOp = ReduceOp.AVERAGE,
     name: str | None = None,
-    process_set: Any = None,
+    process_set: ProcessSet | None = None,
     ignore_name_scope: bool = False,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,

@@ -24,7 +24,7 @@ import keras
 import tensorflow as tf
 
 from ddl_tf.core import basics
-from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.allreduce_ops import allreduce
 

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from ddl_tf import errors
 from ddl_tf.core import process_sets
+from ddl_tf.core.process_sets import ProcessSet
 
 __all__ = [
     "CollectiveMismatchError",
@@ -91,7 +92,7 @@ def typed(err: BaseException) -> BaseException:
     return err
 
 
-def engine_for(process_set: Any) -> Any:
+def engine_for(process_set: ProcessSet | None) -> Any:
     """:func:`ddl_tf.core.process_sets.engine_for`, with its errors TensorFlow-typed.
 
     Raises:

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import ddl_tf as hvd
-from ddl_tf.core.adasum import check_size, pair_coefficients
+from ddl_tf.core.algorithms.adasum import check_size, pair_coefficients
 from ddl_tf.errors import ConfigError, UnsupportedError
 
 

@@ -220,7 +220,7 @@ def test_cluster_cli_usage_errors(capsys):
 def test_cluster_policy_files_carry_layout_tables_and_steps(tmp_path):
     import json
 
-    from ddl_tf.core.selection import DEFAULT_POLICY, load_policy
+    from ddl_tf.core.algorithms.selection import DEFAULT_POLICY, load_policy
 
     data = {
         **DEFAULT_POLICY.to_json(),

@@ -4,7 +4,9 @@ import pytest
 
 from ddl_tf import env
 from ddl_tf.config import DEFAULT_FUSION_THRESHOLD, DDLConfig
-from ddl_tf.core.reduce_ops import Average, ReduceOp, Sum, parse_op
+from ddl_tf.core.numerics.compression import Compression
+from ddl_tf.core.numerics.reduce_ops import Average, ReduceOp, Sum, parse_op
+from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import ConfigError
 
 
@@ -81,9 +83,40 @@ def test_reduce_op_parsing_follows_horovod():
     assert parse_op("MAX") is ReduceOp.MAX
     with pytest.raises(ConfigError, match="not both"):
         parse_op(Sum, average=True)
-    assert parse_op("adasum") is ReduceOp.ADASUM  # the engine runs it (ddl_tf.core.adasum)
+    assert (
+        parse_op("adasum") is ReduceOp.ADASUM
+    )  # the engine runs it (ddl_tf.core.algorithms.adasum)
     with pytest.raises(ConfigError, match="Unknown reduction 'mean'"):
         parse_op("mean")
+
+
+def test_a_reduce_spec_is_parsed_once_from_horovods_keywords():
+    spec = ReduceSpec.of(None, average=False, compression="FP16", postscale_factor=2.0)
+    assert spec.op is Sum and spec.compressor is Compression.fp16 and spec.wrapper is None
+    assert spec.scaled and ReduceSpec.of().compressor is None  # None: the job's default
+
+    class Horovodish:  # a Horovod-style compressor: applied around the collective
+        def compress(self, tensor):
+            return tensor, None
+
+        def decompress(self, tensor, ctx):
+            return tensor
+
+    wrapped = ReduceSpec.of(compression=Horovodish())
+    assert isinstance(wrapped.wrapper, Horovodish) and wrapped.compressor is Compression.none
+    with pytest.raises(ConfigError, match="process_set must be a ddl_tf ProcessSet"):
+        ReduceSpec.of(process_set=[0, 1])
+    with pytest.raises(ConfigError, match="Unknown compression"):
+        ReduceSpec.of(compression=3)
+
+
+def test_a_gradient_spec_turns_the_predivide_factor_into_scale_factors():
+    spec = ReduceSpec.for_gradients(gradient_predivide_factor=8.0)
+    assert (spec.prescale_factor, spec.postscale_factor) == (0.125, 8.0)
+    with pytest.raises(ConfigError, match="only applies to op=Average"):
+        ReduceSpec.for_gradients(op=Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(ConfigError, match="must be a number > 0"):
+        ReduceSpec.for_gradients(gradient_predivide_factor=0.0)
 
 
 @pytest.mark.parametrize(

@@ -6,16 +6,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ddl_tf.core import halfconv
-from ddl_tf.core.aligned import is_aligned
-from ddl_tf.core.compression import Compression
-from ddl_tf.core.fusion import pack, plan_buckets, unpack
-from ddl_tf.core.mpi import check_reducible, reduce_into, reduce_rows
-from ddl_tf.core.negotiation import DESCRIPTOR_BYTES, Descriptor
-from ddl_tf.core.reduce_ops import ReduceOp
-from ddl_tf.core.scaling import scale
-from ddl_tf.core.selection import DEFAULT_POLICY, AutoPolicy, load_policy
-from ddl_tf.core.steps import shard_layout
+from ddl_tf.core.algorithms.selection import DEFAULT_POLICY, AutoPolicy, load_policy
+from ddl_tf.core.algorithms.steps import shard_layout
+from ddl_tf.core.collectives.fusion import pack, plan_buckets, unpack
+from ddl_tf.core.collectives.negotiation import DESCRIPTOR_BYTES, Descriptor
+from ddl_tf.core.numerics import halfconv
+from ddl_tf.core.numerics.aligned import is_aligned
+from ddl_tf.core.numerics.compression import Compression
+from ddl_tf.core.numerics.mpi import check_reducible, reduce_into, reduce_rows
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.numerics.scaling import scale
 from ddl_tf.core.timeline import NullTimeline, Timeline, merge_traces, rank_path
 from ddl_tf.errors import ConfigError
 
@@ -229,7 +229,7 @@ def test_half_conversions_match_numpy_bit_for_bit(dtype, compiled, monkeypatch):
 def test_half_conversions_are_compiled_here():
     # the extension is optional for users without a C compiler; this machine has one
     assert halfconv.COMPILED == ("float16", "bfloat16"), (
-        "ddl_tf.core.halfkernels was not built (float16 sums fall back to slow numpy "
+        "ddl_tf.core.numerics.halfkernels was not built (float16 sums fall back to slow numpy "
         "conversions); reinstall with a C compiler: pip install -e ."
     )
 
@@ -268,7 +268,7 @@ def test_half_reductions_accumulate_in_float32_and_round_once(dtype, compiled, m
 
 
 def test_an_unknown_allreduce_name_is_a_config_error_naming_the_choices():
-    from ddl_tf.core.algorithms import make_allreduce
+    from ddl_tf.core.algorithms.allreduce import make_allreduce
 
     with pytest.raises(ConfigError, match="use flat, ring, asa or hierarchical"):
         make_allreduce("butterfly", comm=None)

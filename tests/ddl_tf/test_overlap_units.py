@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import ddl_tf as hvd
 from ddl_tf.config import DEFAULT_BUCKET_BYTES, DDLConfig
-from ddl_tf.core.fusion import plan_gradient_buckets
+from ddl_tf.core.collectives.fusion import plan_gradient_buckets
 from ddl_tf.core.timeline import Timeline, merge_traces
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import allreduce_gradients

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 import ddl_tf as hvd
 from ddl_tf import errors
-from ddl_tf.core.negotiation import REFUSALS, Descriptor
-from ddl_tf.core.scaling import postscale_factor, scale
+from ddl_tf.core.collectives.negotiation import REFUSALS, Descriptor
+from ddl_tf.core.numerics.scaling import postscale_factor, scale
 from ddl_tf.tensorflow import bridge, tf_errors
 
 

@@ -14,7 +14,7 @@ from benchmarks.policy_fit import (
     rules_from,
     wire_bytes,
 )
-from ddl_tf.core.selection import load_policy
+from ddl_tf.core.algorithms.selection import load_policy
 
 MiB = 1 << 20
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 import ddl_tf as hvd
 import ddl_tf.keras as hvd_keras
 from ddl_tf.core import basics
-from ddl_tf.core.aligned import BufferPool, aligned_empty
+from ddl_tf.core.numerics.aligned import BufferPool, aligned_empty
 from ddl_tf.errors import ConfigError, NotInitializedError
 from ddl_tf.keras.callbacks import (
     BroadcastGlobalVariablesCallback,
@@ -37,9 +37,7 @@ def test_importing_ddl_tf_starts_neither_mpi_nor_tensorflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    core = (
-        "import sys, ddl_tf, ddl_tf.core.engine, ddl_tf.ddlrun; print('tensorflow' in sys.modules)"
-    )
+    core = "import sys, ddl_tf, ddl_tf.core.collectives.engine, ddl_tf.ddlrun; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -341,7 +339,6 @@ def test_the_api_table_lists_exactly_what_basics_defines():
         "job",
         "replace_job",
         "topology",
-        "CURRENT",
     }
     for name, module in ddl_tf.tensorflow.API.items():
         assert name in importlib.import_module(module).__all__ or module.endswith(f".{name}"), name
@@ -375,6 +372,26 @@ def test_a_wrapped_loss_scale_optimizer_trains_like_keras_own(ddl, mixed_float16
     for a, b in zip(ours.get_weights(), plain.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(ours.optimizer.iterations.numpy()) == int(plain.optimizer.iterations.numpy()) > 0
+
+
+def test_a_distributed_loss_scale_optimizer_saves_its_reduction_and_keeps_local_layers(
+    ddl, mixed_float16, tmp_path
+):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    opt = hvd_keras.PartialDistributedOptimizer(
+        keras.optimizers.SGD(0.05), local_layers=model.layers[0], op=hvd.Sum
+    )
+    assert type(opt).__name__ == "DistributedLossScaleOptimizer"
+    assert isinstance(opt.inner_optimizer, keras.optimizers.SGD)  # reduced once, by the outer
+    model.compile(opt, "mse", jit_compile=False)
+    x = np.ones((8, 4), "float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
+    model.save(tmp_path / "mixed.keras")
+    loaded = hvd_keras.load_model(tmp_path / "mixed.keras")
+    assert type(loaded.optimizer).__name__ == "DistributedLossScaleOptimizer"  # not wrapped again
+    assert loaded.optimizer.reducer.op is hvd.Sum
+    with pytest.raises(ConfigError, match="backward_passes_per_step > 1"):
+        hvd_keras.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2)
 
 
 def test_a_policy_set_after_the_optimizer_is_refused_with_the_fix(ddl):

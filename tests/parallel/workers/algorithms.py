@@ -16,8 +16,8 @@ import numpy as np
 
 import ddl_tf as hvd
 from ddl_tf.core import basics
-from ddl_tf.core.algorithms import make_allreduce
-from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.algorithms.allreduce import make_allreduce
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from tests.parallel.workers.common import report
 
 DTYPES = [

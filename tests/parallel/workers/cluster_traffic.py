@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import ddl_tf as hvd
 from ddl_tf.core import basics
-from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from tests.parallel.workers.common import report
 
 NBYTES = 4 << 20

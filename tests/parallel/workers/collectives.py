@@ -13,8 +13,8 @@ import ml_dtypes
 import numpy as np
 
 import ddl_tf as hvd
-from ddl_tf.core.reduce_ops import ReduceOp
-from ddl_tf.core.steps import shard_layout
+from ddl_tf.core.algorithms.steps import shard_layout
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.errors import ConfigError
 from tests.parallel.workers.common import report
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ddl_tf.core import basics
-from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.membership.reform import membership
 from ddl_tf.membership.state import ObjectState, run
 

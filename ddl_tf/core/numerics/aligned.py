@@ -5,10 +5,10 @@ data starts on a 64-byte boundary (``EIGEN_MAX_ALIGN_BYTES``): a
 ``tf.numpy_function`` output or an eager tensor made from an aligned array
 shares its memory, any other is copied. numpy's own large allocations are
 only 16-byte aligned, so every buffer a collective returns is allocated here
-(and fused members start on aligned offsets, see :mod:`~ddl_tf.core.fusion`).
+(and fused members start on aligned offsets, see :mod:`~ddl_tf.core.collectives.fusion`).
 
 Example:
-    >>> from ddl_tf.core.aligned import aligned_empty, is_aligned
+    >>> from ddl_tf.core.numerics.aligned import aligned_empty, is_aligned
     >>> buf = aligned_empty((3, 5), "float32")
     >>> buf.shape, buf.dtype.name, is_aligned(buf)
     ((3, 5), 'float32', True)

@@ -1,7 +1,7 @@
 """Horovod's ``join()``: a rank that ran out of data keeps the others' allreduces going.
 
 A rank that calls :func:`join` presents a *join* descriptor to every
-negotiation (:mod:`~ddl_tf.core.negotiation`) until all ranks have joined.
+negotiation (:mod:`~ddl_tf.core.collectives.negotiation`) until all ranks have joined.
 For each allreduce the other (active) ranks start meanwhile, rank 0's verdict
 tells the joined ranks to take part, and the lowest active rank sends them the
 collective's arguments (kind, name and the negotiated fields: dtypes, shapes,
@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from ddl_tf.core.negotiation import ALL_JOINED, JOINABLE, SKIP, TAG_JOIN_SPEC, Descriptor
+from ddl_tf.core.collectives.negotiation import (
+    ALL_JOINED,
+    JOINABLE,
+    SKIP,
+    TAG_JOIN_SPEC,
+    Descriptor,
+)
 from ddl_tf.errors import ConfigError
 
 __all__ = ["join", "send_arguments"]
@@ -38,7 +44,7 @@ def join(engine: Any) -> int:
     """Take part, with zeros, in the other ranks' allreduces until every rank has joined.
 
     Args:
-        engine: This rank's :class:`~ddl_tf.core.engine.Engine`.
+        engine: This rank's :class:`~ddl_tf.core.collectives.engine.Engine`.
 
     Returns:
         The rank that joined last (the same on every rank).
@@ -80,7 +86,7 @@ def send_arguments(engine: Any, joined: tuple[int, ...], kind: str, name, fields
     Args:
         engine: This rank's engine.
         joined: Ranks inside ``join()``.
-        kind: The collective (one of :data:`~ddl_tf.core.negotiation.JOINABLE`).
+        kind: The collective (one of :data:`~ddl_tf.core.collectives.negotiation.JOINABLE`).
         name: Its name.
         fields: Its negotiated fields (everything but the data).
     """

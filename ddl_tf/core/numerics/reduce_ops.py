@@ -3,10 +3,10 @@
 ``Average`` is a ``Sum`` followed by a division by the number of ranks;
 the allreduce algorithms only ever see ``SUM``, ``MIN``, ``MAX`` and
 ``PRODUCT``. ``Adasum`` is not an elementwise reduction (it combines whole
-tensors by their dot products); the engine runs it by :mod:`ddl_tf.core.adasum`.
+tensors by their dot products); the engine runs it by :mod:`ddl_tf.core.algorithms.adasum`.
 
 Example:
-    >>> from ddl_tf.core.reduce_ops import Average, ReduceOp, parse_op
+    >>> from ddl_tf.core.numerics.reduce_ops import Average, ReduceOp, parse_op
     >>> Average.wire_op is ReduceOp.SUM
     True
     >>> parse_op(None, average=False) is ReduceOp.SUM

@@ -16,7 +16,7 @@ and then a division.
 
 Example:
     >>> import numpy as np
-    >>> from ddl_tf.core.scaling import scale
+    >>> from ddl_tf.core.numerics.scaling import scale
     >>> scale(np.array([3, -3, 7], np.int32), 0.5)
     array([ 1, -1,  3], dtype=int32)
     >>> scale(np.array([1.0, 3.0], np.float16), 0.5).dtype
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddl_tf.core.halfconv import from_float32, to_float32
-from ddl_tf.core.mpi import accumulation_dtype
+from ddl_tf.core.numerics.halfconv import from_float32, to_float32
+from ddl_tf.core.numerics.mpi import accumulation_dtype
 from ddl_tf.errors import ConfigError
 
 __all__ = ["scale", "postscale_factor"]

@@ -24,7 +24,7 @@ to tune ``auto`` there. The choice depends only on values every rank shares
 (message size, dtype, topology, the policy), so all ranks agree.
 
 Example:
-    >>> from ddl_tf.core.selection import AutoPolicy
+    >>> from ddl_tf.core.algorithms.selection import AutoPolicy
     >>> policy = AutoPolicy({"single_node": ((1 << 20, "flat"), (None, "ring"))})
     >>> policy.choose(4096, num_nodes=1, hierarchical_ok=False, custom_op=False)
     'flat'

@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from ddl_tf.core import mpi
-from ddl_tf.core.compression import Compressor
-from ddl_tf.core.scaling import scale
+from ddl_tf.core.numerics import mpi
+from ddl_tf.core.numerics.compression import Compressor
+from ddl_tf.core.numerics.scaling import scale
 from ddl_tf.errors import ConfigError, UnsupportedError
 
 __all__ = [

@@ -15,7 +15,7 @@ still negotiates, so every rank raises it, and only then raises it itself.
 
 Example:
     >>> import numpy as np
-    >>> from ddl_tf.core.guard import layout_text
+    >>> from ddl_tf.core.collectives.guard import layout_text
     >>> layout_text([np.zeros((3, 4), np.float32), np.zeros((), np.int64)])
     'float32[3, 4], int64[]'
 """
@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ddl_tf.core.join import send_arguments
-from ddl_tf.core.mpi import is_process_failure
-from ddl_tf.core.negotiation import OK_JOINED
+from ddl_tf.core.collectives.join import send_arguments
+from ddl_tf.core.collectives.negotiation import OK_JOINED
+from ddl_tf.core.numerics.mpi import is_process_failure
 from ddl_tf.errors import DDLError, HorovodInternalError, StallError
 
 __all__ = ["CollectiveGuard", "CollectiveStats", "EngineState", "layout_text"]

@@ -9,8 +9,8 @@ floats, so partial sums are never rounded to half precision inside a rank).
 
 Example:
     >>> import numpy as np
-    >>> from ddl_tf.core.mpi import accumulation_dtype, reduce_into
-    >>> from ddl_tf.core.reduce_ops import ReduceOp
+    >>> from ddl_tf.core.numerics.mpi import accumulation_dtype, reduce_into
+    >>> from ddl_tf.core.numerics.reduce_ops import ReduceOp
     >>> accumulation_dtype(np.float16)
     dtype('float32')
     >>> a = np.array([1, 5], np.int32)
@@ -29,8 +29,8 @@ import ml_dtypes
 import numpy as np
 
 from ddl_tf import env
-from ddl_tf.core.halfconv import from_float32, sum_into, to_float32
-from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.numerics.halfconv import from_float32, sum_into, to_float32
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.errors import ConfigError
 
 __all__ = [
@@ -141,7 +141,7 @@ def check_reducible(dtype: np.dtype, op: ReduceOp) -> None:
     """Raise :class:`ConfigError` unless ``op`` is defined for ``dtype``.
 
     Average of integers is defined as Horovod defines it: the sum times
-    ``1 / size`` in float64, truncated toward zero (see :mod:`ddl_tf.core.scaling`).
+    ``1 / size`` in float64, truncated toward zero (see :mod:`ddl_tf.core.numerics.scaling`).
 
     Args:
         dtype: Numpy dtype of the tensor.

@@ -16,7 +16,7 @@ algorithm each hierarchical step uses (``flat``, ``ring`` or ``asa``); the key
     }
 
 Example:
-    >>> from ddl_tf.core.topology_file import TopologySpec
+    >>> from ddl_tf.core.topology.topology_file import TopologySpec
     >>> spec = TopologySpec.from_dict({"levels": ["socket", "node"], "split": {"socket": 2}})
     >>> spec.levels, spec.split
     (('socket', 'node'), {'socket': 2})

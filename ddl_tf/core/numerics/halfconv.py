@@ -4,7 +4,7 @@ ddl_tf sums 16-bit floats in float32 (each partial sum is rounded once to
 half precision), so every half-precision reduction, every ``fp16``/``bf16``
 compressed pack and every average of a half tensor converts whole buffers.
 numpy converts float16 one element at a time; the optional C extension
-``ddl_tf.core.halfkernels`` (built by ``pip install`` when a C compiler is
+``ddl_tf.core.numerics.halfkernels`` (built by ``pip install`` when a C compiler is
 present) converts with the CPU's F16C instructions (float16) or vectorized
 integer arithmetic (bfloat16). Results are identical either way (round to
 nearest even; tests compare the two bit for bit); only the speed differs.
@@ -12,7 +12,7 @@ nearest even; tests compare the two bit for bit); only the speed differs.
 
 Example:
     >>> import numpy as np
-    >>> from ddl_tf.core.halfconv import to_float32, from_float32
+    >>> from ddl_tf.core.numerics.halfconv import to_float32, from_float32
     >>> h = np.array([1.5, -2.0, 1024.0], np.float16)
     >>> to_float32(h)
     array([   1.5,   -2. , 1024. ], dtype=float32)
@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 
 try:  # a C extension: imported by name, as it has no Python source to type-check
-    _kernels: ModuleType | None = importlib.import_module("ddl_tf.core.halfkernels")
+    _kernels: ModuleType | None = importlib.import_module("ddl_tf.core.numerics.halfkernels")
 except ImportError:  # built without a C compiler: numpy does the conversions
     _kernels = None
 

@@ -5,12 +5,12 @@ which may differ per rank; ``broadcast_arrays`` sends several arrays from
 the root in one fused message; ``alltoall`` sends slices of the first
 dimension to each rank and returns what it received plus the received
 splits. These functions assume the caller already checked that all ranks
-run the same collective (see :mod:`ddl_tf.core.negotiation`); the first
+run the same collective (see :mod:`ddl_tf.core.collectives.negotiation`); the first
 dimensions and splits, which may legitimately differ, are exchanged here.
 
 Example:
     >>> import numpy as np
-    >>> from ddl_tf.core.movement import aligned_layout
+    >>> from ddl_tf.core.collectives.movement import aligned_layout
     >>> aligned_layout([np.zeros(3, np.float64), np.zeros((2, 2), np.int8)])
     ([0, 64], 68)
 """
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from ddl_tf.core import mpi
-from ddl_tf.core.aligned import align_up, aligned_empty
-from ddl_tf.core.mpi import dtype_info
-from ddl_tf.core.steps import shard_layout
+from ddl_tf.core.algorithms.steps import shard_layout
+from ddl_tf.core.numerics import mpi
+from ddl_tf.core.numerics.aligned import align_up, aligned_empty
+from ddl_tf.core.numerics.mpi import dtype_info
 from ddl_tf.errors import CollectiveArgumentError, ConfigError
 
 __all__ = ["allgatherv", "broadcast_arrays", "alltoallv", "alltoall_problem", "aligned_layout"]
@@ -36,7 +36,7 @@ _CHUNK = 1 << 30  # keep MPI counts well inside int32
 def aligned_layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
     """Byte offsets of ``arrays`` packed back to back at 64-byte alignment, and the total.
 
-    With the buffer itself aligned (:func:`~ddl_tf.core.aligned.aligned_empty`),
+    With the buffer itself aligned (:func:`~ddl_tf.core.numerics.aligned.aligned_empty`),
     every array received into it can become a tensor without a copy.
 
     Args:

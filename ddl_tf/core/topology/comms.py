@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddl_tf.config import DDLConfig
-from ddl_tf.core import mpi
-from ddl_tf.core.topology import Topology, pseudo_node_names
-from ddl_tf.core.topology_file import load_topology_file
+from ddl_tf.core.numerics import mpi
+from ddl_tf.core.topology.layout import Topology, pseudo_node_names
+from ddl_tf.core.topology.topology_file import load_topology_file
 from ddl_tf.env import launcher_layout
 from ddl_tf.errors import TopologyError
 

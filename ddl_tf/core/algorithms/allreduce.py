@@ -2,7 +2,7 @@
 
 Two tiny strategy shapes, in the style of Horovod's ``compression.py``:
 
-* a *step algorithm* (:mod:`ddl_tf.core.steps`) reduce-scatters a buffer
+* a *step algorithm* (:mod:`ddl_tf.core.algorithms.steps`) reduce-scatters a buffer
   inside one communicator and allgathers it back: ``flat``, ``ring``, ``asa``;
 * an *allreduce* (here) reduces a buffer in place: ``flat`` (``MPI_Allreduce``),
   ``ring`` and ``asa`` (their step algorithm's reduce-scatter then allgather)
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from ddl_tf.core import mpi
-from ddl_tf.core.mpi import dtype_info
-from ddl_tf.core.reduce_ops import ReduceOp
-from ddl_tf.core.steps import STEP_ALGORITHMS, StepAlgorithm
+from ddl_tf.core.algorithms.steps import STEP_ALGORITHMS, StepAlgorithm
+from ddl_tf.core.numerics import mpi
+from ddl_tf.core.numerics.mpi import dtype_info
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.timeline import NULL_TRACER, Tracer
 from ddl_tf.errors import ConfigError, TopologyError
 
@@ -206,7 +206,7 @@ def make_allreduce(
         name: ``flat``, ``ring``, ``asa`` or ``hierarchical``.
         comm: The job's data communicator.
         step_comms: For ``hierarchical``: ``(level, comm)`` per step, the last
-            one being ``world`` (see :class:`~ddl_tf.core.comms.Communicators`).
+            one being ``world`` (see :class:`~ddl_tf.core.topology.comms.Communicators`).
         step_algorithms: Step algorithm name per step (None = ``flat``).
         uniform: Whether the topology's groups have equal sizes.
         trace: ``trace(phase, **args)`` context-manager factory (timeline).

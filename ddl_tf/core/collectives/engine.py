@@ -4,9 +4,9 @@ Each collective runs the same pipeline on every rank:
 
 1. take the engine lock (graph ops run on TensorFlow threads; one collective
    at a time keeps MPI calls serialized and in program order);
-2. negotiate a descriptor (:mod:`~ddl_tf.core.negotiation`), once per call,
+2. negotiate a descriptor (:mod:`~ddl_tf.core.collectives.negotiation`), once per call,
    so mismatches raise and stalls are reported before any data moves;
-3. for allreduce: compress, fuse into buckets (:mod:`~ddl_tf.core.fusion`),
+3. for allreduce: compress, fuse into buckets (:mod:`~ddl_tf.core.collectives.fusion`),
    pick the algorithm per bucket (``auto`` or forced), reduce, unpack,
    decompress, average.
 
@@ -41,24 +41,25 @@ from typing import Any
 import numpy as np
 
 from ddl_tf.config import DDLConfig
-from ddl_tf.core import join, movement, mpi
-from ddl_tf.core.adasum import Adasum, HierarchicalAdasum, adasum_arrays, check_dtype
-from ddl_tf.core.algorithms import Allreduce, make_allreduce
-from ddl_tf.core.aligned import BufferPool, aligned_empty
-from ddl_tf.core.comms import Communicators, build_communicators
-from ddl_tf.core.compression import Compression, Compressor
-from ddl_tf.core.fusion import pack, plan_buckets, unpack
-from ddl_tf.core.guard import CollectiveGuard, CollectiveStats, EngineState, layout_text
-from ddl_tf.core.halfconv import cast_into
-from ddl_tf.core.mpi import check_reducible, dtype_info
-from ddl_tf.core.negotiation import Descriptor, Negotiator
-from ddl_tf.core.reduce_ops import ReduceOp, parse_op
-from ddl_tf.core.scaling import postscale_factor as combined_postscale
-from ddl_tf.core.scaling import scale
-from ddl_tf.core.selection import AutoPolicy
-from ddl_tf.core.steps import shard_layout
+from ddl_tf.core.algorithms.adasum import Adasum, HierarchicalAdasum, adasum_arrays, check_dtype
+from ddl_tf.core.algorithms.allreduce import Allreduce, make_allreduce
+from ddl_tf.core.algorithms.selection import AutoPolicy
+from ddl_tf.core.algorithms.steps import shard_layout
+from ddl_tf.core.collectives import join, movement
+from ddl_tf.core.collectives.fusion import pack, plan_buckets, unpack
+from ddl_tf.core.collectives.guard import CollectiveGuard, CollectiveStats, EngineState, layout_text
+from ddl_tf.core.collectives.negotiation import Descriptor, Negotiator
+from ddl_tf.core.numerics import mpi
+from ddl_tf.core.numerics.aligned import BufferPool, aligned_empty
+from ddl_tf.core.numerics.compression import Compression, Compressor
+from ddl_tf.core.numerics.halfconv import cast_into
+from ddl_tf.core.numerics.mpi import check_reducible, dtype_info
+from ddl_tf.core.numerics.reduce_ops import ReduceOp, parse_op
+from ddl_tf.core.numerics.scaling import postscale_factor as combined_postscale
+from ddl_tf.core.numerics.scaling import scale
 from ddl_tf.core.timeline import NullTimeline, Timeline, Tracer, merge_traces
-from ddl_tf.core.topology import Topology
+from ddl_tf.core.topology.comms import Communicators, build_communicators
+from ddl_tf.core.topology.layout import Topology
 from ddl_tf.errors import CollectiveArgumentError, DDLError, StallError
 
 __all__ = ["Engine"]
@@ -78,10 +79,10 @@ class Engine:
     Allreduce, then reducescatter, allgather, broadcast, alltoall, Python
     objects, barrier and refusals, then the lifecycle. Each runs inside
     :meth:`collective` (lock, negotiation, timeline); the runtime state a
-    collective may change is :attr:`state` (:class:`~ddl_tf.core.guard.EngineState`).
+    collective may change is :attr:`state` (:class:`~ddl_tf.core.collectives.guard.EngineState`).
 
     Args:
-        comms: Communicators from :func:`ddl_tf.core.comms.build_communicators`.
+        comms: Communicators from :func:`ddl_tf.core.topology.comms.build_communicators`.
         topology: This rank's topology.
         config: Job configuration.
         policy: Table behind ``auto``.
@@ -198,7 +199,7 @@ class Engine:
         (text, or a callable producing it) is what error messages show. Both are
         turned into a :class:`Descriptor` once per distinct collective and cached.
         ``error`` is an argument error this rank found: the collective is refused
-        on every rank (see :mod:`~ddl_tf.core.guard`).
+        on every rank (see :mod:`~ddl_tf.core.collectives.guard`).
         """
         return CollectiveGuard(self, kind, name, fields, summary, error)
 
@@ -618,7 +619,7 @@ class Engine:
         """Horovod's ``join()``: allreduce zeros for the others until every rank has joined.
 
         Returns:
-            The last rank to join (see :mod:`~ddl_tf.core.join`).
+            The last rank to join (see :mod:`~ddl_tf.core.collectives.join`).
         """
         return join.join(self)
 
@@ -637,7 +638,7 @@ class Engine:
 
         Raises:
             DDLError: Always: ``error``'s class (one of
-                :data:`~ddl_tf.core.negotiation.REFUSALS`).
+                :data:`~ddl_tf.core.collectives.negotiation.REFUSALS`).
         """
         with self.collective(kind, name, error=error):
             pass

@@ -22,11 +22,11 @@ same order.
 
 Every member starts on a 64-byte boundary of a 64-byte aligned buffer (the
 gaps are zeros, reduced along with the data), so each reduced member can
-become a tensor without a copy (:mod:`~ddl_tf.core.aligned`).
+become a tensor without a copy (:mod:`~ddl_tf.core.numerics.aligned`).
 
 Example:
     >>> import numpy as np
-    >>> from ddl_tf.core.fusion import plan_buckets
+    >>> from ddl_tf.core.collectives.fusion import plan_buckets
     >>> f4, f2 = np.dtype("float32"), np.dtype("float16")
     >>> [b.members for b in plan_buckets((f4, f2, f4, f4), (10, 10, 10, 10), 128)]
     [(0, 2), (3,), (1,)]
@@ -52,8 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ddl_tf.core.aligned import align_up, aligned_empty
-from ddl_tf.core.halfconv import cast_into
+from ddl_tf.core.numerics.aligned import align_up, aligned_empty
+from ddl_tf.core.numerics.halfconv import cast_into
 from ddl_tf.errors import ConfigError
 
 __all__ = ["Bucket", "plan_buckets", "pack", "unpack", "GradientBucket", "plan_gradient_buckets"]
@@ -164,7 +164,7 @@ def unpack(bucket: Bucket, buf: np.ndarray, shapes: Sequence[tuple[int, ...]]) -
 
     The views share ``buf``'s memory and start on 64-byte boundaries; the
     engine reuses ``buf`` only once nothing references it (see
-    :class:`~ddl_tf.core.aligned.BufferPool`), so no later collective can
+    :class:`~ddl_tf.core.numerics.aligned.BufferPool`), so no later collective can
     overwrite them.
 
     Args:

@@ -1,8 +1,8 @@
 """The ``Topology`` value: which ranks share which level of the machine.
 
 A topology is built from one node name per rank (found through MPI by
-:mod:`ddl_tf.core.comms`, or faked with ``DDL_PSEUDO_NODES``), optionally
-refined by a :class:`~ddl_tf.core.topology_file.TopologySpec`. It is pure
+:mod:`ddl_tf.core.topology.comms`, or faked with ``DDL_PSEUDO_NODES``), optionally
+refined by a :class:`~ddl_tf.core.topology.topology_file.TopologySpec`. It is pure
 data, so any layout can be tested on one machine without MPI.
 
 Hierarchical allreduce walks :meth:`Topology.steps`: at each level a rank
@@ -11,7 +11,7 @@ from the levels below; the last step (``world``) allreduces the shard across
 the outermost groups among ranks with the same position.
 
 Example:
-    >>> from ddl_tf.core.topology import Topology
+    >>> from ddl_tf.core.topology.layout import Topology
     >>> topo = Topology.from_node_names(["a", "a", "b", "b"], rank=2)
     >>> topo.local_rank, topo.local_size, topo.cross_rank, topo.cross_size
     (0, 2, 1, 2)
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddl_tf.core.topology_file import TopologySpec
+from ddl_tf.core.topology.topology_file import TopologySpec
 from ddl_tf.errors import ConfigError, TopologyError
 
 __all__ = ["Topology", "Step", "pseudo_node_names"]

@@ -5,7 +5,7 @@ communicator (each rank ends up owning one fully reduced shard) and
 allgathers it back: ``flat`` (MPI's own ``Reduce_scatter``/``Allgatherv``),
 ``ring`` (``P - 1`` neighbour exchanges each way), ``asa`` (Theano-MPI's
 ``Alltoallv``, local sum, ``Allgatherv``). The allreduces of
-:mod:`ddl_tf.core.algorithms` are built from them.
+:mod:`ddl_tf.core.algorithms.allreduce` are built from them.
 
 Shards are as equal as possible (the first ``n % P`` get one extra element),
 so any length works, including 0. Reductions of float16 and bfloat16
@@ -13,7 +13,7 @@ accumulate in float32 (``asa`` adds all ``P`` contributions in float32 before
 rounding once); only the wire carries 16-bit values.
 
 Example:
-    >>> from ddl_tf.core.steps import shard_layout
+    >>> from ddl_tf.core.algorithms.steps import shard_layout
     >>> shard_layout(10, 4)
     ((3, 3, 2, 2), (0, 3, 6, 8))
 """
@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from ddl_tf.core import mpi
-from ddl_tf.core.mpi import dtype_info, reduce_into, reduce_rows
-from ddl_tf.core.reduce_ops import ReduceOp
+from ddl_tf.core.algorithms.waiting import wait_all
+from ddl_tf.core.numerics import mpi
+from ddl_tf.core.numerics.mpi import dtype_info, reduce_into, reduce_rows
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.timeline import NULL_TRACER, Tracer
-from ddl_tf.core.waiting import wait_all
 
 __all__ = [
     "shard_layout",
@@ -213,7 +213,7 @@ class RingSteps(StepAlgorithm):
 
 
 def _exchange(comm: Any, send: list, dest: int, recv: list, source: int) -> None:
-    """``Sendrecv`` that waits without spinning (:mod:`~ddl_tf.core.waiting`)."""
+    """``Sendrecv`` that waits without spinning (:mod:`~ddl_tf.core.algorithms.waiting`)."""
     wait_all([comm.Irecv(recv, source, _RING_TAG), comm.Isend(send, dest, _RING_TAG)])
 
 

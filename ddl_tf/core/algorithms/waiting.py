@@ -12,8 +12,8 @@ messages fast, then it yields, then it sleeps in steps of at most 0.5 ms
 
 Example (one process: a message to itself):
     >>> import numpy as np
-    >>> from ddl_tf.core import mpi
-    >>> from ddl_tf.core.waiting import wait_all
+    >>> from ddl_tf.core.numerics import mpi
+    >>> from ddl_tf.core.algorithms.waiting import wait_all
     >>> MPI = mpi.load()
     >>> comm = MPI.COMM_SELF
     >>> out, into = np.arange(3.0), np.zeros(3)

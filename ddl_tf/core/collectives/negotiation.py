@@ -30,7 +30,7 @@ tensor. Waiting polls with a short spin, then yields, then sleeps at most
 1 ms between polls; each poll checks the deadlines.
 
 Example:
-    >>> from ddl_tf.core.negotiation import Descriptor
+    >>> from ddl_tf.core.collectives.negotiation import Descriptor
     >>> d = Descriptor.make("allreduce", "grads", ("float32", (3, 4)), "op=sum")
     >>> d.summary
     "allreduce 'grads' ('float32', (3, 4)) op=sum"
@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ddl_tf.core import mpi
+from ddl_tf.core.numerics import mpi
 from ddl_tf.errors import (
     CollectiveArgumentError,
     CollectiveMismatchError,

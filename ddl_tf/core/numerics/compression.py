@@ -3,7 +3,7 @@
 ``compress(array) -> (array, ctx)`` before the collective and
 ``decompress(array, ctx)`` after it. ``fp16`` and ``bf16`` halve the bytes on
 the wire for float32/float64 tensors; the reductions themselves accumulate in
-float32 (see :mod:`ddl_tf.core.algorithms`), never in half precision. Integer
+float32 (see :mod:`ddl_tf.core.algorithms.allreduce`), never in half precision. Integer
 and already-half tensors pass through unchanged.
 
 ``fp16`` keeps 11 significant bits but overflows above 65504; ``bf16`` keeps
@@ -11,7 +11,7 @@ the float32 exponent range with 8 significant bits. Horovod has no ``bf16``.
 
 Example:
     >>> import numpy as np
-    >>> from ddl_tf.core.compression import Compression
+    >>> from ddl_tf.core.numerics.compression import Compression
     >>> wire, ctx = Compression.fp16.compress(np.array([1.5, 2.25], np.float32))
     >>> wire.dtype, Compression.fp16.decompress(wire, ctx).dtype
     (dtype('float16'), dtype('float32'))

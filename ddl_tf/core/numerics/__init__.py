@@ -1,0 +1,1 @@
+"""Numbers on the host: reduction ops, wire compression, scale factors, float16/bfloat16 conversion (and its C kernels), aligned buffers, and the numpy-dtype to MPI tables (with mpi4py's late loading)."""
