@@ -29,7 +29,7 @@ $(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/numerics/halfkerne
 	@touch $@
 
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
 
 # The fast tier: single-process, not slow (under 3 minutes on 2 cores). Property tests
 # draw 100 examples here (the hypothesis profile "quick"), 2,000 under `make test`.

@@ -252,6 +252,24 @@ rehearsal = pytest.mark.skipif(
 )
 
 
+MPIRUN_CRASHED = 128 + 11
+"""ddlrun's status when mpirun itself died of SIGSEGV."""
+
+
+def _run_growing(tmp_path: Path, **kwargs) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """:func:`_run` for a job that grows onto a new virtual node, once more if mpirun crashed.
+
+    Open MPI 5.0.11's mpirun (PRRTE) crashed with SIGSEGV in 1 of 11 runs of
+    the replacement test here, after starting a daemon on the added node
+    (docs/elastic.md); a second crash in a row fails the test.
+    """
+    done, records = _run(tmp_path / "1", **kwargs)
+    if done.returncode == MPIRUN_CRASHED and "elastic job finished" not in done.stdout:
+        done, records = _run(tmp_path / "2", **kwargs)
+        tmp_path = tmp_path / "2"
+    return done, records
+
+
 @pytest.fixture
 def no_cluster_left():
     before = _cluster_namespaces()
@@ -262,7 +280,7 @@ def no_cluster_left():
 @rehearsal
 def test_rehearsal_hosts_added_and_removed_across_virtual_nodes(tmp_path, no_cluster_left):
     schedule = [(0, ["node0:1"]), (1, ["node0:1", "node1:1"]), (None, ["node1:1"])]
-    done, records = _run(
+    done, records = _run_growing(
         tmp_path, schedule=schedule, np_=1, min_np=1, max_np=2, options=("--rehearse", "2")
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -273,7 +291,7 @@ def test_rehearsal_hosts_added_and_removed_across_virtual_nodes(tmp_path, no_clu
 @rehearsal
 def test_rehearsal_a_node_whose_ranks_die_is_replaced_by_a_fresh_one(tmp_path, no_cluster_left):
     hosts = ["node0:2", "node1:2"]
-    done, records = _run(
+    done, records = _run_growing(
         tmp_path,
         schedule=[(0, hosts), (1, hosts), (None, [*hosts, "node2:2"])],
         exits={str((1, 0)): [2, 3]},  # both ranks of node1 (a lost node)
@@ -286,7 +304,8 @@ def test_rehearsal_a_node_whose_ranks_die_is_replaced_by_a_fresh_one(tmp_path, n
     assert _shape(records) == [(0, 4, 1), (0, 2, 2), (0, 4, 3), (0, 4, 3)]
     # node1's cooldown is over at once, but Open MPI cannot start ranks there again
     assert "host node1 is listed again, but it had ranks of this job before" in done.stderr
-    assert len(set(map(tuple, _weights(tmp_path)))) == 1, "replicas differ"
+    weights = _weights(tmp_path / "2") or _weights(tmp_path / "1")
+    assert len(weights) == 4 and len(set(map(tuple, weights))) == 1, "replicas differ"
 
 
 def _kill_node1_daemon(job: subprocess.Popen, logfile: Path) -> None:

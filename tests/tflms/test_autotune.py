@@ -41,8 +41,9 @@ def test_finds_a_fitting_plan_for_a_graph_that_needs_swaps(chain, link):
     fitting = [c for c in tuned.candidates if c.fits]
     assert fitting and min(c.step_time_s for c in fitting) == tuned.result.step_time_s
     assert tuned.config.n_tensors is None or tuned.config.n_tensors >= len(tuned.plan.swaps)
-    # The chosen options reproduce the chosen plan (unless its triggers were retimed).
-    again = tflms.make_plan(view, tuned.config)
+    # The chosen options on the tuned target reproduce the chosen plan (unless its
+    # triggers were retimed).
+    again = tflms.make_plan(view, tuned.config, target=tuned.target)
     if tuned.retime is None:
         assert again == tuned.plan
     else:

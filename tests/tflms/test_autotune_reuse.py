@@ -19,7 +19,11 @@ from tflms.tuning import search
 def _reference(monkeypatch, *args, **kwargs) -> tflms.AutotuneResult:
     with monkeypatch.context() as patch:
         patch.setattr(search, "PlanSimulator", SimulateEach)
-        patch.setattr(search, "make_plan", lambda view, config, memo: tflms.make_plan(view, config))
+        patch.setattr(
+            search,
+            "make_plan",
+            lambda view, config, memo, target: tflms.make_plan(view, config, target=target),
+        )
         return tflms.autotune(*args, **kwargs)
 
 

@@ -84,3 +84,39 @@ def test_errors_name_the_fix():
         Target.for_device(accounting="bytes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="Received 'lots'"):
         Target.for_budget("lots")
+
+
+def test_autotune_plans_every_candidate_on_its_own_target(view, monkeypatch):
+    """Recomputations are timed on the device autotune was given, not the config's default."""
+    from tflms.compose import levers
+
+    seen = []
+    original = levers.plan_recomputes
+
+    def spy(view, config, *, target=None, **kwargs):
+        seen.append(target.device.name if target is not None else None)
+        return original(view, config, target=target, **kwargs)
+
+    monkeypatch.setattr(levers, "plan_recomputes", spy)
+    budget = tflms.simulate(view, device="A100-80GB", accounting="tensors").device_peak_bytes
+    config = tflms.LMSConfig(min_tensor_bytes=0)
+    tuned = tflms.autotune(view, budget // 2, config=config, device="A100-80GB", safety_margin=0)
+    assert seen and set(seen) == {"A100-80GB"}, seen
+    assert tuned.target.device.name == "A100-80GB"
+
+
+def test_the_callbacks_simulation_uses_the_target_its_plan_was_made_for(view):
+    import weakref
+
+    from tflms.keras.callback import LMSCallback, Trace
+
+    callback = LMSCallback(memory_budget="A100-80GB", link="nvlink2")
+    graph = tf.Graph()
+    callback.traces.append(Trace(tflms.SwapPlan(), None, view, weakref.ref(graph), ()))
+    result = callback.simulate()
+    expected = tflms.simulate(view, target=callback.config.target())
+    assert result == expected
+    assert result.device == "A100-80GB"
+    assert callback.simulate(link="pcie3") == tflms.simulate(
+        view, target=callback.config.target(link="pcie3")
+    )

@@ -50,6 +50,7 @@ import tflms
 from tflms.cli.commands import COMMANDS, EXAMPLES, ExitCode
 from tflms.cli.options import add_config_options
 from tflms.cli.progress import Progress
+from tflms.cost.target import DEFAULT_DEVICE
 from tflms.errors import (
     AlreadyRewrittenError,
     ConfigError,
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--hardware",
         metavar="PRESET",
         help="device model for the time model, e.g. V100-16GB, A100-80GB (default: the "
-        "budget's preset, else V100-16GB)",
+        f"budget's preset, else {DEFAULT_DEVICE})",
     )
     simulate.add_argument(
         "--plot",

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from tflms.cost.hardware import DEVICES, get_device
+from tflms.cost.target import DEFAULT_LINK
 from tflms.utils.units import format_bytes
 
 __all__ = ["FitReport", "fit_report", "preset_for_gpu_name", "visible_gpu_preset"]
@@ -77,7 +78,7 @@ class FitReport:
     message: str
 
 
-def fit_report(view, plan, preset: str, *, stack="tf2", link: str = "pcie3") -> FitReport:
+def fit_report(view, plan, preset: str, *, stack="tf2", link: str = DEFAULT_LINK) -> FitReport:
     """Simulate ``plan`` on ``preset`` and say whether it fits and what to set.
 
     Args:

@@ -240,9 +240,12 @@ class LMSCallback(keras.callbacks.Callback):
 
         Args:
             **kwargs: passed to :func:`tflms.simulate` (``device``, ``link``,
-                ``accounting``, ``stack``, or a ``target``); ``stack``
-                defaults to the TensorFlow 2.x one calibrated with
-                ``LMSConfig.tensor_factor``.
+                ``accounting``, ``stack``, or a ``target``). By default the step
+                is simulated on the target the plan was made for
+                (``LMSConfig.target()``: ``memory_budget``'s device, ``link``,
+                the TensorFlow 2.x stack calibrated with ``tensor_factor``);
+                without a budget, on :func:`tflms.simulate`'s default device over
+                ``LMSConfig.link``.
 
         Returns:
             The :class:`~tflms.simulation.simulator.SimulationResult`; every figure is simulated.
@@ -255,7 +258,15 @@ class LMSCallback(keras.callbacks.Callback):
         from tflms.cost.gpu_memory import configured_stack
         from tflms.simulation.simulator import simulate
 
-        if kwargs.get("target") is None:
+        if kwargs.get("target") is None and self.config.memory_budget is not None:
+            # the target the plan was made for; keywords given here win over it
+            names = ("device", "link", "accounting", "stack")
+            overrides = {k: kwargs.pop(k, None) for k in names}
+            if overrides["stack"] is not None:  # a stack given here is used as it is
+                overrides["tensor_factor"] = 1.0
+            kwargs["target"] = self.config.target(**overrides)
+        elif kwargs.get("target") is None:
+            kwargs.setdefault("link", self.config.link)
             kwargs.setdefault("stack", configured_stack("tf2", self.config.tensor_factor))
         return simulate(self.view, self.plan, **kwargs)
 

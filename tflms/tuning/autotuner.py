@@ -272,11 +272,9 @@ def autotune(
             "LMSConfig(memory_budget='16GiB') or give the target one (Target.for_budget(...))."
         )
     budget_bytes = target.budget_bytes
-    margin = config.safety_margin if safety_margin is None else safety_margin
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.9:
-        raise ConfigError(
-            f"safety_margin must be a fraction in [0, 0.9). Received safety_margin={margin!r}."
-        )
+    if safety_margin is not None:  # checked as the config checks it
+        config = config.replace(safety_margin=safety_margin)
+    margin = config.safety_margin
     device_model, link_model = target.device, target.link
     if link_model.name in LINKS and link_model.name != config.link:
         # The chosen options must reproduce the chosen plan: ordering is

@@ -149,7 +149,9 @@ class Search:
         key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
         if key in self._seen:
             return self._seen[key]
-        plan = make_plan(self.view, cfg.replace(reorder=False), memo=self._staged)
+        plan = make_plan(
+            self.view, cfg.replace(reorder=False), memo=self._staged, target=self.target
+        )
         if retime is not None and plan.swaps:
             if self._timed is None:
                 compiled = compile_view(self.view, device=self.device, link=self.link)
