@@ -36,6 +36,7 @@ Run: ``.venv/bin/python benchmarks/bench_capacity_transformers.py [--models gpt2
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -47,8 +48,10 @@ import tflms  # noqa: E402
 from benchmarks.bench_capacity import PLANS, TUNED  # noqa: E402
 from benchmarks.common import RESULTS, provenance, setup_logging, write_result  # noqa: E402
 from tflms import zoo  # noqa: E402
+from tflms.apply.split import finish_view, split_graph  # noqa: E402
 from tflms.cost.hardware import get_device  # noqa: E402
 from tflms.errors import PlanInfeasibleError  # noqa: E402
+from tflms.plan.splits import ALIGN, plan_splits  # noqa: E402
 
 DEVICE = "V100-16GB"
 BUDGET = get_device(DEVICE).memory_bytes
@@ -86,24 +89,47 @@ class Model:
         self._views: dict[int, object] = {}
         self._split: dict[int, object] = {}
         self._best: dict[tuple[int, bool], tuple] = {}
+        self._reference: tuple | None = None
         self.analysis_s: list[float] = []
 
     def view(self, batch: int):
         if batch not in self._views:
             self._views.clear()  # keep one: a published-size view is large
-            self._split.clear()
             t0 = time.perf_counter()
             self._views[batch] = tflms.analyze(self.keras, batch_size=batch)
             self.analysis_s.append(time.perf_counter() - t0)
         return self._views[batch]
 
-    def split_view(self, batch: int):
-        from tflms.apply.split import split_view
-        from tflms.plan.splits import plan_splits
+    def splits(self, batch: int):
+        """The split plan at ``batch``: planned on the first view analysed, rescaled.
 
+        The loss's rows grow with the batch and nothing else changes, so the
+        plan made at one batch is rescaled rather than analysing every batch
+        twice (once whole to plan, once split); ``plan_splits`` on the view of
+        ``batch`` gives the same entries.
+        """
+        if self._reference is None:
+            ref_batch = next(iter(self._views)) if self._views else batch
+            self._reference = (ref_batch, plan_splits(self.view(ref_batch), SPLIT_BYTES))
+        ref_batch, ref = self._reference
+        out = []
+        for split in ref:
+            rows = split.rows * batch // ref_batch
+            nbytes = split.bytes * batch // ref_batch
+            chunks = min(-(-nbytes // SPLIT_BYTES), rows // ALIGN)
+            out.append(dataclasses.replace(split, rows=rows, bytes=nbytes, chunks=chunks))
+        return tuple(out)
+
+    def split_view(self, batch: int):
+        """The view of the training step at ``batch`` after the split rewrite."""
         if batch not in self._split:
-            view = self.view(batch)
-            self._split[batch] = split_view(view, plan_splits(view, SPLIT_BYTES))
+            self._split.clear()
+            splits = self.splits(batch)
+            t0 = time.perf_counter()
+            graph = tflms.train_step_graph(self.keras, batch_size=batch)
+            split_graph(graph, splits)
+            self._split[batch] = finish_view(tflms.build_view(graph), splits)
+            self.analysis_s.append(time.perf_counter() - t0)
         return self._split[batch]
 
     def plain(self, batch: int):
@@ -216,10 +242,8 @@ def study(name: str, variants: list[str], old: dict) -> dict:
             "peak_bytes_instant_copies": result.device_peak_bytes,
         }
         if split:
-            from tflms.plan.splits import plan_splits
-
             entry["max_op_bytes"] = SPLIT_BYTES
-            entry["splits"] = [s.to_dict() for s in plan_splits(model.view(most), SPLIT_BYTES)]
+            entry["splits"] = [s.to_dict() for s in model.splits(most)]
         entry["tuned"] = {link: model.tuned(most, split, link) for link in LINKS}
         entry["cap"] = cap(model.best(most + 1, split)[1])
         entry["search_s"] = round(time.perf_counter() - t0, 1)
@@ -251,7 +275,10 @@ def main() -> int:
     old = json.loads(path.read_text()) if path.exists() else {}
     models = dict(old.get("models", {}))
     for name in args.models.split(","):
-        models[name] = study(name, args.variants.split(","), models.get(name, {}))
+        result = study(name, args.variants.split(","), models.get(name, {}))
+        # merge into the file as it is now: another run may have written other entries
+        models = json.loads(path.read_text()).get("models", {}) if path.exists() else {}
+        models[name] = {**models.get(name, {}), **result}
         data = {
             **provenance(
                 "Largest BERT-base (seq 512) and GPT-2 small (seq 1024) batch that fits the "
