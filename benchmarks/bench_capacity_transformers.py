@@ -69,13 +69,13 @@ MODELS = {
         "build": zoo.bert,
         "description": "BERT-base (12 blocks, width 768, 12 heads), sequence 512, masked-LM "
         "loss over 30522 words at every position, AdamW",
-        "start": {"plain": 13, "lms": 46, "split": 48},
+        "start": {"plain": 13, "lms": 47, "split": 56},
     },
     "gpt2": {
         "build": zoo.gpt2,
         "description": "GPT-2 small (12 blocks, width 768, 12 heads, untied head), sequence "
         "1024, causal-LM loss over 50257 words, AdamW",
-        "start": {"plain": 4, "lms": 18, "split": 19},
+        "start": {"plain": 4, "lms": 19, "split": 20},
     },
 }
 

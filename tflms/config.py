@@ -173,7 +173,9 @@ class LMSConfig:
     """Split ops too large for any swap plan into row chunks of at most this
     many bytes (``"256MiB"``), bitwise identical (:mod:`tflms.plan.splits`):
     the vocabulary loss of a language model, whose logits and gradient are
-    both on the device at the op. ``None`` (the default) splits nothing."""
+    both on the device at the op; random tensors (dropout masks) larger than
+    this are drawn in their layer rather than all as the step starts.
+    ``None`` (the default) changes nothing."""
 
     def __post_init__(self) -> None:
         check_device_string("host_device", self.host_device, owner="LMSConfig.")

@@ -5,7 +5,8 @@ backprop chunks kept on the host until the backward pass) returns exactly the
 loss and gradient of the whole op, also for a batch of another size than the
 one planned; a language model trained with ``LMSCallback(max_op_bytes=...)``
 ends with the same weights, bit for bit, as without; and the simulator sees
-the logits and their gradient no longer both on the device at the loss.
+the logits and their gradient no longer both on the device at the loss, and
+dropout masks drawn in their layer rather than all when the step starts.
 """
 
 import numpy as np
@@ -16,7 +17,7 @@ import tflms
 from tflms import zoo
 from tflms.apply.split import finish_view, split_graph
 from tflms.errors import ConfigError, ValidationError
-from tflms.plan.splits import ALIGN, plan_splits
+from tflms.plan.splits import ALIGN, RANDOM_TYPES, plan_deferrals, plan_splits
 from tflms.zoo.data import synthetic_data
 
 VOCAB = 301
@@ -117,6 +118,25 @@ def test_splitting_lowers_the_simulated_peak_at_the_loss():
     assert after.device_peak_bytes <= plain.device_peak_bytes - logits // 2
 
 
+def test_dropout_masks_are_drawn_in_their_layer_not_when_the_step_starts():
+    """Stateless masks depend on no data: deferred to their layer, they stop piling up."""
+    model = zoo.gpt2(vocab=50, seq=128, dim=16, heads=4, layers=4)
+    graph = tflms.train_step_graph(model, batch_size=4)
+    view = tflms.build_view(graph)
+    deferrals = plan_deferrals(view, 512 << 10)
+    assert len(deferrals) == 4  # one attention mask per layer; the smaller ones stay
+    assert all(view.nodes[d.op]["type"] in RANDOM_TYPES for d in deferrals)
+    split_graph(graph, (), deferrals=deferrals)
+    deferred = finish_view(tflms.build_view(graph), ())
+    options = dict(swapout_threshold=1, swapin_ahead=1, min_tensor_bytes=0, link="ideal")
+    peaks = []
+    for v in (view, deferred):
+        plan = tflms.make_plan(v, tflms.LMSConfig(**options))
+        peaks.append(tflms.simulate(v, plan, accounting="tensors", link="ideal", baseline=False))
+    assert peaks[0].peak_op_type in RANDOM_TYPES
+    assert peaks[1].device_peak_bytes < 0.8 * peaks[0].device_peak_bytes
+
+
 def _fit(build, devices, steps, callbacks=()):
     model = build()
     x, y = synthetic_data(model, 4 * steps)
@@ -147,3 +167,4 @@ def test_training_with_the_loss_split_is_bitwise_identical(name, devices):
     split_ops = [n for n in view if "-split/" in n]
     assert any(view.nodes[n]["type"] == "SparseSoftmaxCrossEntropyWithLogits" for n in split_ops)
     assert callback.plan.swaps, callback.plan.summary()
+    assert plan_deferrals(view, 4 * 16 * 97 * 4 // 4)  # the attention masks were deferred too

@@ -49,7 +49,7 @@ import tensorflow as tf
 from tflms.apply.graph_editor import GraphEditor
 from tflms.errors import ValidationError
 from tflms.graph.view import assign_levels
-from tflms.plan.splits import ALIGN, Split
+from tflms.plan.splits import ALIGN, Defer, Split
 
 __all__ = ["split_graph", "finish_view", "split_names"]
 
@@ -77,7 +77,10 @@ def split_names(split: Split) -> dict[str, tuple[int, int]]:
 
 
 def split_graph(
-    graph: tf.Graph, splits: Sequence[Split], host_device: str = "/device:CPU:0"
+    graph: tf.Graph,
+    splits: Sequence[Split],
+    host_device: str = "/device:CPU:0",
+    deferrals: Sequence[Defer] = (),
 ) -> int:
     """Rewrite ``graph`` in place so that each op of ``splits`` runs on row chunks.
 
@@ -86,6 +89,10 @@ def split_graph(
             ``FuncGraph``: before tracing ends).
         splits: from :func:`tflms.plan.splits.plan_splits`.
         host_device: where the chunks' backprop tensors wait for the backward pass.
+        deferrals: from :func:`tflms.plan.splits.plan_deferrals`: a control
+            edge from each trigger into its generator.
+        deferrals: from :func:`tflms.plan.splits.plan_deferrals`: a control
+            edge from each trigger into its generator.
 
     Returns:
         The number of ops inserted.
@@ -99,6 +106,8 @@ def split_graph(
     with editor.editing():
         for split in splits:
             _split_one(graph, editor, split, host_device)
+        for defer in deferrals:
+            editor.add_control(defer.trigger, defer.op)
     return len(graph.get_operations()) - before
 
 

@@ -42,7 +42,7 @@ from tflms.apply.validation import validate
 from tflms.config import LMSConfig
 from tflms.errors import AlreadyRewrittenError, ConfigError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
-from tflms.plan.splits import Split, plan_splits
+from tflms.plan.splits import Split, plan_deferrals, plan_splits
 from tflms.plan.swap_plan import SwapPlan
 from tflms.tuning.compose import make_plan
 from tflms.utils.devices import check_local_device
@@ -145,9 +145,10 @@ class LMS:
     def _split(self, graph, view, batch_size, batch_source):
         """Cut the ops larger than ``max_op_bytes`` into row chunks; the view of the result."""
         self.splits = plan_splits(view, self.config.max_op_bytes)
-        if not self.splits:
+        deferrals = plan_deferrals(view, self.config.max_op_bytes)
+        if not self.splits and not deferrals:
             return view
-        inserted = split_graph(graph, self.splits, self.config.host_device)
+        inserted = split_graph(graph, self.splits, self.config.host_device, deferrals)
         logger.info(
             "tflms: split %d ops of %s into row chunks (%d ops inserted)",
             len(self.splits),

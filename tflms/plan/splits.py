@@ -36,8 +36,17 @@ from dataclasses import asdict, dataclass
 import networkx as nx
 
 from tflms.errors import ConfigError
+from tflms.plan.triggers import trigger_filter
 
-__all__ = ["ALIGN", "SPLIT_TYPES", "Split", "plan_splits"]
+__all__ = [
+    "ALIGN",
+    "SPLIT_TYPES",
+    "RANDOM_TYPES",
+    "Split",
+    "Defer",
+    "plan_splits",
+    "plan_deferrals",
+]
 
 ALIGN = 16
 """Chunk boundaries are multiples of this many rows (64 bytes of float32 for any vocabulary)."""
@@ -128,6 +137,108 @@ def plan_splits(view: nx.DiGraph, max_op_bytes: int | None) -> tuple[Split, ...]
             Split(name, node["type"], rows, chunks, backprop.bytes, _triggers(view, name))
         )
     return tuple(splits)
+
+
+RANDOM_TYPES = frozenset(
+    {
+        "StatelessRandomUniformV2",
+        "StatelessRandomNormalV2",
+        "StatelessTruncatedNormalV2",
+        "StatelessRandomUniform",
+        "StatelessRandomNormal",
+    }
+)
+"""Random generators whose output depends on shapes and seeds only, not on the data."""
+
+
+@dataclass(frozen=True)
+class Defer:
+    """A large random tensor to draw when it is needed, not when the step starts.
+
+    A dropout mask depends on shapes and seeds only, so TensorFlow's ready
+    queue draws every layer's mask as the step starts: at GPT-2 small's
+    sequence 1024 that is 48 MiB of floats per sample and layer, all on the
+    device at once. A control edge from the op that makes the data the mask
+    is applied to (``trigger``) defers the draw to its layer; the values are
+    the same (stateless generators).
+
+    Attributes:
+        op: the generator.
+        trigger: the op it waits for.
+        bytes: the size of its output at the analysed batch size.
+    """
+
+    op: str
+    trigger: str
+    bytes: int
+
+    def to_dict(self) -> dict:
+        """The deferral as plain JSON types."""
+        return asdict(self)
+
+
+def plan_deferrals(view: nx.DiGraph, max_op_bytes: int | None) -> tuple[Defer, ...]:
+    """The generators of :data:`RANDOM_TYPES` larger than ``max_op_bytes`` to defer.
+
+    Each is followed along its readers (the scaling ``Mul``/``Add``, the
+    comparison with the rate) to the first op that also reads data; the
+    producer of that data becomes the trigger, where a control edge out of it
+    is safe (:func:`tflms.plan.triggers.trigger_filter`: no Grappler fold is
+    changed).
+
+    Args:
+        view: the analysis view.
+        max_op_bytes: as for :func:`plan_splits`; ``None`` defers nothing.
+
+    Returns:
+        One :class:`Defer` per generator with a safe trigger, by op name.
+    """
+    if max_op_bytes is None:
+        return ()
+    ok = trigger_filter(view)
+    out = []
+    for name in sorted(view.nodes):
+        node = view.nodes[name]
+        if node["type"] not in RANDOM_TYPES or node["outputs"][0].bytes <= max_op_bytes:
+            continue
+        chain, frontier, trigger = {name}, [name], None
+        while frontier and trigger is None:
+            op = frontier.pop(0)
+            for reader in sorted(view.succ[op]):
+                if not view.succ[op][reader].get("tensors"):
+                    continue
+                others = [
+                    src
+                    for src, edge in view.pred[reader].items()
+                    if src not in chain and edge.get("tensors") and _reads_data(view, src)
+                ]
+                if others:
+                    trigger = max(others, key=lambda src: view.nodes[src]["level"])
+                    break
+                chain.add(reader)
+                frontier.append(reader)
+        if trigger is not None and ok(trigger) and not nx.has_path(view, name, trigger):
+            out.append(Defer(name, trigger, node["outputs"][0].bytes))
+    return tuple(out)
+
+
+_DATA_SOURCES = frozenset(
+    {"Placeholder", "PlaceholderWithDefault", "_Arg", "ReadVariableOp", "VarHandleOp"}
+)
+
+
+def _reads_data(view: nx.DiGraph, name: str) -> bool:
+    """Whether ``name`` depends on the step's inputs or variables (not on constants alone)."""
+    seen, todo = {name}, [name]
+    while todo:
+        op = todo.pop()
+        if view.nodes[op]["type"] in _DATA_SOURCES:
+            return True
+        for src, edge in view.pred[op].items():
+            if edge.get("tensors") and src not in seen:
+                seen.add(src)
+                todo.append(src)
+    return False
 
 
 def _itemsize(dtype: str) -> int:
