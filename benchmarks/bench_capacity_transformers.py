@@ -13,7 +13,8 @@ fits a V100-16GB as ``tflms.simulate`` models it by default (``accounting=
 * ``with_lms_split``: the same after the split rewrite
   (``LMSConfig(max_op_bytes=...)``, :mod:`tflms.plan.splits`), which cuts
   the vocabulary loss into row chunks so that no op holds its logits and
-  its gradient on the device at once.
+  its gradient on the device at once, and draws each dropout mask in its
+  layer rather than all as the step starts.
 
 At the largest batch of each LMS variant, ``tflms.autotune`` over PCIe3 and
 NVLink2 (no safety margin) gives the predicted step-time overhead (or says the
@@ -51,7 +52,7 @@ from tflms import zoo  # noqa: E402
 from tflms.apply.split import finish_view, split_graph  # noqa: E402
 from tflms.cost.hardware import get_device  # noqa: E402
 from tflms.errors import PlanInfeasibleError  # noqa: E402
-from tflms.plan.splits import ALIGN, plan_splits  # noqa: E402
+from tflms.plan.splits import ALIGN, plan_deferrals, plan_splits  # noqa: E402
 
 DEVICE = "V100-16GB"
 BUDGET = get_device(DEVICE).memory_bytes
@@ -90,6 +91,7 @@ class Model:
         self._split: dict[int, object] = {}
         self._best: dict[tuple[int, bool], tuple] = {}
         self._reference: tuple | None = None
+        self.deferrals: tuple = ()
         self.analysis_s: list[float] = []
 
     def view(self, batch: int):
@@ -110,7 +112,9 @@ class Model:
         """
         if self._reference is None:
             ref_batch = next(iter(self._views)) if self._views else batch
-            self._reference = (ref_batch, plan_splits(self.view(ref_batch), SPLIT_BYTES))
+            view = self.view(ref_batch)
+            self._reference = (ref_batch, plan_splits(view, SPLIT_BYTES))
+            self.deferrals = plan_deferrals(view, SPLIT_BYTES)
         ref_batch, ref = self._reference
         out = []
         for split in ref:
@@ -127,7 +131,7 @@ class Model:
             splits = self.splits(batch)
             t0 = time.perf_counter()
             graph = tflms.train_step_graph(self.keras, batch_size=batch)
-            split_graph(graph, splits)
+            split_graph(graph, splits, deferrals=self.deferrals)
             self._split[batch] = finish_view(tflms.build_view(graph), splits)
             self.analysis_s.append(time.perf_counter() - t0)
         return self._split[batch]
@@ -244,6 +248,7 @@ def study(name: str, variants: list[str], old: dict) -> dict:
         if split:
             entry["max_op_bytes"] = SPLIT_BYTES
             entry["splits"] = [s.to_dict() for s in model.splits(most)]
+            entry["deferred_random_ops"] = len(model.deferrals)
         entry["tuned"] = {link: model.tuned(most, split, link) for link in LINKS}
         entry["cap"] = cap(model.best(most + 1, split)[1])
         entry["search_s"] = round(time.perf_counter() - t0, 1)
