@@ -21,8 +21,8 @@ NVLink2 (no safety margin) gives the predicted step-time overhead (or says the
 batch needs a smaller one over that link), and at the first batch that does not
 fit, the best plan's peak op and the largest buffers live there say what caps
 the batch. Each analysis of a published-size model takes tens of seconds, so
-the search is a ladder of single steps from a starting batch (the figures of
-a previous run), not a bisection from 1.
+the search starts from the figures of a previous run and goes up in doubling
+steps, then bisects.
 
 Every figure is simulated on a virtual V100-16GB; none was measured on a GPU.
 Capuchin (Peng et al., ASPLOS 2020) reports a 7x larger BERT batch than
@@ -70,13 +70,13 @@ MODELS = {
         "build": zoo.bert,
         "description": "BERT-base (12 blocks, width 768, 12 heads), sequence 512, masked-LM "
         "loss over 30522 words at every position, AdamW",
-        "start": {"plain": 13, "lms": 47, "split": 56},
+        "start": {"plain": 13, "lms": 47, "split": 60},
     },
     "gpt2": {
         "build": zoo.gpt2,
         "description": "GPT-2 small (12 blocks, width 768, 12 heads, untied head), sequence "
         "1024, causal-LM loss over 50257 words, AdamW",
-        "start": {"plain": 4, "lms": 19, "split": 20},
+        "start": {"plain": 4, "lms": 19, "split": 35},
     },
 }
 
@@ -178,7 +178,11 @@ class Model:
 
 
 def ladder(fits, start: int) -> tuple[int, dict[int, bool]]:
-    """The largest batch for which ``fits`` holds, by single steps from ``start`` (monotone)."""
+    """The largest batch for which ``fits`` holds (assumed monotone), searched from ``start``.
+
+    Up from ``start`` in steps that double until one fails, then bisection;
+    down from ``start`` one batch at a time.
+    """
     seen: dict[int, bool] = {}
 
     def check(b):
@@ -186,11 +190,16 @@ def ladder(fits, start: int) -> tuple[int, dict[int, bool]]:
         print(f"    batch {b}: {'fits' if seen[b] else 'does not fit'}", flush=True)
         return seen[b]
 
+    if check(start):
+        lo, step = start, 1
+        while check(lo + step):
+            lo, step = lo + step, step * 2
+        hi = lo + step
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if check(mid) else (lo, mid)
+        return lo, seen
     b = start
-    if check(b):
-        while check(b + 1):
-            b += 1
-        return b, seen
     while b > 1 and not check(b - 1):
         b -= 1
     return b - 1, seen
