@@ -70,7 +70,7 @@ MODELS = {
         "build": zoo.bert,
         "description": "BERT-base (12 blocks, width 768, 12 heads), sequence 512, masked-LM "
         "loss over 30522 words at every position, AdamW",
-        "start": {"plain": 13, "lms": 47, "split": 60},
+        "start": {"plain": 13, "lms": 68, "split": 60},
     },
     "gpt2": {
         "build": zoo.gpt2,
