@@ -224,8 +224,7 @@ def study(name: str, variants: list[str], old: dict) -> dict:
     print(f"== {name}", flush=True)
     model = Model(name)
     start = MODELS[name]["start"]
-    out = dict(old)
-    out["description"] = MODELS[name]["description"]
+    out: dict = {"description": MODELS[name]["description"]}  # only what this run computes
     if "plain" in variants:
         t0 = time.perf_counter()
         most, seen = ladder(lambda b: model.plain(b).device_peak_bytes <= BUDGET, start["plain"])
@@ -244,7 +243,7 @@ def study(name: str, variants: list[str], old: dict) -> dict:
         t0 = time.perf_counter()
         most, seen = ladder(
             lambda b, split=split: model.best(b, split)[1].device_peak_bytes <= BUDGET,
-            max(start[variant], out.get("without_lms", {}).get("batch", 1)),
+            max(start[variant], {**old, **out}.get("without_lms", {}).get("batch", 1)),
         )
         winner, result, peaks = model.best(most, split)
         entry = {
@@ -271,10 +270,6 @@ def study(name: str, variants: list[str], old: dict) -> dict:
             f"{entry['cap']['peak_op']}",
             flush=True,
         )
-    plain = out.get("without_lms", {}).get("batch")
-    for key in ("with_lms", "with_lms_split"):
-        if plain and key in out:
-            out[key]["ratio"] = out[key]["batch"] / plain
     out["analysis_s"] = [round(s, 1) for s in model.analysis_s]
     return out
 
@@ -292,7 +287,11 @@ def main() -> int:
         result = study(name, args.variants.split(","), models.get(name, {}))
         # merge into the file as it is now: another run may have written other entries
         models = json.loads(path.read_text()).get("models", {}) if path.exists() else {}
-        models[name] = {**models.get(name, {}), **result}
+        merged = models[name] = {**models.get(name, {}), **result}
+        plain = merged.get("without_lms", {}).get("batch")
+        for key in ("with_lms", "with_lms_split"):
+            if plain and key in merged:
+                merged[key]["ratio"] = merged[key]["batch"] / plain
         data = {
             **provenance(
                 "Largest BERT-base (seq 512) and GPT-2 small (seq 1024) batch that fits the "

@@ -53,10 +53,10 @@ def capacity_transformers(r: Results) -> str:
             [
                 r.get(f"models.{name}.description"),
                 r.get(f"models.{name}.without_lms.batch"),
-                f"{r.get(f'{lms}.batch')} ({fmt_ratio(r.get(f'{lms}.ratio'), 1)}x)",
+                f"{r.get(f'{lms}.batch')} ({fmt_ratio(r.get(f'{lms}.ratio'))}x)",
                 _overheads(r, lms),
                 _cap(r, lms),
-                f"{r.get(f'{split}.batch')} ({fmt_ratio(r.get(f'{split}.ratio'), 1)}x)",
+                f"{r.get(f'{split}.batch')} ({fmt_ratio(r.get(f'{split}.ratio'))}x)",
                 _overheads(r, split),
                 _cap(r, split),
             ]
