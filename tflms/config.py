@@ -255,6 +255,14 @@ class LMSConfig:
     simulator finds them (:mod:`tflms.compose.ordering`). With
     ``memory_budget`` the auto-tuner decides."""
 
+    max_op_bytes: int | None = None
+    """Split ops too large for any swap plan into row chunks of at most this
+    many bytes (``"256MiB"``), bitwise identical (:mod:`tflms.plan.splits`):
+    the vocabulary loss of a language model, whose logits and gradient are
+    both on the device at the op; random tensors (dropout masks) larger than
+    this are drawn in their layer rather than all as the step starts.
+    ``None`` (the default) changes nothing."""
+
     def __post_init__(self) -> None:
         check_device_string("host_device", self.host_device, owner="LMSConfig.")
         if self.device is not None:
@@ -303,6 +311,11 @@ class LMSConfig:
             )
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", _budget_field(self.memory_budget))
+        if self.max_op_bytes is not None:
+            size = _bytes_field("max_op_bytes", self.max_op_bytes)
+            if size < 1:
+                raise _fail("max_op_bytes", size, "at least 1 byte", "Use None to split nothing.")
+            object.__setattr__(self, "max_op_bytes", size)
         margin = _check_real(
             "safety_margin",
             self.safety_margin,

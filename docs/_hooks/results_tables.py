@@ -76,6 +76,7 @@ WRITERS = {
     "allreduce.json": "python benchmarks/bench_allreduce.py",
     "auto_policy.json": "python benchmarks/bench_allreduce.py",
     "capacity.json": "python benchmarks/bench_capacity.py",
+    "capacity_transformers.json": "python benchmarks/bench_capacity_transformers.py",
     "cluster_allreduce*.json": "python benchmarks/bench_cluster_allreduce.py (as root)",
     "cluster_auto_policy.json": "python benchmarks/bench_cluster_allreduce.py (as root)",
     "cluster_training.json": "python benchmarks/bench_cluster_training.py (as root)",

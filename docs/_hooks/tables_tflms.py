@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import tables_anchors  # noqa: F401 - registers the real-GPU anchor tables
+import tables_capacity  # noqa: F401 - registers the transformer capacity table
 from results_tables import (
     MISSING,
     Results,

@@ -37,11 +37,13 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 
 from tflms.apply.core import apply_plan
+from tflms.apply.split import finish_view, split_graph
 from tflms.apply.validation import validate
 from tflms.compose.levers import make_plan
 from tflms.config import LMSConfig
 from tflms.errors import AlreadyRewrittenError, ConfigError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
+from tflms.plan.splits import Split, plan_deferrals, plan_splits
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.devices import check_local_device
 
@@ -90,6 +92,7 @@ class LMS:
         self.config = resolve_config(config, overrides)
         self.tuning: AutotuneResult | None = None
         self.view = None  # the analysis view of the last graph planned (before any rewrite)
+        self.splits: tuple[Split, ...] = ()  # the ops the last run cut into row chunks
 
     @tf.autograph.experimental.do_not_convert
     def plan(
@@ -140,6 +143,21 @@ class LMS:
         self.tuning = autotune(view, config=self.config, target=target)
         return self.tuning.plan
 
+    def _split(self, graph, view, batch_size, batch_source):
+        """Cut the ops larger than ``max_op_bytes`` into row chunks; the view of the result."""
+        self.splits = plan_splits(view, self.config.max_op_bytes)
+        deferrals = plan_deferrals(view, self.config.max_op_bytes)
+        if not self.splits and not deferrals:
+            return view
+        inserted = split_graph(graph, self.splits, self.config.host_device, deferrals)
+        logger.info(
+            "tflms: split %d ops of %s into row chunks (%d ops inserted)",
+            len(self.splits),
+            view.graph.get("name") or "graph",
+            inserted,
+        )
+        return finish_view(self._view(graph, batch_size, batch_source), self.splits)
+
     @tf.autograph.experimental.do_not_convert
     def run(
         self, graph: tf.Graph, *, batch_size: int | None = None, batch_source: str | None = None
@@ -168,6 +186,7 @@ class LMS:
                 f"Graph {view.graph['name']!r} was already rewritten by tflms "
                 f"({len(rewritten)} swap ops, e.g. {rewritten[0]!r}); run LMS once per graph."
             )
+        view = self._split(graph, view, batch_size, batch_source)
         plan = self._plan(view)
         if plan.empty:  # a plan may recompute or order without swapping: it is applied then
             logger.info(

@@ -255,7 +255,11 @@ def veto(view: nx.DiGraph, producer: str, info, uses, far) -> str | None:
                 f"a far consumer ({cnode['type']}) is removed by Grappler before the step runs: "
                 "the ops behind it read the tensor as soon as it exists"
             )
-        if node["type"] in ARITHMETIC_CHAIN and cnode["type"] in ARITHMETIC_CHAIN:
+        if (
+            node["type"] in ARITHMETIC_CHAIN
+            and cnode["type"] in ARITHMETIC_CHAIN
+            and len({u for u, _ in uses}) == 1
+        ):  # Grappler folds a link only while the producer's output has this one reader
             return (
                 f"{node['type']} -> {cnode['type']} may be folded by Grappler's arithmetic "
                 "optimizer; an extra consumer would change its float rounding"
