@@ -109,6 +109,7 @@ class PlanOptions(_Group):
     recompute: bool
     recompute_dense: float
     reorder: bool
+    max_op_bytes: int | None
 
 
 @dataclass(frozen=True)

@@ -204,3 +204,8 @@ def test_unknown_batch_dimensions_need_the_batch_size_option(models):
     assert relu_bytes == [sm.BATCH * sm.WIDTH * 4]
     unplanned = analyze_model(read_model(models["tf1"]), SWAP.replace(batch_size=None), plan=False)
     assert not unplanned.training[0].plan.swaps  # a plan from a file will replace it
+
+
+def test_the_split_option_is_refused_for_saved_models_naming_the_front_ends(models):
+    with pytest.raises(ConfigError, match=r"max_op_bytes=1048576 .*LMSCallback.*unset"):
+        analyze_model(read_model(models["tf1"]), SWAP.replace(max_op_bytes=1 << 20))

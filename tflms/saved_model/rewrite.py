@@ -230,10 +230,18 @@ def analyze_model(
             (unknown op types, inconsistent graph).
         AlreadyRewrittenError: a training graph already holds tflms swap ops.
         ConfigError: a training graph has an open batch dimension and
-            ``config.batch_size`` is not set (sizes would be per sample).
+            ``config.batch_size`` is not set (sizes would be per sample), or
+            ``config.max_op_bytes`` is set (splits apply to traced steps only).
         PlanInfeasibleError: with ``memory_budget``, no plan fits.
     """
     config = config or LMSConfig()
+    if config.max_op_bytes is not None:
+        raise ConfigError(
+            f"max_op_bytes={config.max_op_bytes} (the split of ops larger than a plan can hold) "
+            "is applied to traced train steps only: train with tflms.LMSCallback or "
+            "@tflms.function to use it; a SavedModel is rewritten without splits, so leave "
+            "max_op_bytes unset here."
+        )
     targets = model.targets()
     analysis = ModelAnalysis(model, config, targets)
     training = [t for t in targets if t.trains]
