@@ -118,13 +118,19 @@ def recovery() -> dict:
         }
 
 
+def _discovery(out: Path, hosts: str) -> Path:
+    """A discovery script printing ``out/hosts`` (the worker appends to it), which holds ``hosts``."""
+    (out / "hosts").write_text(hosts)
+    script = out / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
+    script.chmod(0o755)
+    return script
+
+
 def growth() -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
-        (out / "hosts").write_text("localhost:2\n")
-        script = out / "discover.sh"
-        script.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
-        script.chmod(0o755)
+        script = _discovery(out, "localhost:2\n")
         results = _job(
             out,
             ["--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script)],
@@ -160,10 +166,7 @@ def node_loss_rehearsal(link: str = "1gbit") -> dict:
         return {"skipped": f"rehearsal cluster unavailable: {reason}"}
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
-        (out / "hosts").write_text("node0:2\nnode1:2\n")
-        script = out / "discover.sh"
-        script.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
-        script.chmod(0o755)
+        script = _discovery(out, "node0:2\nnode1:2\n")
         options = [
             "--rehearse", "3", "--link", link, "-np", "4", "--min-np", "2", "--max-np", "4",
             "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "1",
