@@ -102,6 +102,7 @@ class _Graph:
         accounting: Accounting,
         written: CompiledGraph,
         fixed=frozenset(),
+        view: nx.DiGraph | None = None,
     ):
         self.g = compiled
         # an order moves tensors; the process terms of "realistic" are the same for every order
@@ -116,7 +117,16 @@ class _Graph:
                 for j in succ:
                     preds[j].append(i)
         self.fixed = fixed  # ops Grappler removes: an order edge would make Grappler keep them
-        self.folds: set[int] = set()  # ops of an arithmetic fold: no order edge may start there
+        self.view = view  # the view compiled, for in_fold
+        self._folds: dict[int, bool] = {}
+
+    def in_fold(self, i: int) -> bool:
+        """Whether op ``i`` is in a chain Grappler's arithmetic optimizer folds: no order
+        edge may start there (:func:`~tflms.graph.grappler_rules.in_a_fold`; asked only of
+        the few ops an edge would start at, so memoized rather than computed for all)."""
+        if i not in self._folds:
+            self._folds[i] = self.view is not None and in_a_fold(self.view, self.g.names[i])
+        return self._folds[i]
 
     def simulate(self, extra=()):
         g = self.g
@@ -169,6 +179,7 @@ def order_edges(
     rounds: int = 24,
     max_slowdown: float = 0.02,
     min_buffer_fraction: float = 0.02,
+    costs: dict | None = None,
 ) -> OrderResult:
     """Find control edges that lower the simulated peak of ``view`` (see the module docstring).
 
@@ -183,20 +194,22 @@ def order_edges(
             this fraction.
         min_buffer_fraction: live buffers smaller than this fraction of the
             peak are not considered.
+        costs: a memo of op times shared with other compilations of rewrites
+            of one view on ``device`` (``compile_view``'s); None: none.
 
     Returns:
         An :class:`OrderResult`; ``edges`` is empty when no order helps.
     """
     bypass = accounting != "grappler"  # as Grappler runs it; ancestry as written
-    compiled = compile_view(view, device=device, link=link, bypass_identity_n=bypass)
+    costs = {} if costs is None else costs  # the two compilations share most ops
+    compiled = compile_view(view, device=device, link=link, bypass_identity_n=bypass, costs=costs)
     written = (
-        compile_view(view, device=device, link=link, bypass_identity_n=False)
+        compile_view(view, device=device, link=link, bypass_identity_n=False, costs=costs)
         if bypass
         else compiled
     )
     removed = {i for i, name in enumerate(compiled.names) if removed_at_run_time(view, name)}
-    graph = _Graph(compiled, accounting, written, removed)
-    graph.folds = {i for i, name in enumerate(compiled.names) if in_a_fold(view, name)}
+    graph = _Graph(compiled, accounting, written, removed, view)
     g = graph.g
     concern = _addn_concerns(graph)
     schedule, memory = graph.simulate()
@@ -365,7 +378,7 @@ def _safe(graph: _Graph, edges, concern) -> bool:
     fanout (:func:`~tflms.graph.grappler_rules.in_a_fold`): the rewrite, and the float
     rounding, would change.
     """
-    if any(a in graph.folds for a, _ in edges):
+    if any(graph.in_fold(a) for a, _ in edges):
         return False
     if not concern:
         return True

@@ -71,6 +71,8 @@ class PlanSimulator:
 
     Attributes:
         baseline: The simulation of ``view`` without a plan, over ``link``.
+        costs: The op times memoized across plans (``compile_view``'s ``costs``);
+            other compilations of the view's rewrites on this device may share it.
     """
 
     def __init__(
@@ -86,7 +88,7 @@ class PlanSimulator:
         self.device, self.link = get_device(device), get_link(link)
         self.accounting: Accounting = accounting
         self.stack = get_stack(stack)
-        self._costs: dict = {}
+        self.costs: dict = {}
         self._runs: dict[tuple, SimulationResult] = {}
         self._compiled: tuple[tuple, nx.DiGraph, CompiledGraph] | None = None
         self.baseline = finished(view, self._run(SwapPlan(), self.link), None)
@@ -132,7 +134,7 @@ class PlanSimulator:
                 device=self.device,
                 link=link,
                 bypass_identity_n=self.accounting != "grappler",
-                costs=self._costs,
+                costs=self.costs,
             )
             self._compiled = (key, target, graph)  # the next call is often the same plan
         result = run_compiled(target, graph, self.accounting, "exact", None, self.stack)
@@ -167,6 +169,7 @@ class SimulateEach:
         self.view, self.device, self.link = view, device, link
         self.accounting: Accounting = accounting
         self.stack = stack
+        self.costs: dict | None = None  # nothing memoized: every op is timed anew
         self.baseline = simulate(view, device=device, link=link, accounting=accounting, stack=stack)
 
     def simulate(

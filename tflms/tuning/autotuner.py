@@ -6,8 +6,10 @@ searches the planner's options for the plan whose predicted peak fits and
 whose predicted step time is lowest:
 
 1. ``swapout_threshold`` over a ladder scaled to the graph depth (large
-   thresholds swap only the longest-lived tensors);
-2. ``swapin_ahead`` for the three most promising thresholds, then
+   thresholds swap only the longest-lived tensors), bisected for the first
+   rung that fits and the two after it (every rung when none fits);
+2. ``swapin_ahead`` for the three most promising thresholds, walking the
+   leads from the default while the plans get better, then
    ``swapin_groupby`` around the best pair;
 3. swap-in triggers chosen by simulated time rather than level distance
    (:func:`tflms.compose.retime.retime_triggers`), with a few slacks;
@@ -24,7 +26,7 @@ whose predicted step time is lowest:
    cheap groups recomputed, memory-aware order);
 7. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
    traffic, less overhead - for the best plan, the best plan that re-runs
-   dense ops and the best that does not.
+   dense ops and the best that does not (one swap first, then a bisection).
 
 Among the plans that fit, the one with the lowest predicted step time wins.
 
@@ -73,7 +75,7 @@ from tflms.graph.view import build_view, require_batch_size
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.simulator import SimulationResult
 from tflms.tuning.search import TUNED_OPTIONS, Candidate, Search
-from tflms.utils.gc_pause import gc_frozen
+from tflms.utils.gc_pause import gc_frozen, gc_paused
 from tflms.utils.units import format_bytes
 
 __all__ = ["autotune", "AutotuneResult", "Candidate", "resolve_budget", "TUNED_OPTIONS"]
@@ -310,7 +312,7 @@ def autotune(
         logger.info("%s", outcome.summary())
         return outcome
 
-    with gc_frozen():  # dozens of rewritten copies: spare the view from each collection
+    with gc_frozen(), gc_paused():  # dozens of rewritten copies: see Search.run
         best = search.run()
     if best is None:
         low = search.lowest()

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -61,6 +62,7 @@ _SMALL_THRESHOLDS = (8, 4, 2, 1)
 _SLACKS = (1.0, 1.5, 2.5)
 _PROMISING = 3
 _DENSE_RATIOS = (0.05, 0.1, 0.25)
+_COLLECT_EVERY = 16
 
 
 @dataclass(frozen=True)
@@ -161,10 +163,17 @@ class Search:
             )
         if cfg.reorder and not plan.empty:  # ordered last: the edges depend on the triggers
             plan = with_order(
-                self.view, plan, device=self.device, link=self.link, accounting=self.accounting
+                self.view,
+                plan,
+                device=self.device,
+                link=self.link,
+                accounting=self.accounting,
+                costs=self.plans.costs,
             )
         result = self.plans.simulate(plan, baseline=self.baseline)
         done = _Evaluated(cfg, plan, result, retime)
+        if len(self._seen) % _COLLECT_EVERY == _COLLECT_EVERY - 1:
+            gc.collect()
         self._seen[key] = done
         fits = self.fits(done)
         self.candidates.append(
@@ -277,21 +286,11 @@ class Search:
         depth = int(self.view.graph.get("depth") or 1)
         rungs = {max(0, int(depth * f)) for f in _DEPTH_FRACTIONS} | set(_SMALL_THRESHOLDS)
         rungs.add(self.base.swapout_threshold)
-        thresholds = sorted(rungs, reverse=True)
-        ladder = [
-            self.evaluate(swapout_threshold=t, n_tensors=None, sync_mode=0) for t in thresholds
-        ]
+        ladder = self._ladder(sorted(rungs, reverse=True))
         # How far ahead a swap-in must start depends on the threshold (a short-lived
         # tensor needs a late trigger): sweep the lead for the most promising few.
         promising = sorted(ladder, key=self.rank)[:_PROMISING]
-        current = self.pick(
-            ladder
-            + [
-                self.evaluate(**_opts(start.config, swapin_ahead=a))
-                for start in promising
-                for a in _AHEADS
-            ]
-        )
+        current = self.pick(ladder + [e for start in promising for e in self._sweep_ahead(start)])
         current = self.pick(
             [current]
             + [self.evaluate(**_opts(current.config, swapin_groupby=k)) for k in _GROUPBYS]
@@ -326,6 +325,8 @@ class Search:
         ranked = sorted(self._seen.values(), key=self.rank)
         top = [e for e in ranked if not e.config.recompute][:2]
         top += [e for e in ranked if e.config.recompute][:2]
+        if self.fits(current):  # an order only slows a plan: skip those already slower
+            top = [e for e in top if e.result.step_time_s <= current.result.step_time_s]
         current = self.pick(
             [current]
             + [
@@ -386,8 +387,12 @@ class Search:
     def _trim(self, current: _Evaluated) -> _Evaluated:
         """The fewest largest-first swaps of ``current`` that still fit."""
         n_max = len(current.plan.swaps)
-        lo, hi = 1, n_max  # hi fits
         best = current
+        if n_max > 1:  # a few swaps often do, as when convolutions are re-run: try one first
+            fewest = self.evaluate(retime=current.retime, **_opts(current.config, n_tensors=1))
+            if self.fits(fewest):
+                return self.best([best, fewest]) or best
+        lo, hi = 2, n_max  # hi fits
         while lo < hi:
             mid = (lo + hi) // 2
             trial = self.evaluate(retime=current.retime, **_opts(current.config, n_tensors=mid))
@@ -397,6 +402,61 @@ class Search:
             else:
                 lo = mid + 1
         return best
+
+    def _ladder(self, thresholds: list[int]) -> list[_Evaluated]:
+        """Swap-out thresholds, fewest swaps first: the first that fits and the next ones.
+
+        A lower threshold swaps more tensors, so fitting is (nearly) monotone
+        along the ladder and a bisection finds the first rung that fits; the
+        :data:`_PROMISING` rungs from there are evaluated. When even the last
+        rung does not fit, every rung is, so that the rescue starts from the
+        lowest peaks.
+        """
+        done: dict[int, _Evaluated] = {}
+
+        def rung(i: int) -> _Evaluated:
+            if i not in done:
+                done[i] = self.evaluate(
+                    swapout_threshold=thresholds[i], n_tensors=None, sync_mode=0
+                )
+            return done[i]
+
+        last = len(thresholds) - 1
+        if not self.fits(rung(last)):
+            return [rung(i) for i in range(len(thresholds))]
+        lo, hi = 0, last  # hi fits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.fits(rung(mid)):
+                hi = mid
+            else:
+                lo = mid + 1
+        for i in range(lo, min(lo + _PROMISING, len(thresholds))):
+            rung(i)
+        return list(done.values())
+
+    def _sweep_ahead(self, start: _Evaluated) -> list[_Evaluated]:
+        """``start`` with other swap-in leads (:data:`_AHEADS`), walking while the rank improves.
+
+        A longer lead hides more of a copy but holds its tensor longer, so the
+        rank is (nearly) unimodal in the lead: walk up from ``start``'s lead
+        while each step ranks better; if the first step up does not, walk down.
+        """
+        own = start.config.swapin_ahead
+        up = [a for a in _AHEADS if a > own]
+        down = [a for a in reversed(_AHEADS) if a < own]
+        seen = [start]
+        for direction in (up, down):
+            best = start
+            for ahead in direction:
+                trial = self.evaluate(**_opts(start.config, swapin_ahead=ahead))
+                seen.append(trial)
+                if self.rank(trial) >= self.rank(best):
+                    break
+                best = trial
+            if best is not start:  # improved going up: no need to look down
+                break
+        return seen
 
     def _peak_level(self, done: _Evaluated) -> int | None:
         node = self.view.nodes.get(done.result.peak_op)
