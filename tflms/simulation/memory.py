@@ -371,8 +371,9 @@ def trace_memory(
             events.append((*f_key, b, -1))
     if gpu:
         ws_limit = gpu_memory.get_stack(stack).workspace_limit_bytes
+        workspaces = graph.derive(("workspaces", ws_limit), lambda g: _workspaces(g, ws_limit))
         for i in order:
-            nbytes = _workspace(graph, i, ws_limit) if graph.spaces[i] == "device" else 0
+            nbytes = workspaces[i]
             if nbytes:  # scratch memory for the op's run: allocated at its start, freed at its end
                 b = len(b_space)
                 b_space.append("workspace")
@@ -394,7 +395,7 @@ def trace_memory(
             events[marks + n] = (_whole_us(schedule.alloc_time(i)), 1, position[i], marker, 0)
     events.sort()
 
-    sizes = variable_sizes(graph) if realistic else []
+    sizes = graph.derive("variable sizes", variable_sizes) if realistic else []
     variables = sum(sizes)
     used = {"device": variables, "host": 0}
     terms: dict[str, int] = {}
@@ -459,6 +460,13 @@ def trace_memory(
         terms=terms,
         allocator_limit=limit,
     )
+
+
+def _workspaces(graph: CompiledGraph, limit: int) -> list[int]:
+    """:func:`_workspace` of every op on the device (0 elsewhere)."""
+    return [
+        _workspace(graph, i, limit) if graph.spaces[i] == "device" else 0 for i in range(len(graph))
+    ]
 
 
 def _workspace(graph: CompiledGraph, i: int, limit: int) -> int:

@@ -99,6 +99,9 @@ class CompiledGraph:
         device, link: the models used for the durations.
         scratch: bytes each op holds while it runs besides its outputs (a
             loop's iterations in flight, :mod:`tflms.graph.loops`).
+        derived: values computed once from the ops, their outputs and data
+            edges (not the timing or the control edges), by :meth:`derive`:
+            shared by :func:`relinked` copies, which change only times.
     """
 
     names: list
@@ -116,9 +119,24 @@ class CompiledGraph:
     device: DeviceModel
     link: LinkModel
     scratch: list = field(default_factory=list)
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def derive(self, key, compute):
+        """``compute(self)``, computed on the first call for ``key`` and kept in :attr:`derived`.
+
+        Args:
+            key: Names the value; it must depend only on what ``derived`` may.
+            compute: A function of the graph.
+
+        Returns:
+            The value.
+        """
+        if key not in self.derived:
+            self.derived[key] = compute(self)
+        return self.derived[key]
 
 
 @dataclass(frozen=True)
@@ -360,7 +378,8 @@ def first_ready(graph: CompiledGraph) -> Schedule:
     alloc = [0.0] * n
     lane_free: dict[str, float] = {}
     busy: dict[str, float] = {}
-    heap = [(0.0, names[i], i) for i in range(n) if waiting[i] == 0]
+    rank = graph.derive("name rank", _name_rank)  # ties break by name, as integers
+    heap = [(0.0, rank[i], i) for i in range(n) if waiting[i] == 0]
     heapq.heapify(heap)
     order = []
     while heap:
@@ -382,7 +401,7 @@ def first_ready(graph: CompiledGraph) -> Schedule:
                 ready_at[j] = t1
             waiting[j] -= 1
             if waiting[j] == 0:
-                heapq.heappush(heap, (ready_at[j], names[j], j))
+                heapq.heappush(heap, (ready_at[j], rank[j], j))
     if len(order) != n:
         raise _cycle_error(names, waiting)
     return Schedule(
@@ -393,6 +412,14 @@ def first_ready(graph: CompiledGraph) -> Schedule:
         makespan=max(end, default=0.0),
         alloc=alloc,
     )
+
+
+def _name_rank(graph: CompiledGraph) -> list[int]:
+    """Each op's position among the op names sorted."""
+    rank = [0] * len(graph.names)
+    for r, i in enumerate(sorted(range(len(graph.names)), key=graph.names.__getitem__)):
+        rank[i] = r
+    return rank
 
 
 def replayed(graph: CompiledGraph, observed) -> Schedule:

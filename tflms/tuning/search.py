@@ -74,9 +74,12 @@ class Candidate:
         device_peak_bytes: its predicted device peak.
         step_time_s: its predicted step time.
         swaps: tensors swapped; bytes_swapped: bytes swapped out.
-        fits: whether the peak is within the usable budget.
+        fits: whether the peak is within the usable budget, over the link
+            and with instantaneous copies; None for a plan that fits over
+            the link and was never in contention, so the copies were not
+            checked.
         instant_copies_peak_bytes: the peak with instantaneous copies, when
-            it was checked (plans that fit over the link).
+            it was checked (plans in contention that fit over the link).
     """
 
     options: dict
@@ -84,7 +87,7 @@ class Candidate:
     step_time_s: float
     swaps: int
     bytes_swapped: int
-    fits: bool
+    fits: bool | None
     instant_copies_peak_bytes: int | None = None
 
 
@@ -127,7 +130,6 @@ class Search:
             stack=target.stack,
         )
         self.baseline = self.plans.baseline
-        self.candidates: list[Candidate] = []
         self._seen: dict[tuple, _Evaluated] = {}
         self._timed: tuple[CompiledGraph, Schedule] | None = None
         self._staged: dict = {}  # make_plan's recomputations, shared by options
@@ -175,21 +177,6 @@ class Search:
         if len(self._seen) % _COLLECT_EVERY == _COLLECT_EVERY - 1:
             gc.collect()
         self._seen[key] = done
-        fits = self.fits(done)
-        self.candidates.append(
-            Candidate(
-                options={
-                    **{name: _jsonable(getattr(cfg, name)) for name in TUNED_OPTIONS},
-                    "retime": retime,
-                },
-                device_peak_bytes=result.device_peak_bytes,
-                step_time_s=result.step_time_s,
-                swaps=len(plan.swaps),
-                bytes_swapped=plan.bytes_swapped,
-                fits=fits,
-                instant_copies_peak_bytes=done.instant_peak,
-            )
-        )
         logger.debug(
             "autotune %s: peak %d, %.2f ms, %d swaps",
             key,
@@ -198,6 +185,33 @@ class Search:
             len(plan.swaps),
         )
         return done
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        """Every plan simulated so far, in search order, as the report shows it."""
+        found = []
+        for done in self._seen.values():
+            checked = done.plan.empty or not self._may_fit(done) or done.instant_peak is not None
+            found.append(
+                Candidate(
+                    options={
+                        **{name: _jsonable(getattr(done.config, name)) for name in TUNED_OPTIONS},
+                        "retime": done.retime,
+                    },
+                    device_peak_bytes=done.result.device_peak_bytes,
+                    step_time_s=done.result.step_time_s,
+                    swaps=len(done.plan.swaps),
+                    bytes_swapped=done.plan.bytes_swapped,
+                    fits=self._may_fit(done) if checked or not self.robust else None,
+                    instant_copies_peak_bytes=done.instant_peak,
+                )
+            )
+        return found
+
+    def _may_fit(self, done: _Evaluated) -> bool:
+        """Whether a plan fits as far as simulated yet: over the link, and with
+        instantaneous copies if that was checked."""
+        return not done.plan.empty and done.peak <= self.usable
 
     def fits(self, done: _Evaluated) -> bool:
         """Whether an evaluation's plan fits the usable budget.
@@ -228,17 +242,17 @@ class Search:
             The fitting one with the lowest step time (ties: fewer bytes swapped,
             then lower peak), or None when none fits.
         """
-        fitting = [e for e in pool if self.fits(e)]
-        if not fitting:
-            return None
-        return min(
-            fitting,
-            key=lambda e: (
-                e.result.step_time_s,
-                e.plan.bytes_swapped,
-                e.peak,
-            ),
-        )
+
+        def speed(e: _Evaluated) -> tuple:
+            return (e.result.step_time_s, e.plan.bytes_swapped, e.peak)
+
+        # The copies are checked (fits) only from the fastest down, until one passes.
+        fitting = sorted({id(e): e for e in pool if self._may_fit(e)}.values(), key=speed)
+        for n, found in enumerate(fitting):
+            if self.fits(found):
+                ties = [e for e in fitting[n:] if speed(e)[:2] == speed(found)[:2]]
+                return min((e for e in ties if self.fits(e)), key=speed)
+        return None
 
     def rank(self, done: _Evaluated) -> tuple:
         """Sort key: fitting plans by time, then the others by peak.
@@ -247,10 +261,11 @@ class Search:
             done: An evaluation from :meth:`evaluate`.
 
         Returns:
-            ``(0, step time, peak)`` for a fitting plan, ``(1, peak, step time)``
-            otherwise; smaller is better.
+            ``(0, step time, peak)`` for a plan that fits as far as simulated
+            yet (the copies are checked only for plans in contention),
+            ``(1, peak, step time)`` otherwise; smaller is better.
         """
-        if self.fits(done):
+        if self._may_fit(done):
             return (0, done.result.step_time_s, done.peak)
         return (1, done.peak, done.result.step_time_s)
 
