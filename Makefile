@@ -28,8 +28,9 @@ $(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/numerics/halfkerne
 	$(PY) -m pip install --disable-pip-version-check -q -e '.[$(EXTRAS)]'
 	@touch $@
 
-# The suite: everything not marked bench (about 20 minutes on 2 cores; a test that walks
-# a path another test already proves, or a longer random search, is marked bench).
+# The suite: everything not marked bench. Its target is about 20 minutes on 2 cores: a
+# test that would push it past that is made cheaper, or marked bench when another test
+# here walks the same path (docs/contributing.md, "What make test leaves to make bench").
 test: install
 	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
 
