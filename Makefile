@@ -28,11 +28,16 @@ $(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/numerics/halfkerne
 	$(PY) -m pip install --disable-pip-version-check -q -e '.[$(EXTRAS)]'
 	@touch $@
 
+# The suite: everything not marked bench. Its target is about 20 minutes on 2 cores: a
+# test that would push it past that is made cheaper, or marked bench when another test
+# here walks the same path (docs/contributing.md, "What make test leaves to make bench").
 test: install
 	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
 
 # The fast tier: single-process, not slow (under 3 minutes on 2 cores). Property tests
-# draw 100 examples here (the hypothesis profile "quick"), 2,000 under `make test`.
+# draw 100 examples here (the hypothesis profile "quick"), 300 under `make test` ("ci",
+# derandomized, under CI; "test" otherwise) and 2,000 under `make bench` (the tests
+# marked bench take the profile "bench"; tests/harness.py).
 check: install
 	HYPOTHESIS_PROFILE=quick $(PY) -m pytest -m "not slow and not parallel and not bench" $(PYTEST_ARGS)
 
@@ -52,6 +57,8 @@ demo: install
 # The Horovod peer (benchmarks/peers/horovod/build.sh: Horovod 0.28.1 built against
 # this TensorFlow in benchmarks/peers/.venv-horovod, ~12 minutes once, then skipped)
 # is only for bench_horovod.py's side-by-side figures; it is never a dependency.
+# After the scripts, the tests marked bench: the longer runs (property tests at 2,000
+# examples, 10,000 collectives per forced algorithm) and the repeats `make test` leaves out.
 bench: install
 	@mkdir -p benchmarks/results
 	benchmarks/peers/horovod/build.sh $(PY)

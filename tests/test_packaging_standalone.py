@@ -3,14 +3,18 @@
 ``pip install '.[lms,cpu]'`` must give a working tflms without mpi4py, and
 ``pip install '.[ddl,cpu,mpi]'`` a working ddl_tf without networkx and
 matplotlib: the two packages share a distribution, not their dependencies.
-Each test builds a fresh venv (pip reuses its wheel cache, so this costs a
-TensorFlow install from cache, about a minute) and runs the package's quick
-start there, from a folder outside the source tree so that nothing is
-imported from the checkout.
+Both tests start from one fresh venv holding only ``.[cpu]`` (TensorFlow,
+Keras, numpy: the shared part, and the minute a TensorFlow install from pip's
+wheel cache costs, paid once); each installs its package's extras on top and
+uninstalls exactly the distributions that added (a ``pip list`` before and
+after), so each test sees what a fresh venv with its extras holds. Each runs
+the package's quick start there, from a folder outside the source tree so
+that nothing is imported from the checkout.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -27,12 +31,29 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def _venv_with(tmp_path: Path, extras: str) -> Path:
-    """A new venv in ``tmp_path`` with this checkout installed as ``.[extras]``."""
-    env_dir = tmp_path / "venv"
+def _pip(python: Path, *args: str) -> str:
+    done = subprocess.run(
+        [python, "-m", "pip", *args, "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, (args, done.stdout[-3000:] + done.stderr[-3000:])
+    return done.stdout
+
+
+def _distributions(python: Path) -> set[str]:
+    return {d["name"].lower() for d in json.loads(_pip(python, "list", "--format=json"))}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> tuple[Path, Path]:
+    """A new venv with a copy of this checkout installed as ``.[cpu]``: (python, source)."""
+    root = tmp_path_factory.mktemp("standalone")
+    env_dir = root / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    source = tmp_path / "src"  # a copy: the build must not write into the checkout
+    source = root / "src"  # a copy: the build must not write into the checkout
     shutil.copytree(
         REPO,
         source,
@@ -49,34 +70,35 @@ def _venv_with(tmp_path: Path, extras: str) -> Path:
             "notebooks",
         ),
     )
-    install = subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            f"{source}[{extras}]",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
-    return python
+    _pip(python, "install", "-q", f"{source}[cpu]")
+    return python, source
+
+
+@pytest.fixture
+def venv_with(base):
+    """Install ``.[extras]`` into the base venv; afterwards remove what that added."""
+    python, source = base
+    before = _distributions(python)
+
+    def install(extras: str) -> Path:
+        _pip(python, "install", "-q", f"{source}[{extras}]")
+        return python
+
+    yield install
+    added = sorted(_distributions(python) - before)
+    if added:
+        _pip(python, "uninstall", "-y", *added)
+    assert _distributions(python) == before
 
 
 def _installed(python: Path, names: list[str]) -> dict[str, bool]:
     code = "import importlib.util, json, sys; print(json.dumps({n: importlib.util.find_spec(n) is not None for n in sys.argv[1:]}))"
     out = subprocess.run([python, "-c", code, *names], capture_output=True, text=True, check=True)
-    import json
-
     return json.loads(out.stdout)
 
 
-def test_tflms_alone_without_mpi(tmp_path):
-    python = _venv_with(tmp_path, "lms,cpu")
+def test_tflms_alone_without_mpi(tmp_path, venv_with):
+    python = venv_with("lms,cpu")
     assert _installed(python, ["tflms", "networkx", "mpi4py", "ddl_tf"])["mpi4py"] is False
     # The README's CLI quick start: a training SavedModel, analyzed, simulated, rewritten.
     work = tmp_path / "work"
@@ -114,8 +136,8 @@ def test_tflms_alone_without_mpi(tmp_path):
     assert (work / "trainer_lms" / "saved_model.pb").exists()
 
 
-def test_ddl_tf_alone_without_networkx_or_matplotlib(tmp_path):
-    python = _venv_with(tmp_path, "ddl,cpu,mpi")
+def test_ddl_tf_alone_without_networkx_or_matplotlib(tmp_path, venv_with):
+    python = venv_with("ddl,cpu,mpi")
     found = _installed(python, ["ddl_tf", "mpi4py", "networkx", "matplotlib"])
     assert found == {"ddl_tf": True, "mpi4py": True, "networkx": False, "matplotlib": False}
     # The README's ddl_tf quick start, on 2 ranks under ddlrun.

@@ -22,6 +22,10 @@ def run(args, timeout=300):
     return job.stdout
 
 
+# The default run of this example is checked line by line against docs/custom-loops.md
+# (tests/test_doc_transcripts.py: the same swaps, falling losses, "identical ... True"):
+# this shorter run walks the same path, so it is a benchmark-tier repeat (`make bench`).
+@pytest.mark.bench
 @pytest.mark.slow
 @pytest.mark.parallel
 def test_custom_loop_with_lms_and_distributed_tape_matches_the_plain_loop():
@@ -42,6 +46,10 @@ def test_horovod_style_keras_example_on_two_pseudo_nodes():
     assert "ranks: 2" in out and "weights identical on all ranks: True" in out
 
 
+# Checked line by line against docs/keras.md at its default size
+# (tests/test_doc_transcripts.py: the plan, its swaps and the per-layer table), so this
+# smaller run is a benchmark-tier repeat (`make bench`).
+@pytest.mark.bench
 @pytest.mark.slow
 def test_lms_keras_example_prints_its_plan():
     out = run([sys.executable, str(EXAMPLES / "lms_keras.py"), "--image-size", "32"])

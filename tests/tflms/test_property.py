@@ -12,7 +12,7 @@ apply to the graph and to its view without a cycle or a broken invariant of
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tflms import LMSConfig, apply_plan, apply_to_view, build_view, make_plan, validate
@@ -134,12 +134,7 @@ def _run_both(original, rewritten, fetches, feed):
     return values[: len(fetches)], values[len(fetches) :]
 
 
-@pytest.mark.slow
-@given(spec=training_graphs(), config=configs)
-def test_plan_apply_validate_and_compute_the_same_values(spec, config):
-    """Random graphs (2,000 per run under `make test`, the harness's hypothesis profile): swaps, recomputations and order edges plan, apply (to
-    the view and to the graph) without a cycle or a broken invariant, and the rewritten
-    graph computes what the original computed."""
+def _plans_apply_and_compute_the_same_values(spec, config):
     g = build(spec)
     original = g.as_graph_def()
     fetches = _fetch(g)
@@ -160,3 +155,22 @@ def test_plan_apply_validate_and_compute_the_same_values(spec, config):
     for a, b in zip(got, expected, strict=True):
         scale = max(1.0, float(np.abs(b).max()))  # reassociated sums: error ~ eps * |terms|
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.slow
+@given(spec=training_graphs(), config=configs)
+def test_plan_apply_validate_and_compute_the_same_values(spec, config):
+    """Random graphs (300 per run under `make test`, the harness's hypothesis profile): swaps,
+    recomputations and order edges plan, apply (to the view and to the graph) without a
+    cycle or a broken invariant, and the rewritten graph computes what the original
+    computed."""
+    _plans_apply_and_compute_the_same_values(spec, config)
+
+
+@pytest.mark.bench
+@settings(settings.get_profile("bench"))
+@given(spec=training_graphs(), config=configs)
+def test_2000_random_graphs_plan_apply_validate_and_compute_the_same_values(spec, config):
+    """The same property over 2,000 random graphs (the profile "bench"; `make bench`,
+    about 4.5 minutes on 2 cores), so rarer shapes and option mixes are drawn too."""
+    _plans_apply_and_compute_the_same_values(spec, config)
