@@ -110,7 +110,7 @@ def rounded(nbytes: int) -> int:
     return -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION
 
 
-@dataclass
+@dataclass(slots=True)
 class _Chunk:
     region: int
     offset: int

@@ -233,8 +233,8 @@ def _forwardable(graph, schedule, i, info, buffer_of, b_tensors, b_space, b_byte
         b = buffer_of.get((p, k))
         if b is not None:
             reads[b] = reads.get(b, 0) + 1
-    start = schedule.start[i]
-    for p, k, in_idx in sorted(graph.inputs[i], key=lambda t: t[2]):
+    start, end, consumers = schedule.start[i], schedule.end, graph.consumers
+    for p, k, in_idx in graph.inputs[i]:  # ordered by input index
         if allowed is not None and in_idx not in allowed:
             continue
         b = buffer_of.get((p, k))
@@ -247,8 +247,7 @@ def _forwardable(graph, schedule, i, info, buffer_of, b_tensors, b_space, b_byte
             or graph.types[b_tensors[b][0][0]] in _HANDLE_TYPES
         ):
             continue
-        others = (c for t in b_tensors[b] for c in graph.consumers.get(t, ()) if c != i)
-        if all(schedule.end[c] <= start for c in others):
+        if all(end[c] <= start or c == i for t in b_tensors[b] for c in consumers.get(t, ())):
             return b
     return None
 
@@ -530,33 +529,35 @@ def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack,
     high = bfc.high_water
     host_used = 0
     ops, times, device, host = [], [], [], []
+    allocate, free = bfc.allocate, bfc.free
     for t, phase, pos, b, sign in events:
         if not sign:
             if phase == 1:
                 ops.append(order[pos])
                 times.append(t)
-                device.append(constant + bfc.in_use + round(extra * tensors))
+                device.append(constant + bfc.in_use + (round(extra * tensors) if extra else 0))
                 host.append(host_used)
             continue
         space, nbytes = b_space[b], b_bytes[b]
-        if space == "host":
-            host_used += sign * nbytes
-        elif space == "workspace":
+        if space == "device":
             if sign > 0:
-                handle = bfc.allocate(nbytes, below=limit - round(extra * tensors))
-                if handle is not None:
-                    handles[b] = handle
-                    workspace += nbytes
-            elif b in handles:
-                bfc.free(handles.pop(b))
-                workspace -= nbytes
-        elif sign > 0:
-            handles[b] = bfc.allocate(nbytes)
-            tensors += nbytes
-            tensor_peak = max(tensor_peak, tensors)
-        else:
-            bfc.free(handles.pop(b))
-            tensors -= nbytes
+                handles[b] = allocate(nbytes)
+                tensors += nbytes
+                if tensors > tensor_peak:
+                    tensor_peak = tensors
+            else:
+                free(handles.pop(b))
+                tensors -= nbytes
+        elif space == "host":
+            host_used += sign * nbytes
+        elif sign > 0:  # a workspace
+            handle = allocate(nbytes, below=limit - round(extra * tensors))
+            if handle is not None:
+                handles[b] = handle
+                workspace += nbytes
+        elif b in handles:
+            free(handles.pop(b))
+            workspace -= nbytes
         if bfc.high_water > high:
             high, workspace_at_high = bfc.high_water, workspace
     charged = max(0, min(workspace_at_high, high - tensor_peak))
