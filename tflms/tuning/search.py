@@ -403,11 +403,13 @@ class Search:
         """The fewest largest-first swaps of ``current`` that still fit."""
         n_max = len(current.plan.swaps)
         best = current
+        lo, hi = 1, n_max  # hi fits
         if n_max > 1:  # a few swaps often do, as when convolutions are re-run: try one first
             fewest = self.evaluate(retime=current.retime, **_opts(current.config, n_tensors=1))
-            if self.fits(fewest):
+            if not self.fits(fewest):
+                lo = 2
+            elif _compute_bound(fewest):  # every other count swaps more and is no faster
                 return self.best([best, fewest]) or best
-        lo, hi = 2, n_max  # hi fits
         while lo < hi:
             mid = (lo + hi) // 2
             trial = self.evaluate(retime=current.retime, **_opts(current.config, n_tensors=mid))
@@ -482,6 +484,11 @@ MOST_SAVING = dict(
     swapout_threshold=1, swapin_ahead=1, min_tensor_bytes=0, recompute=True, reorder=True
 )
 """The planner options that save the most memory in most graphs (the rescue's last try)."""
+
+
+def _compute_bound(done: _Evaluated) -> bool:
+    """Whether a plan's step is as long as its compute alone: no copy delays it."""
+    return done.result.step_time_s <= done.result.compute_time_s * (1 + 1e-9)
 
 
 def _opts(config: LMSConfig, **changes) -> dict:
