@@ -173,8 +173,8 @@ def _from_scratch():
     from tflms.simulation.plans import SimulateEach
     from tflms.tuning import search
 
-    def fresh_plan(view, config, memo=None):
-        return make_plan(view, config)
+    def fresh_plan(view, config, memo=None, target=None):
+        return make_plan(view, config, target=target)
 
     with (
         mock.patch.object(search, "PlanSimulator", SimulateEach),

@@ -200,3 +200,33 @@ def test_retimed_triggers_keep_the_graph_valid_and_hide_copies():
     assert "simulated time" in retimed.notes[-1]
     tflms.apply_plan(step.graph, retimed)
     tflms.validate(step.graph, retimed)
+
+
+def test_the_ladder_bisection_finds_the_rung_a_full_sweep_finds(chain):
+    from tflms.tuning.search import Search
+
+    _, view, plain = chain
+    budget = int(plain * 0.999)  # the two largest thresholds swap nothing here
+    target = tflms.autotune(view, budget, safety_margin=0).target
+    rungs = [40, 30, 24, 16, 12, 8, 6, 4, 3, 2, 1]
+
+    swept = Search(view, tflms.LMSConfig(), budget, target)
+    fits = [
+        swept.fits(swept.evaluate(swapout_threshold=t, n_tensors=None, sync_mode=0)) for t in rungs
+    ]
+    assert not fits[0] and fits[-1]
+    first = fits.index(True)
+
+    bisected = Search(view, tflms.LMSConfig(), budget, target)
+    found = bisected._ladder(rungs)
+
+    thresholds = [e.config.swapout_threshold for e in found]
+    assert set(rungs[first : first + 3]) <= set(thresholds)
+    assert rungs[first - 1] in thresholds  # the rung above it was seen not to fit
+    assert len(found) <= 3 + len(rungs).bit_length() < len(rungs)
+    # Plans never in contention are reported as such, not as checked fits.
+    for c in bisected.candidates:
+        if c.fits is None:
+            assert c.instant_copies_peak_bytes is None and c.device_peak_bytes <= budget
+        elif c.fits:
+            assert c.instant_copies_peak_bytes is None or c.instant_copies_peak_bytes <= budget

@@ -17,6 +17,17 @@ recomputation groups of options that differ only in swap settings. The
 results are those of planning and simulating each setting from scratch
 (``tests/tflms/test_autotune_reuse.py``).
 
+The search also skips work that cannot change its answer, or rarely does:
+the ladder is bisected (fitting is nearly monotone in the threshold), the
+swap-in leads are walked while the plans get better, a plan is simulated
+with instantaneous copies only when it is in contention for the best, plans
+already slower than the best fitting one are not ordered (an order only
+slows a plan), and a trim stops at one swap when that plan is
+compute-bound. :func:`tflms.autotune` runs it with Python's cyclic collector
+paused (each rewritten copy of the view leaves reference cycles, and every
+automatic collection rescanned the plans kept so far); :meth:`Search.evaluate`
+collects every :data:`_COLLECT_EVERY` plans instead.
+
 Example:
     >>> TUNED_OPTIONS[:3]
     ('swapout_threshold', 'swapin_ahead', 'swapin_groupby')
@@ -63,6 +74,7 @@ _SLACKS = (1.0, 1.5, 2.5)
 _PROMISING = 3
 _DENSE_RATIOS = (0.05, 0.1, 0.25)
 _COLLECT_EVERY = 16
+"""Plans evaluated between two explicit garbage collections (the collector is paused)."""
 
 
 @dataclass(frozen=True)
