@@ -75,7 +75,7 @@ from tflms.graph.view import build_view, require_batch_size
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.simulator import SimulationResult
 from tflms.tuning.search import TUNED_OPTIONS, Candidate, Search
-from tflms.utils.gc_pause import gc_frozen, gc_paused
+from tflms.utils.gc_pause import gc_frozen
 from tflms.utils.units import format_bytes
 
 __all__ = ["autotune", "AutotuneResult", "Candidate", "resolve_budget", "TUNED_OPTIONS"]
@@ -312,7 +312,7 @@ def autotune(
         logger.info("%s", outcome.summary())
         return outcome
 
-    with gc_frozen(), gc_paused():  # dozens of rewritten copies: see Search.run
+    with gc_frozen():  # dozens of rewritten copies: spare the view from each collection
         best = search.run()
     if best is None:
         low = search.lowest()

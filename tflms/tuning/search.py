@@ -23,9 +23,9 @@ swap-in leads are walked while the plans get better, a plan is simulated
 with instantaneous copies only when it is in contention for the best, plans
 already slower than the best fitting one are not ordered (an order only
 slows a plan), and a trim stops at one swap when that plan is
-compute-bound. :func:`tflms.autotune` runs it with Python's cyclic collector
-paused (each rewritten copy of the view leaves reference cycles, and every
-automatic collection rescanned the plans kept so far); :meth:`Search.evaluate`
+compute-bound. :meth:`Search.run` pauses Python's cyclic collector (each
+rewritten copy of the view leaves reference cycles, and every automatic
+collection rescanned the plans kept so far); :meth:`Search.evaluate`
 collects every :data:`_COLLECT_EVERY` plans instead.
 
 Example:
@@ -47,6 +47,7 @@ from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.plans import PlanSimulator
 from tflms.simulation.schedule import CompiledGraph, Schedule, compile_view, first_ready
 from tflms.simulation.simulator import SimulationResult
+from tflms.utils.gc_pause import gc_paused
 
 __all__ = ["Search", "Candidate", "TUNED_OPTIONS"]
 
@@ -310,6 +311,18 @@ class Search:
 
     # ---------------------------------------------------------------- search
     def run(self) -> _Evaluated | None:
+        """Search the options (see the module docstring) for the fastest plan that fits.
+
+        Python's cyclic collector is paused meanwhile and :meth:`evaluate`
+        collects every :data:`_COLLECT_EVERY` plans instead.
+
+        Returns:
+            The best fitting evaluation, or None when no plan fits.
+        """
+        with gc_paused():
+            return self._run()
+
+    def _run(self) -> _Evaluated | None:
         depth = int(self.view.graph.get("depth") or 1)
         rungs = {max(0, int(depth * f)) for f in _DEPTH_FRACTIONS} | set(_SMALL_THRESHOLDS)
         rungs.add(self.base.swapout_threshold)
