@@ -11,7 +11,14 @@ import tensorflow as tf
 
 import tflms
 from tflms.errors import ConfigError
-from tflms.simulation.allocator import MIN_ALLOCATION, BFCModel, BufferReplay, rounded
+from tflms.simulation import allocator
+from tflms.simulation.allocator import (
+    MIN_ALLOCATION,
+    BFCModel,
+    BufferReplay,
+    replay_region,
+    rounded,
+)
 from tflms.utils.cpu import measurement_env
 
 MiB = 1 << 20
@@ -152,3 +159,87 @@ def test_bfc_peak_counts_chunks_not_tensors():
     assert exact.device_peak_bytes == 3 * 3 * MiB
     assert bfc.device_peak_bytes > exact.device_peak_bytes
     assert bfc.to_dict(timeline=False)["allocator"] == "bfc"
+
+
+def _random_step(rng: random.Random, n_buffers: int) -> tuple[list, list, list]:
+    """Buffers and a valid event order: each allocated once, freed later (or never)."""
+    spaces = rng.choices(["device", "host", "workspace"], weights=[8, 1, 1], k=n_buffers)
+    sizes = [
+        rng.choice([rng.randint(1, 4096), rng.randint(1, 8 * MiB), rng.randint(100, 400) * MiB])
+        for _ in range(n_buffers)
+    ]
+    events, live = [], []
+    for b in range(n_buffers):
+        while live and rng.random() < 0.5:  # free some of the live buffers, in random order
+            events.append((live.pop(rng.randrange(len(live))), -1))
+        events.append((b, 1))
+        live.append(b)
+        if rng.random() < 0.3:
+            events.append((-1, 0))  # a timeline point
+    rng.shuffle(live)
+    events += [(b, -1) for b in live[: len(live) // 2]]  # the rest outlive the step
+    return spaces, sizes, events
+
+
+@pytest.mark.skipif(not allocator.COMPILED, reason="bfcreplay not built (no C compiler)")
+def test_compiled_region_replay_matches_the_python_model_on_random_steps():
+    rng = random.Random(7)
+    for trial in range(300):
+        spaces, sizes, events = _random_step(rng, rng.randint(1, 120))
+        resident = [rng.randint(0, 2 * MiB) for _ in range(rng.randint(0, 5))]
+        limit = rng.choice([64 * MiB, 1 << 33, 1 << 40])
+        extra = rng.choice([0.0, 0.05, 0.137])
+        args = (spaces, sizes, events, resident)
+        fast = replay_region(*args, limit=limit, extra=extra, compiled=True)
+        reference = replay_region(*args, limit=limit, extra=extra, compiled=False)
+        assert fast == reference, f"trial {trial}"
+
+
+@pytest.mark.skipif(not allocator.COMPILED, reason="bfcreplay not built (no C compiler)")
+def test_compiled_region_replay_matches_on_a_real_step(monkeypatch):
+    from tflms import zoo
+    from tflms.simulation import memory
+
+    view = tflms.analyze(zoo.resnet50(64), batch_size=8)
+    plan = tflms.make_plan(view, tflms.LMSConfig(swapout_threshold=4))
+    rewritten = tflms.apply_to_view(view, plan)
+    results = {}
+    for compiled in (True, False):
+        monkeypatch.setattr(
+            memory,
+            "replay_region",
+            lambda *a, compiled=compiled, **k: replay_region(*a, compiled=compiled, **k),
+        )
+        results[compiled] = tflms.simulate(rewritten, device="V100-16GB", link="pcie3")
+    fast, reference = results[True], results[False]
+    assert fast.swap_outs > 0 and fast.host_peak_bytes > 0  # host buffers too
+    assert fast.memory_terms["allocator"] > 0  # the chunks' rounding and fragmentation
+    assert fast.to_dict() == reference.to_dict()
+
+
+def test_region_replay_counts_chunks_and_the_workspace_limit():
+    spaces = ["device", "device", "workspace", "host", "workspace"]
+    sizes = [3 * MiB + 1, MiB, 8 * MiB, 5 * MiB, 100 * MiB]
+    events = [(0, 1), (1, 1), (-1, 0), (2, 1), (3, 1), (4, 1), (-1, 0), (2, -1), (0, -1), (-1, 0)]
+    for compiled in {False, allocator.COMPILED}:
+        found = replay_region(spaces, sizes, events, [MiB], limit=20 * MiB, compiled=compiled)
+        chunk0 = 3 * MiB + MIN_ALLOCATION  # rounded up
+        assert found.in_use == [MiB + chunk0 + MiB, MiB + chunk0 + 9 * MiB, 2 * MiB]
+        assert found.tensors == [MiB + 3 * MiB + 1 + MiB] * 2 + [2 * MiB]
+        assert found.host == [0, 5 * MiB, 5 * MiB]
+        # the 100 MiB workspace would end above the 20 MiB limit: not taken
+        assert found.high_water == MiB + chunk0 + 9 * MiB and found.workspace_at_high == 8 * MiB
+
+
+def test_compiled_replay_that_was_not_built_is_refused(monkeypatch):
+    monkeypatch.setattr(allocator, "_compiled", None)
+    with pytest.raises(ConfigError, match="bfcreplay was not built"):
+        replay_region(["device"], [1], [(0, 1)], [], limit=1 << 30, compiled=True)
+
+
+def test_region_replay_is_compiled_here():
+    # optional for users without a C compiler; this machine has one
+    assert allocator.COMPILED, (
+        "tflms.simulation.bfcreplay was not built (every simulated plan replays its buffers "
+        "in Python, slower); reinstall with a C compiler: pip install -e ."
+    )

@@ -36,8 +36,11 @@ Example:
 from __future__ import annotations
 
 import bisect
+import importlib
+from array import array
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from types import ModuleType
+from typing import Literal, NamedTuple, TypeAlias
 
 from tflms.cost.target import Accounting
 from tflms.errors import ConfigError
@@ -50,9 +53,20 @@ __all__ = [
     "BufferReplay",
     "MIN_ALLOCATION",
     "MAX_INTERNAL_FRAGMENTATION",
+    "COMPILED",
+    "RegionReplay",
     "check_allocator",
+    "replay_region",
     "rounded",
 ]
+
+try:  # a C extension: imported by name, as it has no Python source to type-check
+    _compiled: ModuleType | None = importlib.import_module("tflms.simulation.bfcreplay")
+except ImportError:  # built without a C compiler: replay_region runs in Python (same results)
+    _compiled = None
+
+COMPILED: bool = _compiled is not None
+"""Whether :func:`replay_region` runs in compiled code here (else in Python, slower)."""
 
 MIN_ALLOCATION = 256
 """Every request is rounded up to a multiple of this (``kMinAllocationSize``)."""
@@ -326,3 +340,131 @@ class BufferReplay:
     def in_use(self) -> int:
         """Bytes of the chunks handed out now."""
         return self.model.in_use
+
+
+SPACE_CODES = {"device": 0, "host": 1}
+"""The buffer spaces :func:`replay_region` knows; any other space is a workspace (code 2)."""
+
+
+class RegionReplay(NamedTuple):
+    """What :func:`replay_region` reports.
+
+    Attributes:
+        in_use: at each timeline point, bytes of the chunks handed out.
+        tensors: at each point, bytes of the live device tensors (resident ones included).
+        host: at each point, bytes of the live host buffers.
+        tensor_peak: the largest ``tensors`` over the step (at any event).
+        high_water: the highest chunk end handed out: what the region must hold.
+        workspace_at_high: workspace bytes held when ``high_water`` was reached.
+    """
+
+    in_use: list[int]
+    tensors: list[int]
+    host: list[int]
+    tensor_peak: int
+    high_water: int
+    workspace_at_high: int
+
+
+def replay_region(
+    spaces: list[str],
+    sizes: list[int],
+    events: list[tuple[int, int]],
+    resident: list[int],
+    *,
+    limit: int,
+    extra: float = 0.0,
+    compiled: bool | None = None,
+) -> RegionReplay:
+    """One step's buffers through one BFC region without growth, as a GPU process allocates.
+
+    ``resident`` sizes are allocated first and never freed (variables). Then
+    each event ``(buffer, sign)`` allocates (``+1``) or frees (``-1``) a
+    buffer, or marks a timeline point (``0``; the buffer is not read):
+    device buffers take chunks of the region, host buffers are only counted,
+    and workspaces (any other space) take a chunk only where it ends under
+    ``limit - round(extra * tensor bytes live)``, as cuDNN runs only the
+    algorithms whose scratch it could allocate.
+
+    Args:
+        spaces: the space of each buffer: ``"device"``, ``"host"``, or a workspace.
+        sizes: bytes of each buffer.
+        events: ``(buffer, sign)`` in the order they happen.
+        resident: sizes allocated before the first event.
+        limit: the allocator's limit (bytes) a workspace must end under.
+        extra: a calibrated stack's tensor factor minus 1 (0: none).
+        compiled: use the C extension (True), the Python model (False), or the
+            extension when it was built (None).
+
+    Returns:
+        The :class:`RegionReplay`; the same, to the byte, from either implementation.
+
+    Raises:
+        ConfigError: ``compiled=True`` where the extension was not built.
+    """
+    if compiled is None:
+        compiled = COMPILED
+    if compiled and _compiled is None:
+        raise ConfigError(
+            "tflms.simulation.bfcreplay was not built (no C compiler at install); "
+            "pass compiled=None to replay in Python, or reinstall with a compiler: pip install -e ."
+        )
+    region = 1 << 50  # larger than any step: its high-water mark is what is needed
+    if not compiled:
+        return _replay_region_py(spaces, sizes, events, resident, region, limit, extra)
+    assert _compiled is not None
+    codes = bytes(SPACE_CODES.get(space, 2) for space in spaces)
+    found = _compiled.replay_region(
+        codes,
+        array("q", sizes),
+        array("q", [b if sign else 0 for b, sign in events]),
+        array("b", [sign for _, sign in events]),
+        array("q", resident),
+        region,
+        limit,
+        float(extra),
+    )
+    return RegionReplay(*found)
+
+
+def _replay_region_py(spaces, sizes, events, resident, region, limit, extra) -> RegionReplay:
+    """:func:`replay_region` with :class:`BFCModel`: the reference the C extension is held to."""
+    bfc = BFCModel(region, allow_growth=False)
+    tensors = 0
+    for size in resident:
+        bfc.allocate(size)
+        tensors += size
+    tensor_peak = tensors
+    handles: dict[int, int | None] = {}
+    workspace = workspace_at_high = host_used = 0
+    high = bfc.high_water
+    in_use, tensors_at, host_at = [], [], []
+    allocate, free = bfc.allocate, bfc.free
+    for b, sign in events:
+        if not sign:
+            in_use.append(bfc.in_use)
+            tensors_at.append(tensors)
+            host_at.append(host_used)
+            continue
+        space, nbytes = spaces[b], sizes[b]
+        if space == "device":
+            if sign > 0:
+                handles[b] = allocate(nbytes)
+                tensors += nbytes
+                tensor_peak = max(tensor_peak, tensors)
+            else:
+                free(handles.pop(b, None))
+                tensors -= nbytes
+        elif space == "host":
+            host_used += sign * nbytes
+        elif sign > 0:  # a workspace
+            handle = allocate(nbytes, below=limit - round(extra * tensors))
+            if handle is not None:
+                handles[b] = handle
+                workspace += nbytes
+        elif b in handles:
+            free(handles.pop(b))
+            workspace -= nbytes
+        if bfc.high_water > high:
+            high, workspace_at_high = bfc.high_water, workspace
+    return RegionReplay(in_use, tensors_at, host_at, tensor_peak, high, workspace_at_high)

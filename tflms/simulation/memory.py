@@ -61,7 +61,7 @@ from tflms.cost import gpu_memory
 from tflms.cost.ops import ALIAS_OPS
 from tflms.cost.target import ACCOUNTINGS
 from tflms.errors import ConfigError
-from tflms.simulation.allocator import BFCModel, BufferReplay, check_allocator
+from tflms.simulation.allocator import BufferReplay, check_allocator, replay_region
 from tflms.simulation.schedule import CompiledGraph, Schedule
 
 __all__ = [
@@ -228,28 +228,32 @@ def _forwardable(graph, schedule, i, info, buffer_of, b_tensors, b_space, b_byte
     starts: the reference count the kernel sees is then 1.
     """
     allowed = FORWARDING_OPS[graph.types[i]]
-    reads: dict[int, int] = {}
-    for p, k, _ in graph.inputs[i]:
-        b = buffer_of.get((p, k))
-        if b is not None:
-            reads[b] = reads.get(b, 0) + 1
+    inputs = graph.inputs[i]
+    read = [buffer_of.get((p, k)) for p, k, _ in inputs]
     start, end, consumers = schedule.start[i], schedule.end, graph.consumers
-    for p, k, in_idx in graph.inputs[i]:  # ordered by input index
-        if allowed is not None and in_idx not in allowed:
-            continue
-        b = buffer_of.get((p, k))
+    for (p, k, in_idx), b in zip(inputs, read, strict=True):  # ordered by input index
         if (
             b is None
-            or reads[b] != 1
-            or b_space[b] != "device"
+            or (allowed is not None and in_idx not in allowed)
             or b_bytes[b] != info.bytes
+            or b_space[b] != "device"
+            or read.count(b) != 1
             or graph.outputs[p][k].dtype != info.dtype
             or graph.types[b_tensors[b][0][0]] in _HANDLE_TYPES
         ):
             continue
-        if all(end[c] <= start or c == i for t in b_tensors[b] for c in consumers.get(t, ())):
+        if _readers_done(b_tensors[b], consumers, end, start, i):
             return b
     return None
+
+
+def _readers_done(tensors, consumers, end, start, i) -> bool:
+    """Whether every reader of ``tensors`` other than op ``i`` ended by ``start``."""
+    for t in tensors:
+        for c in consumers.get(t, ()):
+            if end[c] > start and c != i:
+                return False
+    return True
 
 
 def trace_memory(
@@ -289,6 +293,7 @@ def trace_memory(
     realistic = accounting in TF_CONVENTIONS  # TensorFlow's buffer conventions
     gpu = accounting == "realistic"
     end, order = schedule.end, schedule.order
+    alloc = schedule.start if schedule.alloc is None else schedule.alloc  # Schedule.alloc_time
     position = [0] * len(graph)
     for pos, i in enumerate(order):
         position[i] = pos
@@ -298,30 +303,36 @@ def trace_memory(
     b_bytes: list[int] = []
     b_producer: list[int] = []
     b_tensors: list[list[tuple[int, int]]] = []
+    spaces, types, outputs, copy = graph.spaces, graph.types, graph.outputs, graph.copy
     for i in order:
-        space = graph.spaces[i]
+        space = spaces[i]
         if space is None:
             continue
-        op_type = graph.types[i]
-        for k, info in enumerate(graph.outputs[i]):
+        op_type = types[i]
+        for k, info in enumerate(outputs[i]):
             if info.bytes <= 0:
                 continue
-            if realistic and space == "device" and op_type == "ReadVariableOp":
-                continue  # aliases the resident variable
-            if realistic and op_type in ALIAS_OPS and graph.copy[i] is None:
-                source = _alias_source(graph, i, k)
-                if source is not None and source in buffer_of:
-                    b = buffer_of[source]
-                    if b_space[b] == space:
+            if realistic and copy[i] is None:
+                if space == "device" and op_type == "ReadVariableOp":
+                    continue  # aliases the resident variable
+                if op_type in ALIAS_OPS:
+                    source = _alias_source(graph, i, k)
+                    if source is not None and source in buffer_of:
+                        b = buffer_of[source]
+                        if b_space[b] == space:
+                            buffer_of[(i, k)] = b
+                            b_tensors[b].append((i, k))
+                            continue
+                if k == 0 and op_type in FORWARDING_OPS:
+                    b = _forwardable(
+                        graph, schedule, i, info, buffer_of, b_tensors, b_space, b_bytes
+                    )
+                    if b is not None:  # TensorFlow writes the output into a dying input's buffer
                         buffer_of[(i, k)] = b
                         b_tensors[b].append((i, k))
                         continue
-            if realistic and k == 0 and op_type in FORWARDING_OPS and graph.copy[i] is None:
-                b = _forwardable(graph, schedule, i, info, buffer_of, b_tensors, b_space, b_bytes)
-                if b is not None:  # TensorFlow writes the output into a dying input's buffer
-                    buffer_of[(i, k)] = b
-                    b_tensors[b].append((i, k))
-                    continue
+            elif realistic and space == "device" and op_type == "ReadVariableOp":
+                continue  # aliases the resident variable
             buffer_of[(i, k)] = len(b_space)
             b_space.append(space)
             b_bytes.append(info.bytes)
@@ -330,11 +341,12 @@ def trace_memory(
 
     events = []
     alloc_key, free_key = [], []
+    consumers_of = graph.consumers.get
     for b, producer in enumerate(b_producer):
-        t_alloc = schedule.alloc_time(producer)
+        t_alloc = alloc[producer]
         t_free, last = end[producer], producer
         for i, k in b_tensors[b]:
-            for c in graph.consumers.get((i, k), ()):
+            for c in consumers_of((i, k), ()):
                 if end[c] > t_free or (end[c] == t_free and position[c] > position[last]):
                     t_free, last = end[c], c
             if end[i] > t_free:
@@ -349,49 +361,44 @@ def trace_memory(
         free_key.append(f_key)
         events.append((*a_key, b, 1))
         events.append((*f_key, b, -1))
-    for i in order:  # a loop's iterations in flight: held from its start to its end
-        nbytes = graph.scratch[i] if graph.scratch and graph.spaces[i] == "device" else 0
-        if nbytes:
-            b = len(b_space)
-            b_space.append("device")
-            b_bytes.append(nbytes)
-            b_producer.append(i)
-            b_tensors.append([])
-            t_alloc = schedule.alloc_time(i)
-            if realistic:
-                a_key = (t_alloc, 1, position[i])
-                f_key = (end[i], 0 if end[i] > t_alloc else 2, position[i])
-            else:
-                a_key = (_whole_us(t_alloc), 1, position[i])
-                f_key = (_whole_us(end[i]) + 1e-9, 0, position[i])
-            alloc_key.append(a_key)
-            free_key.append(f_key)
-            events.append((*a_key, b, 1))
-            events.append((*f_key, b, -1))
+    held: list[tuple[int, str, int]] = []  # (op, space, bytes) held while the op runs
+    if graph.scratch and any(graph.scratch):  # a loop's iterations in flight
+        held += [
+            (i, "device", graph.scratch[i])
+            for i in order
+            if graph.scratch[i] and spaces[i] == "device"
+        ]
     if gpu:
         ws_limit = gpu_memory.get_stack(stack).workspace_limit_bytes
         workspaces = graph.derive(("workspaces", ws_limit), lambda g: _workspaces(g, ws_limit))
-        for i in order:
-            nbytes = workspaces[i]
-            if nbytes:  # scratch memory for the op's run: allocated at its start, freed at its end
-                b = len(b_space)
-                b_space.append("workspace")
-                b_bytes.append(nbytes)
-                b_producer.append(i)
-                b_tensors.append([])
-                a_key = (schedule.alloc_time(i), 1, position[i])
-                f_key = (end[i], 0 if end[i] > a_key[0] else 2, position[i])
-                alloc_key.append(a_key)
-                free_key.append(f_key)
-                events.append((*a_key, b, 1))
-                events.append((*f_key, b, -1))
+        convolutions = graph.derive(
+            ("convolutions", ws_limit), lambda g: [i for i, w in enumerate(workspaces) if w]
+        )  # scratch memory for the op's run: allocated at its start, freed at its end
+        held += [
+            (i, "workspace", workspaces[i]) for i in sorted(convolutions, key=position.__getitem__)
+        ]
+    for i, space, nbytes in held:
+        b = len(b_space)
+        b_space.append(space)
+        b_bytes.append(nbytes)
+        b_producer.append(i)
+        b_tensors.append([])
+        t_alloc = alloc[i]
+        if realistic:
+            a_key = (t_alloc, 1, position[i])
+            f_key = (end[i], 0 if end[i] > t_alloc else 2, position[i])
+        else:
+            a_key = (_whole_us(t_alloc), 1, position[i])
+            f_key = (_whole_us(end[i]) + 1e-9, 0, position[i])
+        alloc_key.append(a_key)
+        free_key.append(f_key)
+        events.append((*a_key, b, 1))
+        events.append((*f_key, b, -1))
     marker = len(b_space)  # sorts after the op's own allocations
-    for i in order:
-        events.append((schedule.alloc_time(i), 1, position[i], marker, 0))  # a point per op
-    if not realistic:
-        marks = len(events) - len(order)
-        for n, i in enumerate(order):
-            events[marks + n] = (_whole_us(schedule.alloc_time(i)), 1, position[i], marker, 0)
+    if realistic:  # a point per op
+        events += [(alloc[i], 1, pos, marker, 0) for pos, i in enumerate(order)]
+    else:
+        events += [(_whole_us(alloc[i]), 1, pos, marker, 0) for pos, i in enumerate(order)]
     events.sort()
 
     sizes = graph.derive("variable sizes", variable_sizes) if realistic else []
@@ -505,9 +512,9 @@ def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack,
     """Replay the step's device buffers through one BFC region, as a GPU without growth does.
 
     Variables (``sizes``: :func:`variable_sizes`) come first (they exist
-    before the first step). Workspaces are
-    taken only where a chunk ends under the allocator's limit, as cuDNN's
-    autotuner only runs algorithms whose scratch could be allocated.
+    before the first step). Workspaces are taken only where a chunk ends
+    under the allocator's limit, as cuDNN's autotuner only runs algorithms
+    whose scratch could be allocated (:func:`~tflms.simulation.allocator.replay_region`).
 
     Returns:
         ``(ops, times, device, host, terms, limit)``: the timeline (device
@@ -518,52 +525,29 @@ def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack,
     limit = gpu_memory.allocator_limit(graph.device, stack)
     constant = sum(process.values())
     extra = gpu_memory.get_stack(stack).tensor_factor - 1.0  # a calibrated stack's factor
-    bfc = BFCModel(1 << 50, allow_growth=False)  # one region; its high-water is what is needed
-    variables = 0
-    for size in sizes:
-        bfc.allocate(size)
-        variables += size
-    handles: dict[int, int | None] = {}
-    tensors = tensor_peak = variables
-    workspace = workspace_at_high = 0
-    high = bfc.high_water
-    host_used = 0
-    ops, times, device, host = [], [], [], []
-    allocate, free = bfc.allocate, bfc.free
-    for t, phase, pos, b, sign in events:
-        if not sign:
-            if phase == 1:
-                ops.append(order[pos])
-                times.append(t)
-                device.append(constant + bfc.in_use + (round(extra * tensors) if extra else 0))
-                host.append(host_used)
-            continue
-        space, nbytes = b_space[b], b_bytes[b]
-        if space == "device":
-            if sign > 0:
-                handles[b] = allocate(nbytes)
-                tensors += nbytes
-                if tensors > tensor_peak:
-                    tensor_peak = tensors
-            else:
-                free(handles.pop(b))
-                tensors -= nbytes
-        elif space == "host":
-            host_used += sign * nbytes
-        elif sign > 0:  # a workspace
-            handle = allocate(nbytes, below=limit - round(extra * tensors))
-            if handle is not None:
-                handles[b] = handle
-                workspace += nbytes
-        elif b in handles:
-            free(handles.pop(b))
-            workspace -= nbytes
-        if bfc.high_water > high:
-            high, workspace_at_high = bfc.high_water, workspace
-    charged = max(0, min(workspace_at_high, high - tensor_peak))
+    found = replay_region(
+        b_space,
+        b_bytes,
+        [(b, sign) for _, phase, _, b, sign in events if sign or phase == 1],
+        sizes,
+        limit=limit,
+        extra=extra,
+    )
+    points = [(t, pos) for t, phase, pos, _, sign in events if not sign and phase == 1]
+    ops = [order[pos] for _, pos in points]
+    times = [t for t, _ in points]
+    if extra:
+        device = [
+            constant + u + round(extra * t)
+            for u, t in zip(found.in_use, found.tensors, strict=True)
+        ]
+    else:
+        device = [constant + u for u in found.in_use]
+    high, tensor_peak = found.high_water, found.tensor_peak
+    charged = max(0, min(found.workspace_at_high, high - tensor_peak))
     terms = {**process, "tensors": tensor_peak}
     if extra:
         terms["calibration"] = round(extra * tensor_peak)
     terms["workspace"] = charged
     terms["allocator"] = high - tensor_peak - charged
-    return ops, times, device, host, terms, limit
+    return ops, times, device, found.host, terms, limit
