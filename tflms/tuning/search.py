@@ -23,7 +23,8 @@ swap-in leads are walked while the plans get better, a plan is simulated
 with instantaneous copies only when it is in contention for the best, plans
 already slower than the best fitting one are not ordered (an order only
 slows a plan), and a trim stops at one swap when that plan is
-compute-bound. :meth:`Search.run` pauses Python's cyclic collector (each
+compute-bound, or as soon as a swap count that does not fit is already no
+faster than the best fitting plan (more swaps are no faster). :meth:`Search.run` pauses Python's cyclic collector (each
 rewritten copy of the view leaves reference cycles, and every automatic
 collection rescanned the plans kept so far); :meth:`Search.evaluate`
 collects every :data:`_COLLECT_EVERY` plans instead.
@@ -387,7 +388,10 @@ class Search:
             found = self.best(e for e in seen if bool(e.config.recompute_dense) == dense)
             if found is not None:
                 finalists[id(found)] = found
-        trimmed = [self._trim(e) for e in finalists.values()]
+        trimmed: list[_Evaluated] = []
+        for finalist in finalists.values():
+            bar = self.best([current, *trimmed]) or current
+            trimmed.append(self._trim(finalist, bar.result.step_time_s))
         return self.best(list(self._seen.values()) + trimmed)
 
     def _rescue(self, current: _Evaluated) -> _Evaluated:
@@ -424,14 +428,22 @@ class Search:
         pool.append(self.evaluate(**_opts(self.base, **MOST_SAVING)))
         return self.pick(pool)
 
-    def _trim(self, current: _Evaluated) -> _Evaluated:
-        """The fewest largest-first swaps of ``current`` that still fit."""
+    def _trim(self, current: _Evaluated, bar: float) -> _Evaluated:
+        """The fewest largest-first swaps of ``current`` that still fit.
+
+        Swapping more tensors never makes a step faster (nearly: more copies
+        to hide), so once a count that does not fit is already no faster
+        than ``bar`` (the step time of the best fitting plan found), every
+        count that fits is slower too and the bisection stops.
+        """
         n_max = len(current.plan.swaps)
         best = current
         lo, hi = 1, n_max  # hi fits
         if n_max > 1:  # a few swaps often do, as when convolutions are re-run: try one first
             fewest = self.evaluate(retime=current.retime, **_opts(current.config, n_tensors=1))
             if not self.fits(fewest):
+                if fewest.result.step_time_s >= bar:
+                    return best
                 lo = 2
             elif _compute_bound(fewest):  # every other count swaps more and is no faster
                 return self.best([best, fewest]) or best
@@ -441,6 +453,9 @@ class Search:
             if self.fits(trial):
                 hi = mid
                 best = self.best([best, trial]) or best
+                bar = min(bar, best.result.step_time_s)
+            elif trial.result.step_time_s >= bar:
+                break
             else:
                 lo = mid + 1
         return best
