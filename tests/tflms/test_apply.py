@@ -7,6 +7,7 @@ import tensorflow as tf
 import tflms
 from tests.tflms.graphs import WIDTH, chain_with_skip, fan_out, relu
 from tflms import LMS, LMSConfig, apply_plan, apply_to_view, build_view, make_plan, validate
+from tflms.apply.core import apply_in_place
 from tflms.errors import AlreadyRewrittenError, UnsupportedGraphError, ValidationError
 from tflms.graph.view import SWAP_ATTR
 
@@ -89,6 +90,56 @@ def test_view_rewrite_leaves_the_input_view_alone():
     assert before == {
         (u, v): (list(d["tensors"]), d["control"]) for u, v, d in view.edges(data=True)
     }
+
+
+def _snapshot(view):
+    """Everything of a view that ``undo`` restores: nodes, attributes, edges, successor order."""
+    return (
+        [(n, dict(d)) for n, d in view.nodes(data=True)],
+        [(u, [(v, dict(d)) for v, d in view.succ[u].items()]) for u in view],
+        dict(view.graph),
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(sync_mode=3, serialization=["2"], **OPTIONS),
+        dict(recompute=True, reorder=True, **OPTIONS),
+        dict(swapin_groupby=0, n_tensors=1, **OPTIONS),
+    ],
+    ids=["sync-serialized", "recompute-ordered", "one-swap"],
+)
+def test_in_place_rewrite_is_the_copied_rewrite_and_undoes_exactly(options):
+    config = LMSConfig(**options)
+    view = build_view(fan_out(), config=config)
+    plan = make_plan(view, config)
+    assert plan.swaps or plan.recomputes
+    before = _snapshot(view)
+    copied = apply_to_view(view, plan, levels=False)
+    undo = apply_in_place(view, plan)
+    assert _snapshot(view) == _snapshot(copied)  # successor order included
+    undo()
+    assert _snapshot(view) == before
+    again = apply_in_place(view, plan)  # the restored view takes the plan again
+    assert _snapshot(view) == _snapshot(copied)
+    again()
+    assert _snapshot(view) == before
+
+
+def test_in_place_rewrite_that_fails_leaves_the_view_as_it_was():
+    view = build_view(fan_out())
+    plan = make_plan(view, LMSConfig(**OPTIONS))
+    before = _snapshot(view)
+    undo = apply_in_place(view, plan)
+    with pytest.raises(AlreadyRewrittenError):
+        apply_in_place(view, plan)
+    undo()
+    assert _snapshot(view) == before
+    other = make_plan(build_view(chain_with_skip(n=12)), LMSConfig(**OPTIONS))
+    with pytest.raises(ValidationError, match="does not match this graph"):
+        apply_in_place(view, other)
+    assert _snapshot(view) == before
 
 
 def test_reapplying_is_refused_with_a_clear_error():

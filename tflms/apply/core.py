@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from itertools import pairwise
 from typing import Protocol
 
@@ -33,7 +34,7 @@ from tflms.errors import AlreadyRewrittenError, ValidationError
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.gc_pause import gc_paused
 
-__all__ = ["Editor", "apply_with", "apply_plan", "apply_to_view"]
+__all__ = ["Editor", "apply_with", "apply_plan", "apply_to_view", "apply_in_place"]
 
 logger = logging.getLogger(__name__)
 
@@ -301,3 +302,35 @@ def apply_to_view(view, plan: SwapPlan, *, levels: bool = True):
     editor = ViewEditor(view, host_device=plan.config.host_device)
     apply_with(editor, plan)
     return editor.finish(levels=levels)
+
+
+def apply_in_place(view, plan: SwapPlan) -> Callable[[], None]:
+    """Rewrite an analysis view itself, levels left stale; returns the function that undoes it.
+
+    For a caller that simulates many plans of one view and reads no level
+    (:class:`tflms.simulation.plans.PlanSimulator`): copying the view costs
+    more than rewriting it. Until the returned function is called, ``view``
+    holds the plan's ops; after, it is the view it was (see
+    :class:`~tflms.apply.view_editor.ViewEditor`, ``in_place``). A plan that
+    fails to apply is undone before the error propagates.
+
+    Args:
+        view: The analysis view the plan was made from, without tflms ops.
+        plan: The swap plan.
+
+    Returns:
+        A function of no arguments that restores ``view``; call it once.
+
+    Raises:
+        AlreadyRewrittenError: ``view`` already holds tflms swap ops.
+        ValidationError: the plan does not match ``view``.
+    """
+    from tflms.apply.view_editor import ViewEditor
+
+    editor = ViewEditor(view, host_device=plan.config.host_device, in_place=True)
+    try:
+        apply_with(editor, plan)
+    except BaseException:
+        editor.undo()
+        raise
+    return editor.undo

@@ -1,8 +1,18 @@
-"""Editor for the networkx analysis view (works on a copy).
+"""Editor for the networkx analysis view (works on a copy, or in place with an undo).
 
 The rewritten view has exactly the nodes, edges and attributes that
 :func:`tflms.build_view` would produce from the rewritten TensorFlow graph,
 so the simulator and :func:`tflms.validate` can work on either.
+
+Copying a 15,000-op view takes longer than rewriting it, and the auto-tuner
+simulates dozens of plans of one view: with ``in_place=True`` the editor
+rewrites the view it is given and keeps a journal - the nodes it added and,
+for every original op whose outgoing edges it changed, those edges as they
+were - so that :meth:`ViewEditor.undo` restores the view: the same nodes,
+edges and attributes, each op's successors in their original order (what
+:func:`~tflms.simulation.schedule.compile_view` iterates). Predecessor
+dicts may come back in another order; nothing that reads a view depends on
+it (lookups and sorted walks only).
 """
 
 from __future__ import annotations
@@ -18,12 +28,58 @@ __all__ = ["ViewEditor"]
 
 
 class ViewEditor:
-    """Applies swap-plan edits to a copy of an analysis view."""
+    """Applies swap-plan edits to a copy of an analysis view, or to the view itself.
 
-    def __init__(self, view: nx.DiGraph, *, host_device: str, compute_device: str | None = None):
-        self.view = view.copy()
+    Args:
+        view: The analysis view.
+        host_device: Where swap-outs go.
+        compute_device: The device of the compute ops (None: any accelerator).
+        in_place: Edit ``view`` itself and journal the edits for :meth:`undo`
+            (see the module docstring); False edits a copy.
+    """
+
+    def __init__(
+        self,
+        view: nx.DiGraph,
+        *,
+        host_device: str,
+        compute_device: str | None = None,
+        in_place: bool = False,
+    ):
+        self.view = view if in_place else view.copy()
         self.host_device = host_device
         self._matcher = DeviceMatcher(compute=compute_device, host=host_device)
+        self._in_place = in_place
+        self._added: dict[str, None] = {}  # nodes this editor inserted, in order
+        self._original_out: dict[str, list[tuple[str, dict]]] = {}  # op -> its edges as they were
+
+    def _touch(self, src: str, dst: str) -> None:
+        """Journal ``src``'s outgoing edges before an edit of ``src -> dst`` (in place only).
+
+        An edge into an inserted node needs no journal: it goes with the node.
+        """
+        if not self._in_place or src in self._original_out:
+            return
+        if src in self._added or dst in self._added:
+            return
+        self._original_out[src] = [(v, dict(data)) for v, data in self.view.succ[src].items()]
+
+    def undo(self) -> None:
+        """Restore the view edited in place (see the module docstring).
+
+        Raises:
+            RuntimeError: the editor works on a copy (there is nothing to undo).
+        """
+        if not self._in_place:
+            raise RuntimeError("ViewEditor.undo: this editor edited a copy, not the view.")
+        view = self.view
+        view.remove_nodes_from(reversed(list(self._added)))
+        for src, edges in self._original_out.items():
+            view.remove_edges_from([(src, dst) for dst in list(view.succ[src])])
+            # edges into inserted nodes may be in the journal (added before it): they went with them
+            view.add_edges_from((src, dst, data) for dst, data in edges if dst not in self._added)
+        self._added.clear()
+        self._original_out.clear()
 
     def editing(self):
         """Context around all edits of one plan: nothing to set up for a view.
@@ -102,6 +158,7 @@ class ViewEditor:
             name,
             **{**node, "outputs": outputs, "tflms": "recompute", "recompute_of": original},
         )
+        self._added[name] = None
         for in_idx, (src, k) in enumerate(inputs):
             if self.view.has_edge(src, name):
                 self.view[src][name]["tensors"].append((k, in_idx))
@@ -140,6 +197,7 @@ class ViewEditor:
             stateful=False,
             tflms=kind,
         )
+        self._added[name] = None
         self.view.add_edge(source[0], name, tensors=[(source[1], 0)], control=False)
 
     def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
@@ -154,10 +212,12 @@ class ViewEditor:
             edge = self.view[pred][consumer]
             kept = [(o, i) for o, i in edge["tensors"] if i != input_index]
             if len(kept) != len(edge["tensors"]):
+                self._touch(pred, consumer)
                 edge["tensors"] = kept
                 if not kept and not edge["control"]:
                     self.view.remove_edge(pred, consumer)
                 break
+        self._touch(source[0], consumer)
         if self.view.has_edge(source[0], consumer):
             edge = self.view[source[0]][consumer]
             edge["tensors"] = [*edge["tensors"], (source[1], input_index)]
@@ -173,6 +233,7 @@ class ViewEditor:
             src: Op that must run first.
             dst: Op that gets ``src`` as a control input.
         """
+        self._touch(src, dst)
         if self.view.has_edge(src, dst):
             self.view[src][dst]["control"] = True
         else:
@@ -186,8 +247,13 @@ class ViewEditor:
 
         Returns:
             The edited copy of the view (the view given to the constructor is
-            unchanged).
+            unchanged), or the view itself when editing in place.
+
+        Raises:
+            ValueError: ``levels`` in place: :meth:`undo` restores edges, not levels.
         """
+        if levels and self._in_place:
+            raise ValueError("ViewEditor(in_place=True).finish needs levels=False.")
         if levels:
             assign_levels(self.view)
         return self.view
