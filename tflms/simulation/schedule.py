@@ -242,15 +242,17 @@ def compile_view(
             if nodes[i]["type"] == "IdentityN" and removed_at_run_time(view, names[i]):
                 bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs)
     for lst in inputs:
-        lst.sort(key=lambda t: t[2])
+        if len(lst) > 1:
+            lst.sort(key=lambda t: t[2])
     for lst in succs:
-        lst.sort(key=lambda j: names[j])
+        if len(lst) > 1:
+            lst.sort(key=lambda j: names[j])
 
     copy: list = [None] * n
     durations = [0.0] * n
     flops = [0.0] * n
     for i, node in enumerate(nodes):
-        kind = _copy_kind(node, inputs[i], spaces)
+        kind = _copy_kind(node, inputs[i], spaces) if node["type"] == "Identity" else None
         if kind is not None:
             copy[i] = kind
             lanes[i] = kind
