@@ -173,13 +173,12 @@ class Schedule:
         return self.start[i] if self.alloc is None else self.alloc[i]
 
 
-def _lane_and_space(node: dict) -> tuple[str, str | None]:
-    placement = node["placement"]
-    if placement == "compute":
-        return "compute", "device"
-    if placement == "host":
-        return "host", "host"
-    return f"device:{node['device']}", None
+_PLACED: dict[str, tuple[str, str | None]] = {
+    "compute": ("compute", "device"),
+    "host": ("host", "host"),
+}
+"""Lane and memory space of an op by its placement; any other placement runs on
+``device:<its device>`` and holds no memory the simulator counts."""
 
 
 def compile_view(
@@ -219,9 +218,12 @@ def compile_view(
         nodes.append(node)
     index = {name: i for i, name in enumerate(names)}
     n = len(names)
-    placed = [_lane_and_space(node) for node in nodes]
-    lanes: list[str] = [lane for lane, _ in placed]
-    spaces: list[str | None] = [space for _, space in placed]
+    lanes: list[str] = []
+    spaces: list[str | None] = []
+    for node in nodes:
+        lane, space = _PLACED.get(node["placement"]) or (f"device:{node['device']}", None)
+        lanes.append(lane)
+        spaces.append(space)
     inputs: list[list] = [[] for _ in range(n)]
     consumers: dict = {}
     preds_count = [0] * n
@@ -261,7 +263,7 @@ def compile_view(
             continue
         key = None
         if costs is not None and node.get("body") is None:  # a loop's time depends on the link
-            key = (names[i], tuple((names[p], k) for p, k, _ in inputs[i]))
+            key = (names[i], tuple([(names[p], k) for p, k, _ in inputs[i]]))
             if key in costs:
                 durations[i], flops[i] = costs[key]
                 continue

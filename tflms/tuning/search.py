@@ -147,6 +147,7 @@ class Search:
         self._seen: dict[tuple, _Evaluated] = {}
         self._timed: tuple[CompiledGraph, Schedule] | None = None
         self._staged: dict = {}  # make_plan's recomputations, shared by options
+        self._planned: dict[LMSConfig, SwapPlan] = {}  # make_plan by config (plans are immutable)
 
     # ------------------------------------------------------------ evaluation
     def evaluate(self, retime: float | None = None, **options) -> _Evaluated:
@@ -167,9 +168,12 @@ class Search:
         key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
         if key in self._seen:
             return self._seen[key]
-        plan = make_plan(
-            self.view, cfg.replace(reorder=False), memo=self._staged, target=self.target
-        )
+        unordered = cfg.replace(reorder=False)  # retimed and ordered variants share it
+        if unordered not in self._planned:
+            self._planned[unordered] = make_plan(
+                self.view, unordered, memo=self._staged, target=self.target
+            )
+        plan = self._planned[unordered]
         if retime is not None and plan.swaps:
             if self._timed is None:
                 compiled = compile_view(self.view, device=self.device, link=self.link)
