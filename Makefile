@@ -25,7 +25,7 @@ $(PY):
 # Reinstall only when the packaging metadata changes; the install is editable,
 # so source edits need no reinstall.
 $(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/numerics/halfkernels.c \
-	  tflms/simulation/bfcreplay.c
+	  tflms/simulation/kernels.c
 	$(PY) -m pip install --disable-pip-version-check -q -e '.[$(EXTRAS)]'
 	@touch $@
 

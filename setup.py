@@ -4,8 +4,8 @@ Metadata is in setup.cfg.
 
 * ``ddl_tf.core.numerics.halfkernels`` speeds up float16/bfloat16
   conversions in ddl_tf's host-side reductions;
-* ``tflms.simulation.bfcreplay`` replays a step's buffers through the BFC
-  allocator model, the inner loop of every simulated plan.
+* ``tflms.simulation.kernels`` runs the simulator's two inner loops (the
+  BFC allocator replay and the FirstReady schedule) for every simulated plan.
 
 Both are optional: without a C compiler the install still succeeds, ddl_tf
 converts with numpy and tflms replays in Python (slower, same results).
@@ -22,8 +22,8 @@ setup(
             optional=True,
         ),
         Extension(
-            "tflms.simulation.bfcreplay",
-            ["tflms/simulation/bfcreplay.c"],
+            "tflms.simulation.kernels",
+            ["tflms/simulation/kernels.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

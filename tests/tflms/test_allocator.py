@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import tflms
 from tflms.errors import ConfigError
-from tflms.simulation import allocator
+from tflms.simulation import native
 from tflms.simulation.allocator import (
     MIN_ALLOCATION,
     BFCModel,
@@ -181,7 +181,7 @@ def _random_step(rng: random.Random, n_buffers: int) -> tuple[list, list, list]:
     return spaces, sizes, events
 
 
-@pytest.mark.skipif(not allocator.COMPILED, reason="bfcreplay not built (no C compiler)")
+@pytest.mark.skipif(not native.COMPILED, reason="kernels not built (no C compiler)")
 def test_compiled_region_replay_matches_the_python_model_on_random_steps():
     rng = random.Random(7)
     for trial in range(300):
@@ -195,7 +195,7 @@ def test_compiled_region_replay_matches_the_python_model_on_random_steps():
         assert fast == reference, f"trial {trial}"
 
 
-@pytest.mark.skipif(not allocator.COMPILED, reason="bfcreplay not built (no C compiler)")
+@pytest.mark.skipif(not native.COMPILED, reason="kernels not built (no C compiler)")
 def test_compiled_region_replay_matches_on_a_real_step(monkeypatch):
     from tflms import zoo
     from tflms.simulation import memory
@@ -221,7 +221,7 @@ def test_region_replay_counts_chunks_and_the_workspace_limit():
     spaces = ["device", "device", "workspace", "host", "workspace"]
     sizes = [3 * MiB + 1, MiB, 8 * MiB, 5 * MiB, 100 * MiB]
     events = [(0, 1), (1, 1), (-1, 0), (2, 1), (3, 1), (4, 1), (-1, 0), (2, -1), (0, -1), (-1, 0)]
-    for compiled in {False, allocator.COMPILED}:
+    for compiled in {False, native.COMPILED}:
         found = replay_region(spaces, sizes, events, [MiB], limit=20 * MiB, compiled=compiled)
         chunk0 = 3 * MiB + MIN_ALLOCATION  # rounded up
         assert found.in_use == [MiB + chunk0 + MiB, MiB + chunk0 + 9 * MiB, 2 * MiB]
@@ -232,14 +232,14 @@ def test_region_replay_counts_chunks_and_the_workspace_limit():
 
 
 def test_compiled_replay_that_was_not_built_is_refused(monkeypatch):
-    monkeypatch.setattr(allocator, "_compiled", None)
-    with pytest.raises(ConfigError, match="bfcreplay was not built"):
+    monkeypatch.setattr(native, "kernels", None)
+    with pytest.raises(ConfigError, match="kernels was not built"):
         replay_region(["device"], [1], [(0, 1)], [], limit=1 << 30, compiled=True)
 
 
-def test_region_replay_is_compiled_here():
+def test_simulator_kernels_are_compiled_here():
     # optional for users without a C compiler; this machine has one
-    assert allocator.COMPILED, (
-        "tflms.simulation.bfcreplay was not built (every simulated plan replays its buffers "
-        "in Python, slower); reinstall with a C compiler: pip install -e ."
+    assert native.COMPILED, (
+        "tflms.simulation.kernels was not built (every simulated plan replays its buffers "
+        "and schedules in Python, slower); reinstall with a C compiler: pip install -e ."
     )

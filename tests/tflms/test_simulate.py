@@ -16,11 +16,12 @@ from tflms import simulate
 from tflms.apply.core import apply_to_view
 from tflms.cost.hardware import LinkModel, get_device
 from tflms.cost.ops import op_cost
-from tflms.errors import ConfigError
+from tflms.errors import ConfigError, UnsupportedGraphError
 from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.graph.view import TensorInfo, assign_levels
 from tflms.plan.swap_plan import Swap, SwapIn, SwapPlan
 from tflms.plan.triggers import trigger_filter
+from tflms.simulation import native
 from tflms.simulation.memory import trace_memory
 from tflms.simulation.schedule import compile_view, first_ready
 
@@ -448,3 +449,55 @@ def test_plot_writes_a_png(tmp_path):
 def test_bad_arguments_raise_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         simulate(training_chain(2), **kwargs)
+
+
+@pytest.mark.skipif(not native.COMPILED, reason="kernels not built (no C compiler)")
+def test_compiled_first_ready_is_the_python_schedule_to_the_bit():
+    import dataclasses
+    import random
+
+    import tflms
+    from tflms import zoo
+
+    view = tflms.analyze(zoo.resnet50(64), batch_size=8)
+    plan = tflms.make_plan(view, tflms.LMSConfig(swapout_threshold=4, recompute=True))
+    rewritten = apply_to_view(view, plan)
+    rng = random.Random(3)
+    for graph_view in (view, rewritten):
+        for link in ("pcie3", "ideal"):
+            graph = compile_view(graph_view, device="V100-16GB", link=link)
+            if graph_view is rewritten:  # swap-ins: dispatched by the compute stream
+                assert "h2d" in graph.lanes
+            graphs = [graph]
+            for _ in range(5):  # many equal ready times: ties go by name rank in both
+                durations = [
+                    rng.choice([0.0, 1e-6, 2e-6, rng.random() * 1e-3]) for _ in graph.names
+                ]
+                graphs.append(dataclasses.replace(graph, durations=durations, derived={}))
+            for g in graphs:
+                fast, reference = first_ready(g, compiled=True), first_ready(g, compiled=False)
+                assert fast == reference
+                assert list(fast.lanes) == list(reference.lanes)  # lanes in first-use order
+
+
+def test_a_cycle_is_reported_by_both_schedulers():
+    view = nx.DiGraph(name="loop")
+    info = TensorInfo("a:0", 0, "float32", (4,), 16)
+    for name in ("a", "b"):
+        view.add_node(
+            name,
+            type="Relu",
+            device="",
+            placement="compute",
+            outputs=(info._replace(name=f"{name}:0"),),
+            control_flow=False,
+            functions=(),
+            stateful=False,
+            tflms=None,
+        )
+    view.add_edge("a", "b", tensors=[(0, 0)], control=False)
+    view.add_edge("b", "a", tensors=[(0, 0)], control=False)
+    graph = compile_view(view, device="V100-16GB", link="pcie3")
+    for compiled in {False, native.COMPILED}:
+        with pytest.raises(UnsupportedGraphError, match="never become ready"):
+            first_ready(graph, compiled=compiled)

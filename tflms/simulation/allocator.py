@@ -36,14 +36,13 @@ Example:
 from __future__ import annotations
 
 import bisect
-import importlib
 from array import array
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Literal, NamedTuple, TypeAlias
 
 from tflms.cost.target import Accounting
 from tflms.errors import ConfigError
+from tflms.simulation import native
 
 __all__ = [
     "ALLOCATORS",
@@ -53,20 +52,12 @@ __all__ = [
     "BufferReplay",
     "MIN_ALLOCATION",
     "MAX_INTERNAL_FRAGMENTATION",
-    "COMPILED",
     "RegionReplay",
     "check_allocator",
     "replay_region",
     "rounded",
 ]
 
-try:  # a C extension: imported by name, as it has no Python source to type-check
-    _compiled: ModuleType | None = importlib.import_module("tflms.simulation.bfcreplay")
-except ImportError:  # built without a C compiler: replay_region runs in Python (same results)
-    _compiled = None
-
-COMPILED: bool = _compiled is not None
-"""Whether :func:`replay_region` runs in compiled code here (else in Python, slower)."""
 
 MIN_ALLOCATION = 256
 """Every request is rounded up to a multiple of this (``kMinAllocationSize``)."""
@@ -369,7 +360,7 @@ class RegionReplay(NamedTuple):
 def replay_region(
     spaces: list[str],
     sizes: list[int],
-    events: list[tuple[int, int]],
+    events: list[tuple],
     resident: list[int],
     *,
     limit: int,
@@ -379,8 +370,9 @@ def replay_region(
     """One step's buffers through one BFC region without growth, as a GPU process allocates.
 
     ``resident`` sizes are allocated first and never freed (variables). Then
-    each event ``(buffer, sign)`` allocates (``+1``) or frees (``-1``) a
-    buffer, or marks a timeline point (``0``; the buffer is not read):
+    each event, a tuple ending in ``(buffer, sign)``, allocates (``+1``) or
+    frees (``-1``) a buffer, or marks a timeline point (``0``; the buffer is
+    not read):
     device buffers take chunks of the region, host buffers are only counted,
     and workspaces (any other space) take a chunk only where it ends under
     ``limit - round(extra * tensor bytes live)``, as cuDNN runs only the
@@ -389,36 +381,28 @@ def replay_region(
     Args:
         spaces: the space of each buffer: ``"device"``, ``"host"``, or a workspace.
         sizes: bytes of each buffer.
-        events: ``(buffer, sign)`` in the order they happen.
+        events: tuples ending in ``(buffer, sign)``, in the order they happen.
         resident: sizes allocated before the first event.
         limit: the allocator's limit (bytes) a workspace must end under.
         extra: a calibrated stack's tensor factor minus 1 (0: none).
-        compiled: use the C extension (True), the Python model (False), or the
-            extension when it was built (None).
+        compiled: the compiled kernel (True), the Python model (False), or the
+            kernel when it was built (None; :mod:`tflms.simulation.native`).
 
     Returns:
         The :class:`RegionReplay`; the same, to the byte, from either implementation.
 
     Raises:
-        ConfigError: ``compiled=True`` where the extension was not built.
+        ConfigError: ``compiled=True`` where the kernels were not built.
     """
-    if compiled is None:
-        compiled = COMPILED
-    if compiled and _compiled is None:
-        raise ConfigError(
-            "tflms.simulation.bfcreplay was not built (no C compiler at install); "
-            "pass compiled=None to replay in Python, or reinstall with a compiler: pip install -e ."
-        )
     region = 1 << 50  # larger than any step: its high-water mark is what is needed
-    if not compiled:
+    if not native.use_compiled(compiled):
         return _replay_region_py(spaces, sizes, events, resident, region, limit, extra)
-    assert _compiled is not None
+    assert native.kernels is not None
     codes = bytes(SPACE_CODES.get(space, 2) for space in spaces)
-    found = _compiled.replay_region(
+    found = native.kernels.replay_region(
         codes,
         array("q", sizes),
-        array("q", [b if sign else 0 for b, sign in events]),
-        array("b", [sign for _, sign in events]),
+        events if isinstance(events, list) else list(events),
         array("q", resident),
         region,
         limit,
@@ -440,7 +424,7 @@ def _replay_region_py(spaces, sizes, events, resident, region, limit, extra) -> 
     high = bfc.high_water
     in_use, tensors_at, host_at = [], [], []
     allocate, free = bfc.allocate, bfc.free
-    for b, sign in events:
+    for *_, b, sign in events:
         if not sign:
             in_use.append(bfc.in_use)
             tensors_at.append(tensors)

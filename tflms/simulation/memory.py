@@ -430,7 +430,7 @@ def trace_memory(
                 host.append(used["host"])
     dev_point = max(range(len(device)), key=device.__getitem__, default=0)
     host_point = max(range(len(host)), key=host.__getitem__, default=0)
-    live: list[LiveBuffer] = []
+    at_peak: list[tuple[int, str, int, int]] = []  # (-bytes, tensor, buffer, op): largest first
     if ops:
         t_peak = times[dev_point] if realistic else _whole_us(times[dev_point])
         peak_key = (t_peak, 1, position[ops[dev_point]])
@@ -442,16 +442,12 @@ def trace_memory(
                 else:
                     i, k = b_tensors[b][0]
                     name = graph.outputs[i][k].name
-                live.append(
-                    LiveBuffer(
-                        name,
-                        graph.types[i],
-                        b_bytes[b],
-                        alloc_key[b][0],
-                        free_key[b][0],
-                    )
-                )
-    live.sort(key=lambda lb: (-lb.bytes, lb.tensor))
+                at_peak.append((-b_bytes[b], name, b, i))
+    at_peak.sort()
+    live = [
+        LiveBuffer(name, graph.types[i], -neg, alloc_key[b][0], free_key[b][0])
+        for neg, name, b, i in at_peak[:top]
+    ]
     return MemoryTrace(
         ops=tuple(ops),
         times=tuple(times),
@@ -461,7 +457,7 @@ def trace_memory(
         host_peak=host[host_point] if host else 0,
         device_peak_point=dev_point,
         host_peak_point=host_point,
-        live_at_peak=tuple(live[:top]),
+        live_at_peak=tuple(live),
         variable_bytes=variables,
         terms=terms,
         allocator_limit=limit,
@@ -525,17 +521,11 @@ def _replay_on_gpu(graph: CompiledGraph, events, order, b_space, b_bytes, stack,
     limit = gpu_memory.allocator_limit(graph.device, stack)
     constant = sum(process.values())
     extra = gpu_memory.get_stack(stack).tensor_factor - 1.0  # a calibrated stack's factor
-    found = replay_region(
-        b_space,
-        b_bytes,
-        [(b, sign) for _, phase, _, b, sign in events if sign or phase == 1],
-        sizes,
-        limit=limit,
-        extra=extra,
-    )
-    points = [(t, pos) for t, phase, pos, _, sign in events if not sign and phase == 1]
-    ops = [order[pos] for _, pos in points]
-    times = [t for t, _ in points]
+    # every point (sign 0) is an op's marker, phase 1 (trace_memory)
+    found = replay_region(b_space, b_bytes, events, sizes, limit=limit, extra=extra)
+    points = [event for event in events if not event[4]]
+    ops = [order[event[2]] for event in points]
+    times = [event[0] for event in points]
     if extra:
         device = [
             constant + u + round(extra * t)

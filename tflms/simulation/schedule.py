@@ -52,7 +52,9 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+from array import array
 from dataclasses import dataclass, field
+from itertools import accumulate, chain
 
 import networkx as nx
 
@@ -60,6 +62,7 @@ from tflms.cost.hardware import HOST, DeviceModel, LinkModel, get_device, get_li
 from tflms.cost.ops import MIN_SECONDS, op_cost
 from tflms.errors import UnsupportedGraphError
 from tflms.graph.grappler_rules import removed_at_run_time
+from tflms.simulation import native
 from tflms.simulation.bypass import bypass
 
 __all__ = [
@@ -364,15 +367,53 @@ def _cycle_error(names, waiting) -> UnsupportedGraphError:
     )
 
 
-def first_ready(graph: CompiledGraph) -> Schedule:
+def first_ready(graph: CompiledGraph, *, compiled: bool | None = None) -> Schedule:
     """Run ``graph`` with Grappler's FirstReady policy (see the module docstring).
 
     Args:
         graph: The compiled step graph (op durations, lanes, dependencies).
+        compiled: the compiled kernel (True), the Python reference (False),
+            or the kernel when it was built (None; :mod:`tflms.simulation.native`):
+            the same schedule to the last bit.
 
     Returns:
         The :class:`Schedule`.
+
+    Raises:
+        UnsupportedGraphError: the graph has a cycle (not a TF1 loop).
+        ConfigError: ``compiled=True`` where the kernels were not built.
     """
+    if not native.use_compiled(compiled):
+        return _first_ready_py(graph)
+    assert native.kernels is not None
+    codes = {"compute": 0, "h2d": 1}  # the lanes the kernel treats apart
+    lanes = array("i", [codes.setdefault(lane, len(codes)) for lane in graph.lanes])
+    order, start, end, alloc, busy, used = native.kernels.first_ready(
+        lanes,
+        array("d", graph.durations),
+        array("q", accumulate(map(len, graph.succs), initial=0)),
+        array("q", chain.from_iterable(graph.succs)),
+        array("q", graph.preds_count),
+        array("q", graph.derive("name rank", _name_rank)),
+        codes["compute"],
+        codes["h2d"],
+        MIN_SECONDS,
+    )
+    if len(order) != len(graph):
+        return _first_ready_py(graph)  # raises the cycle's error, naming ops that never ran
+    lane_names = list(codes)
+    return Schedule(
+        order=tuple(order),
+        start=start,
+        end=end,
+        lanes={lane_names[code]: busy[code] for code in used},
+        makespan=max(end, default=0.0),
+        alloc=alloc,
+    )
+
+
+def _first_ready_py(graph: CompiledGraph) -> Schedule:
+    """:func:`first_ready` in Python: the reference the compiled kernel is held to."""
     n = len(graph)
     names, lanes, durations, succs = graph.names, graph.lanes, graph.durations, graph.succs
     waiting = list(graph.preds_count)
