@@ -72,7 +72,7 @@ bench: install
 # The documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing
 # reference or a results file a page asks for that does not exist fails the build.
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 lint: install
 	$(VENV)/bin/ruff check tflms ddl_tf tests benchmarks examples docs/_hooks

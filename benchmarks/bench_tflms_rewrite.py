@@ -118,7 +118,7 @@ GPT_BATCH = 8
 GPT_BUDGET = "V100-16GB"
 
 
-def autotune_speed(quick: bool, rounds: int = 2) -> dict:
+def autotune_speed(quick: bool, rounds: int = 3) -> dict:
     """A fixed-options plan and the budgeted plan of GPT-2 small, tuned both ways (see above)."""
     sizes = dict(layers=2, seq=256) if quick else {}
     t0 = time.perf_counter()
