@@ -243,3 +243,20 @@ def test_simulator_kernels_are_compiled_here():
         "tflms.simulation.kernels was not built (every simulated plan replays its buffers "
         "and schedules in Python, slower); reinstall with a C compiler: pip install -e ."
     )
+
+
+@pytest.mark.skipif(not native.COMPILED, reason="kernels not built (no C compiler)")
+def test_compiled_kernels_refuse_input_out_of_range():
+    from array import array
+
+    with pytest.raises(ValueError, match="sign 2"):
+        replay_region(["device"], [10], [(0, 2)], [], limit=1 << 40, compiled=True)
+    with pytest.raises(TypeError, match="two ints"):
+        replay_region(["device"], [10], [(0, "1")], [], limit=1 << 40, compiled=True)
+    with pytest.raises(ValueError, match="buffer 0 has"):  # would overflow int64 arithmetic
+        replay_region(["device"], [2**63 - 1], [(0, 1)], [], limit=1 << 40, compiled=True)
+    assert native.kernels is not None
+    one_op = (array("d", [1.0]), array("q", [0, 0]), array("q"), array("q", [0]), array("q", [0]))
+    for lane, compute in ((-1, 0), (2**31 - 1, 0), (0, (1 << 32) + 5)):  # out of its arrays
+        with pytest.raises(ValueError, match="lane"):
+            native.kernels.first_ready(array("i", [lane]), *one_op, compute, 1, 1e-6)

@@ -47,7 +47,7 @@
  *     waiting   int64 buffer, each op's predecessor count
  *     rank      int64 buffer, each op's name rank (distinct)
  *     compute, h2d  the lane numbers of the compute stream and of host-to-device
- *               copies (-1: none)
+ *               copies (>= 0; a number no op has is allowed)
  *     dispatch  seconds the compute stream spends dispatching a copy (MIN_SECONDS)
  *   -> (order, start, end, alloc, busy, lanes_used): order lists the ops
  *     scheduled (fewer than n: a cycle); start, end, alloc are per op; busy
@@ -63,6 +63,7 @@
 
 #define MIN_ALLOCATION 256
 #define MAX_INTERNAL_FRAGMENTATION ((int64_t)128 << 20)
+#define MAX_BYTES ((int64_t)1 << 56) /* any size or sum of sizes stays far from overflow */
 
 typedef struct {
     int64_t *off, *size;
@@ -162,14 +163,14 @@ static void bfc_take(Bfc *a, int32_t c) { bfc_take_at(a, bfc_lower(a, a->size[c]
 /* The chunk handed out for nbytes, or -1 (0 bytes, no free chunk fits, or it would end above
  * `below` when has_below). Returns -2 when out of memory for the bookkeeping. */
 static int32_t bfc_allocate(Bfc *a, int64_t nbytes, int has_below, int64_t below) {
-    if (nbytes <= 0) return -1;
+    if (nbytes <= 0) return -1;  /* replay_region refuses sizes above MAX_BYTES */
     int64_t size = (nbytes + MIN_ALLOCATION - 1) / MIN_ALLOCATION * MIN_ALLOCATION;
     int32_t at = bfc_lower(a, size, -1);
     if (at == a->n_order) return -1;
     int32_t c = a->order[at];
     if (has_below && a->off[c] + size > below) return -1;
     bfc_take_at(a, at);
-    if (a->size[c] >= 2 * size || a->size[c] - size >= MAX_INTERNAL_FRAGMENTATION) {
+    if (a->size[c] - size >= size || a->size[c] - size >= MAX_INTERNAL_FRAGMENTATION) {
         int32_t rest = bfc_new_chunk(a, a->off[c] + size, a->size[c] - size);
         if (rest < 0) return -2;
         a->prev[rest] = c;
@@ -232,11 +233,25 @@ static PyObject *replay_region(PyObject *self, PyObject *args) {
     const unsigned char *space = spaces.buf;
     const int64_t *nbytes = sizes.buf, *kept = resident.buf;
     if (sizes.len != (Py_ssize_t)sizeof(int64_t) * n_buffers ||
-        resident.len % (Py_ssize_t)sizeof(int64_t) || region <= 0) {
+        resident.len % (Py_ssize_t)sizeof(int64_t) || region <= 0 || region > MAX_BYTES) {
         PyErr_SetString(PyExc_ValueError,
                         "replay_region: sizes must hold one int64 per space, resident whole "
-                        "int64s, and region must be positive");
+                        "int64s, and region must be positive and at most 2**56 bytes");
         goto done;
+    }
+    for (Py_ssize_t b = 0; b < n_buffers; b++) {
+        if (nbytes[b] < 0 || nbytes[b] > MAX_BYTES) {
+            PyErr_Format(PyExc_ValueError, "replay_region: buffer %zd has %lld bytes (0 to "
+                         "2**56 allowed)", b, (long long)nbytes[b]);
+            goto done;
+        }
+    }
+    for (Py_ssize_t r = 0; r < resident.len / (Py_ssize_t)sizeof(int64_t); r++) {
+        if (kept[r] < 0 || kept[r] > MAX_BYTES) {
+            PyErr_Format(PyExc_ValueError, "replay_region: resident size %lld out of range (0 "
+                         "to 2**56 bytes)", (long long)kept[r]);
+            goto done;
+        }
     }
     handle = malloc(sizeof(int32_t) * (n_buffers ? n_buffers : 1));
     in_use = PyList_New(0);
@@ -247,7 +262,9 @@ static PyObject *replay_region(PyObject *self, PyObject *args) {
         goto done;
     }
     for (Py_ssize_t b = 0; b < n_buffers; b++) handle[b] = -1;
-    int32_t first = bfc_new_chunk(&a, 0, (int64_t)region / MIN_ALLOCATION * MIN_ALLOCATION);
+    /* rounded up to the granularity, as BFCModel(allow_growth=False) takes its region */
+    int32_t first = bfc_new_chunk(
+        &a, 0, ((int64_t)region + MIN_ALLOCATION - 1) / MIN_ALLOCATION * MIN_ALLOCATION);
     if (first < 0) {
         PyErr_NoMemory();
         goto done;
@@ -266,13 +283,20 @@ static PyObject *replay_region(PyObject *self, PyObject *args) {
     for (Py_ssize_t e = 0; e < n_events; e++) {
         PyObject *event = PyList_GET_ITEM(events, e);
         Py_ssize_t width = PyTuple_Check(event) ? PyTuple_GET_SIZE(event) : 0;
-        if (width < 2) {
+        /* ints only: converting them runs no Python code that could change `events` */
+        if (width < 2 || !PyLong_Check(PyTuple_GET_ITEM(event, width - 1)) ||
+            !PyLong_Check(PyTuple_GET_ITEM(event, width - 2))) {
             PyErr_Format(PyExc_TypeError, "replay_region: event %zd is not a tuple ending in "
-                         "(buffer, sign)", e);
+                         "(buffer, sign), two ints", e);
             goto done;
         }
         long s = PyLong_AsLong(PyTuple_GET_ITEM(event, width - 1));
         if (s == -1 && PyErr_Occurred()) goto done;
+        if (s < -1 || s > 1) {
+            PyErr_Format(PyExc_ValueError, "replay_region: event %zd has sign %ld (+1, -1 or 0)",
+                         e, s);
+            goto done;
+        }
         if (!s) {
             if (append_int(in_use, a.in_use) || append_int(tensors_at, tensors) ||
                 append_int(host_at, host))
@@ -338,6 +362,8 @@ done:
     PyBuffer_Release(&resident);
     return result;
 }
+
+#define MAX_LANES (1 << 20)
 
 typedef struct {
     double ready;
@@ -406,20 +432,24 @@ static PyObject *first_ready(PyObject *self, PyObject *args) {
     int64_t *waiting = NULL;
     char *lane_seen = NULL;
     Ready *heap = NULL;
-    int32_t n_lanes = 0;
-    for (Py_ssize_t i = 0; i < n && lanes_buf.len == (Py_ssize_t)sizeof(int32_t) * n; i++)
-        if (lane[i] + 1 > n_lanes) n_lanes = lane[i] + 1;
-    if (lanes_buf.len != (Py_ssize_t)sizeof(int32_t) * n ||
-        offsets_buf.len != (Py_ssize_t)sizeof(int64_t) * (n + 1) ||
+    int64_t n_lanes = 0;
+    int lanes_ok = lanes_buf.len == (Py_ssize_t)sizeof(int32_t) * n;
+    for (Py_ssize_t i = 0; i < n && lanes_ok; i++) {
+        if (lane[i] < 0 || lane[i] >= MAX_LANES) lanes_ok = 0;
+        else if ((int64_t)lane[i] + 1 > n_lanes) n_lanes = (int64_t)lane[i] + 1;
+    }
+    if (!lanes_ok || offsets_buf.len != (Py_ssize_t)sizeof(int64_t) * (n + 1) ||
         waiting_buf.len != (Py_ssize_t)sizeof(int64_t) * n ||
-        rank_buf.len != (Py_ssize_t)sizeof(int64_t) * n || compute < 0 || h2d < 0) {
+        rank_buf.len != (Py_ssize_t)sizeof(int64_t) * n || compute < 0 || h2d < 0 ||
+        compute >= MAX_LANES || h2d >= MAX_LANES) {
         PyErr_SetString(PyExc_ValueError,
-                        "first_ready: lanes (int32), waiting and rank (int64) need one entry per "
-                        "duration, offsets one more, and compute and h2d lane numbers >= 0");
+                        "first_ready: lanes (int32, 0 to 2**20), waiting and rank (int64) need "
+                        "one entry per duration, offsets one more, and compute and h2d are lane "
+                        "numbers in the same range");
         goto done;
     }
-    if (compute + 1 > n_lanes) n_lanes = (int32_t)compute + 1;
-    if (h2d + 1 > n_lanes) n_lanes = (int32_t)h2d + 1;
+    if (compute + 1 > n_lanes) n_lanes = compute + 1;
+    if (h2d + 1 > n_lanes) n_lanes = h2d + 1;
     ready_at = calloc(n ? n : 1, sizeof(double));
     start = calloc(n ? n : 1, sizeof(double));
     end = calloc(n ? n : 1, sizeof(double));

@@ -19,8 +19,9 @@ placed on the host) and one lane per other device. Swap-outs run on ``d2h``
 and swap-ins on ``h2d``, so a copy overlaps with compute and a consumer waits
 for its swap-in. A swap-in is a GPU op: the executor dispatches it in
 FirstReady order among the compute ops (allocating its device buffer then),
-and its copy starts when the host-to-device stream is free. A copy is a ``tflms`` swap op or any ``Identity`` whose input
-sits on the other side of the link (so hand-made swaps are understood too).
+and its copy starts when the host-to-device stream is free. A copy is a
+``tflms`` swap op or any ``Identity`` whose input sits on the other side of
+the link (so hand-made swaps are understood too).
 
 Why this is a fair model of TensorFlow's executor: TensorFlow also runs an op
 as soon as its inputs are ready, from a ready queue, and a GPU executes the
