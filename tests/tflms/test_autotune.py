@@ -230,3 +230,21 @@ def test_the_ladder_bisection_finds_the_rung_a_full_sweep_finds(chain):
             assert c.instant_copies_peak_bytes is None and c.device_peak_bytes <= budget
         elif c.fits:
             assert c.instant_copies_peak_bytes is None or c.instant_copies_peak_bytes <= budget
+
+
+def test_trim_early_stop_keeps_the_plan_a_full_bisection_finds(monkeypatch):
+    # The LSTM language model's best plan is ordered and compute-bound: its one-swap trim is
+    # slower than seven swaps, so a stop on "slower than the best" there would keep 17 swaps.
+    from tflms.tuning import search
+
+    view = tflms.analyze(zoo.lstm_lm(seq=256), batch_size=64)
+    budget = int(tflms.simulate(view, accounting="tensors").device_peak_bytes * 0.85)
+    fast = tflms.autotune(view, budget, safety_margin=0)
+    trim = search.Search._trim
+    monkeypatch.setattr(
+        search.Search, "_trim", lambda self, current, bar: trim(self, current, float("inf"))
+    )
+    full = tflms.autotune(view, budget, safety_margin=0)
+    assert fast.config == full.config and fast.plan.swaps == full.plan.swaps
+    assert len(fast.plan.swaps) == 7  # of the 17 the untrimmed plan swaps
+    assert len(fast.candidates) <= len(full.candidates)

@@ -23,8 +23,9 @@ swap-in leads are walked while the plans get better, a plan is simulated
 with instantaneous copies only when it is in contention for the best, plans
 already slower than the best fitting one are not ordered (an order only
 slows a plan), and a trim stops at one swap when that plan is
-compute-bound, or as soon as a swap count that does not fit is already
-slower than the best fitting plan (more swaps are no faster).
+compute-bound, or, for a plan without order edges, as soon as a swap count
+that does not fit is already slower than the best fitting plan (more swaps
+are no faster).
 :meth:`Search.run` pauses Python's cyclic collector (each
 rewritten copy of the view leaves reference cycles, and every automatic
 collection rescanned the plans kept so far); :meth:`Search.evaluate`
@@ -436,20 +437,22 @@ class Search:
     def _trim(self, current: _Evaluated, bar: float) -> _Evaluated:
         """The fewest largest-first swaps of ``current`` that still fit.
 
-        Swapping more tensors never makes a step faster (nearly: more copies
-        to hide), so once a count that does not fit is already slower than
-        ``bar`` (the step time of the best fitting plan found), every count
-        that fits is slower too and the bisection stops (a tie goes on: the
-        best plan of equal time is the one that swaps the fewest bytes).
+        Without order edges, swapping more tensors does not make a step
+        faster (nearly: more copies to hide), so once a count that does not
+        fit is already slower than ``bar`` (the step time of the best fitting
+        plan found), every count above it is slower too and the bisection
+        stops (a tie goes on: of equal times, the fewest bytes swapped wins).
+        An ordered plan's time is not monotone in the count (each count gets
+        its own order edges: on the LSTM language model, one swap was slower
+        than seven), so its bisection runs to the end.
         """
         n_max = len(current.plan.swaps)
         best = current
         lo, hi = 1, n_max  # hi fits
+        monotone = not current.config.reorder
         if n_max > 1:  # a few swaps often do, as when convolutions are re-run: try one first
             fewest = self.evaluate(retime=current.retime, **_opts(current.config, n_tensors=1))
             if not self.fits(fewest):
-                if fewest.result.step_time_s > bar:
-                    return best
                 lo = 2
             elif _compute_bound(fewest):  # every other count swaps more and is no faster
                 return self.best([best, fewest]) or best
@@ -460,7 +463,7 @@ class Search:
                 hi = mid
                 best = self.best([best, trial]) or best
                 bar = min(bar, best.result.step_time_s)
-            elif trial.result.step_time_s > bar:
+            elif monotone and trial.result.step_time_s > bar:
                 break
             else:
                 lo = mid + 1
