@@ -77,29 +77,23 @@ typedef struct {
     int64_t in_use, high_water;
 } Bfc;
 
+/* Grows one array of a Bfc to `cap` elements; on failure the old array stays (and is freed). */
+#define BFC_GROW(field, cap)                                                       \
+    do {                                                                           \
+        void *grown = realloc(a->field, sizeof(*a->field) * (size_t)(cap));        \
+        if (!grown) return -1;                                                     \
+        a->field = grown;                                                          \
+    } while (0)
+
 static int bfc_grow(Bfc *a) {
     int32_t cap = a->cap ? a->cap * 2 : 1024;
-    int64_t *off = realloc(a->off, sizeof(int64_t) * cap);
-    if (!off) return -1;
-    a->off = off;
-    int64_t *size = realloc(a->size, sizeof(int64_t) * cap);
-    if (!size) return -1;
-    a->size = size;
-    int32_t *prev = realloc(a->prev, sizeof(int32_t) * cap);
-    if (!prev) return -1;
-    a->prev = prev;
-    int32_t *next = realloc(a->next, sizeof(int32_t) * cap);
-    if (!next) return -1;
-    a->next = next;
-    char *is_free = realloc(a->is_free, cap);
-    if (!is_free) return -1;
-    a->is_free = is_free;
-    int32_t *spare = realloc(a->spare, sizeof(int32_t) * cap);
-    if (!spare) return -1;
-    a->spare = spare;
-    int32_t *order = realloc(a->order, sizeof(int32_t) * cap);
-    if (!order) return -1;
-    a->order = order;
+    BFC_GROW(off, cap);
+    BFC_GROW(size, cap);
+    BFC_GROW(prev, cap);
+    BFC_GROW(next, cap);
+    BFC_GROW(is_free, cap);
+    BFC_GROW(spare, cap);
+    BFC_GROW(order, cap);
     a->cap = cap;
     return 0;
 }

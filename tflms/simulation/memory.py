@@ -312,9 +312,9 @@ def trace_memory(
         for k, info in enumerate(outputs[i]):
             if info.bytes <= 0:
                 continue
+            if realistic and space == "device" and op_type == "ReadVariableOp":
+                continue  # aliases the resident variable
             if realistic and copy[i] is None:
-                if space == "device" and op_type == "ReadVariableOp":
-                    continue  # aliases the resident variable
                 if op_type in ALIAS_OPS:
                     source = _alias_source(graph, i, k)
                     if source is not None and source in buffer_of:
@@ -331,8 +331,6 @@ def trace_memory(
                         buffer_of[(i, k)] = b
                         b_tensors[b].append((i, k))
                         continue
-            elif realistic and space == "device" and op_type == "ReadVariableOp":
-                continue  # aliases the resident variable
             buffer_of[(i, k)] = len(b_space)
             b_space.append(space)
             b_bytes.append(info.bytes)
