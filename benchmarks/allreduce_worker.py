@@ -42,6 +42,7 @@ from mpi4py import MPI
 
 import ddl_tf as hvd
 from ddl_tf.core.collectives.engine import Engine
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.halfconv import cast_into
 
 HALF = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -57,12 +58,14 @@ def make_call(engine, comm, algo, data, compression):
     if algo == "mpi4py":
         return lambda: comm.Allreduce(MPI.IN_PLACE, [data, MPI.FLOAT], op=MPI.SUM)
     if algo == "engine":
-        return lambda: engine.allreduce([data], op="sum", compression=compression)
+        spec = ReduceSpec.of("sum", compression=compression)
+        return lambda: engine.allreduce([data], spec)
     if algo in ("average", "adasum"):
-        return lambda: engine.allreduce([data], op=algo, compression=compression)
+        spec = ReduceSpec.of(algo, compression=compression)
+        return lambda: engine.allreduce([data], spec)
     if algo == "engine-unchecked":
-        unchecked = engine.unchecked
-        return lambda: unchecked.allreduce([data], op="sum", compression=compression)
+        unchecked, spec = engine.unchecked, ReduceSpec.of("sum", compression=compression)
+        return lambda: unchecked.allreduce([data], spec)
     wire_dtype = HALF.get(compression, np.dtype(np.float32))
     nbytes = data.size * wire_dtype.itemsize
     op = hvd.ReduceOp.SUM

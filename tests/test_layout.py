@@ -453,3 +453,29 @@ def test_keras_internals_are_read_in_one_compatibility_module():
         if pattern.search(line)
     ]
     assert not offenders, "move these into tflms/keras/compat.py:\n" + "\n".join(offenders)
+
+
+def test_the_ddl_tf_engine_takes_a_reduce_spec_not_loose_reduction_arguments():
+    # A reduction's op, compression and scale factors are parsed once, into a ReduceSpec,
+    # where the public API takes Horovod's keywords; the engine takes that spec and parses
+    # nothing again (docs/how-it-works.md, "Keras 3").
+    tree = ast.parse((REPO / "ddl_tf" / "core" / "collectives" / "engine.py").read_text())
+    engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
+    methods = {n.name: n for n in engine.body if isinstance(n, ast.FunctionDef)}
+    loose = {"op", "average", "compression", "prescale_factor", "postscale_factor"}
+    for name in ("allreduce", "reducescatter", "grouped_reducescatter"):
+        args = methods[name].args
+        params = {a.arg: a for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+        assert not loose & set(params) and args.kwarg is None, (
+            f"Engine.{name} takes loose reduction arguments {sorted(loose & set(params))}; "
+            "take a ReduceSpec (ddl_tf/core/collectives/reduce_spec.py) instead"
+        )
+        spec = params.get("spec")
+        assert spec is not None and spec.annotation is not None, f"Engine.{name} has no spec"
+        assert ast.unparse(spec.annotation) == "ReduceSpec", ast.unparse(spec.annotation)
+    called = {
+        n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+        for n in ast.walk(engine)
+        if isinstance(n, ast.Call)
+    }
+    assert "parse_op" not in called, "the engine parses an op again: it comes parsed in the spec"

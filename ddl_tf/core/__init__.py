@@ -22,13 +22,14 @@ Sub-packages, lowest first (each uses only those before it and
   (collectives on numpy arrays) and what it uses: negotiation (mismatch and
   stall detection), the guard (runtime state, each collective's critical
   section), fusion and gradient buckets, movement (gather, broadcast,
-  alltoall) and join.
+  alltoall), join, and :mod:`~ddl_tf.core.collectives.reduce_spec` (a
+  reduction's settings, parsed once by the caller: what the engine's
+  allreduce and reducescatter take).
 
 At the top, the job: :mod:`~ddl_tf.core.basics` (``init()``, rank queries),
 :mod:`~ddl_tf.core.current` (the current :class:`~ddl_tf.core.job.Job`: one
 membership's communicator, engine, hosts and process sets),
-:mod:`~ddl_tf.core.process_sets`, :mod:`~ddl_tf.core.reduce_spec` (a
-reduction's settings, parsed once), and :mod:`~ddl_tf.core.timeline`.
+:mod:`~ddl_tf.core.process_sets`, and :mod:`~ddl_tf.core.timeline`.
 """
 
 HOROVOD_BASICS = (

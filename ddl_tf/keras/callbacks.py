@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core import basics
+from ddl_tf.core.collectives.reduce_spec import AVERAGE
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras.optimizer import unwrap_optimizer
 from ddl_tf.tensorflow.functions import broadcast_variables
@@ -164,7 +165,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
             return
         keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float, np.number)))
         values = [np.array(float(logs[k]), np.float64) for k in keys]
-        averaged = basics.engine().allreduce(values, op="average", name="metric_average")
+        averaged = basics.engine().allreduce(values, AVERAGE, name="metric_average")
         for key, value in zip(keys, averaged, strict=True):
             logs[key] = float(value)
 

@@ -6,7 +6,8 @@ optimizer applies them, and
 :class:`~ddl_tf.keras.loss_scale.DistributedLossScaleOptimizer` before it
 checks them for overflow. Each holds one reducer, which owns the options
 (``op``, ``compression``, ``gradient_predivide_factor``, ``process_set``,
-...), their :class:`~ddl_tf.core.reduce_spec.ReduceSpec` (built here, once),
+...), their :class:`~ddl_tf.core.collectives.reduce_spec.ReduceSpec` and
+:class:`~ddl_tf.tensorflow.overlap.Bucketing` (built here, once),
 the variables whose gradients stay local, and the Keras config of all that.
 
 Example (one process):
@@ -31,12 +32,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.compression import Compression, Compressor
 from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet, excludes_this_rank, member_engine
-from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import reduce_gradients
+from ddl_tf.tensorflow.overlap import resolve
 
 __all__ = ["GradientReducer", "variable_key", "variables_of_apply"]
 
@@ -61,7 +63,8 @@ class GradientReducer:
 
     Raises:
         ConfigError: An op other than Average, Sum or Adasum, an unknown
-            compression, or a process set that is not registered.
+            compression, a bad ``gradient_predivide_factor``, ``overlap`` or
+            ``bucket_bytes``, or a process set that is not registered.
     """
 
     def __init__(
@@ -79,10 +82,7 @@ class GradientReducer:
     ) -> None:
         excludes_this_rank(process_set)  # refuse a bad set here, not inside fit
         self.spec = ReduceSpec.for_gradients(
-            op=op,
-            compression=compression,
-            gradient_predivide_factor=gradient_predivide_factor,
-            process_set=process_set,
+            op=op, compression=compression, gradient_predivide_factor=gradient_predivide_factor
         )
         if self.spec.op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
             raise ConfigError(
@@ -97,6 +97,7 @@ class GradientReducer:
         self.scale_local_gradients = scale_local_gradients
         self.overlap = overlap
         self.bucket_bytes = bucket_bytes
+        self.bucketing = resolve(overlap, bucket_bytes)  # bad values fail here, not inside fit
         self._local_vars: set = set()
 
     @property
@@ -121,25 +122,26 @@ class GradientReducer:
             grads: One gradient per variable (tensors, ``tf.IndexedSlices`` or None).
             variables: The variables, in the same order.
             overlap: Reduce in buckets as backprop produces them (None: the
-                reducer's setting, then ``DDLConfig.overlap``).
+                reducer's setting, resolved when it was made).
 
         Returns:
             The reduced gradients, in the same order.
         """
         grads = list(grads)
-        engine = member_engine(self.spec.process_set)  # the one look-up of the set per step
+        engine = member_engine(self.process_set)  # the one look-up of the set per step
         if engine is None:
             return grads  # as in Horovod: a rank outside the set trains on its own gradients
-        overlap = self.overlap if overlap is None else overlap
+        bucketing = self.bucketing
+        if overlap is not None and overlap != bucketing.overlap:
+            bucketing = resolve(overlap, bucketing.bucket_bytes)
         shared = [i for i, v in enumerate(variables) if variable_key(v) not in self._local_vars]
         reduced = reduce_gradients(
             [grads[i] for i in shared],
             self.spec,
             engine,
+            bucketing,
             sparse_as_dense=self.sparse_as_dense,
             name=f"{self.name}_allreduce",
-            overlap=overlap,
-            bucket_bytes=self.bucket_bytes,
         )
         out = list(grads)
         for i, g in zip(shared, reduced, strict=True):

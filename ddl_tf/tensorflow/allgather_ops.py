@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.collectives.reduce_spec import AVERAGE
 from ddl_tf.core.process_sets import ProcessSet
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.tf_errors import engine_for
@@ -52,7 +52,7 @@ def _raw_gather(engine, tensors: list[tf.Tensor], name: str | None) -> list[tf.T
 
 def _average(engine, tensors: list[tf.Tensor], name: str | None) -> list[tf.Tensor]:
     return bridge.run(
-        lambda *arrays: engine.allreduce(arrays, op=ReduceOp.AVERAGE, name=name),
+        lambda *arrays: engine.allreduce(arrays, AVERAGE, name=name),
         tensors,
         [t.dtype for t in tensors],
         [t.shape for t in tensors],

@@ -32,6 +32,7 @@ Example (one process):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,9 +40,9 @@ import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core import current
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet
-from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import UnsupportedError
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import gather_tensors
@@ -52,20 +53,9 @@ from ddl_tf.tensorflow.tf_errors import engine_for
 __all__ = ["allreduce", "grouped_allreduce", "reduce_tensors", "barrier", "join"]
 
 
-def _raw_allreduce(engine, tensors, spec: ReduceSpec, name, compressor) -> list[tf.Tensor]:
-
-    def fn(*arrays):
-        return engine.allreduce(
-            arrays,
-            op=spec.op,
-            compression=compressor,
-            name=name,
-            prescale_factor=spec.prescale_factor,
-            postscale_factor=spec.postscale_factor,
-        )
-
+def _raw_allreduce(engine, tensors, spec: ReduceSpec, name) -> list[tf.Tensor]:
     return bridge.run(
-        fn,
+        lambda *arrays: engine.allreduce(arrays, spec, name=name),
         tensors,
         [t.dtype for t in tensors],
         [t.shape for t in tensors],
@@ -119,7 +109,6 @@ def grouped_allreduce(
         compression=compression,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
-        process_set=process_set,
     )
     return reduce_tensors(engine, list(tensors), spec, name)
 
@@ -128,7 +117,7 @@ def reduce_tensors(engine: Any, tensors: list, spec: ReduceSpec, name: str | Non
     """:func:`grouped_allreduce` with its arguments already resolved (the gradient path's entry).
 
     Args:
-        engine: The engine of ``spec.process_set`` on this rank (:func:`engine_for`).
+        engine: The engine of the process set on this rank (:func:`engine_for`).
         tensors: Tensors or ``tf.IndexedSlices``.
         spec: How to reduce them.
         name: Optional name, compared across ranks.
@@ -163,14 +152,17 @@ def _dense_allreduce(engine, tensors, spec: ReduceSpec, name) -> list[tf.Tensor]
         pairs = [wrapper.compress(t) for t in tensors]
         tensors, contexts = [p[0] for p in pairs], [p[1] for p in pairs]
 
+    # the gradient travels uncompressed, with the same op and scale factors (as Horovod)
+    grad_spec = dataclasses.replace(spec, compressor=Compression.none, wrapper=None)
+
     @tf.custom_gradient
     def reduce(*xs):
-        ys = _raw_allreduce(engine, list(xs), spec, name, spec.compressor)
+        ys = _raw_allreduce(engine, list(xs), spec, name)
 
         def grad(*dys):
             filled = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
             grad_name = f"{name}_grad" if name else None
-            return _raw_allreduce(engine, filled, spec, grad_name, Compression.none)
+            return _raw_allreduce(engine, filled, grad_spec, grad_name)
 
         return ys, grad
 

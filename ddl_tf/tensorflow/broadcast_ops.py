@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.collectives.reduce_spec import AVERAGE
 from ddl_tf.core.process_sets import ProcessSet, set_root
 from ddl_tf.errors import ExecutionModeError
 from ddl_tf.tensorflow import bridge
@@ -84,7 +84,7 @@ def broadcast(
 
         def grad(dy):
             averaged = bridge.run(
-                lambda d: engine.allreduce([d], op=ReduceOp.AVERAGE),
+                lambda d: engine.allreduce([d], AVERAGE),
                 [dy],
                 [dy.dtype],
                 [dy.shape],

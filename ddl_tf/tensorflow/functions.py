@@ -18,12 +18,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet, set_root
-from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allreduce_ops import reduce_tensors
-from ddl_tf.tensorflow.overlap import reduce_in_buckets, resolve
+from ddl_tf.tensorflow.overlap import Bucketing, reduce_in_buckets, resolve
 from ddl_tf.tensorflow.tf_errors import engine_for
 
 __all__ = [
@@ -188,20 +188,17 @@ def allreduce_gradients(
     Raises:
         ConfigError: Invalid ``gradient_predivide_factor``, ``overlap`` or ``bucket_bytes``.
     """
+    engine = engine_for(process_set)
     spec = ReduceSpec.for_gradients(
-        op=op,
-        compression=compression,
-        gradient_predivide_factor=gradient_predivide_factor,
-        process_set=process_set,
+        op=op, compression=compression, gradient_predivide_factor=gradient_predivide_factor
     )
     return reduce_gradients(
         grads,
         spec,
-        engine_for(process_set),
+        engine,
+        resolve(overlap, bucket_bytes),
         sparse_as_dense=sparse_as_dense,
         name=name,
-        overlap=overlap,
-        bucket_bytes=bucket_bytes,
     )
 
 
@@ -209,31 +206,26 @@ def reduce_gradients(
     grads: Sequence,
     spec: ReduceSpec,
     engine: Any,
+    bucketing: Bucketing,
     *,
     sparse_as_dense: bool = False,
     name: str | None = None,
-    overlap: bool | None = None,
-    bucket_bytes: int | None = None,
 ) -> list:
-    """:func:`allreduce_gradients` with the reduction resolved (the optimizer's and tape's entry).
+    """:func:`allreduce_gradients` with its options resolved (the optimizer's and tape's entry).
 
     Args:
         grads: Gradients (tensors, ``tf.IndexedSlices`` or None).
         spec: How to reduce them (built once by the optimizer or tape).
-        engine: The engine of ``spec.process_set`` on this rank.
+        engine: The engine of the process set on this rank.
+        bucketing: Whether to bucket and overlap inside graphs, and the bucket
+            size (:func:`ddl_tf.tensorflow.overlap.resolve`, once by the optimizer or tape).
         sparse_as_dense: Densify ``tf.IndexedSlices`` before reducing.
         name: Collective name (bucket ``k`` is named ``<name>_b<k>``).
-        overlap: Bucket and overlap inside graphs; None: the job's ``DDL_OVERLAP``.
-        bucket_bytes: Bytes per bucket; None: the job's ``DDL_BUCKET_BYTES``.
 
     Returns:
         The reduced gradients, in the order of ``grads``.
-
-    Raises:
-        ConfigError: Invalid ``overlap`` or ``bucket_bytes``.
     """
     present = [i for i, g in enumerate(grads) if g is not None]
-    use_overlap, nbytes = resolve(overlap, bucket_bytes)
     # an elastic job of one rank may grow: its traced steps must keep the collective
     if engine.size == 1 and not engine.elastic and spec.op in (ReduceOp.AVERAGE, ReduceOp.SUM):
         return list(grads)  # nothing to reduce; keep tensors (and IndexedSlices) untouched
@@ -247,8 +239,10 @@ def reduce_gradients(
     def reduce(tensors: list, collective_name: str | None) -> list:
         return reduce_tensors(engine, tensors, spec, collective_name)
 
-    if use_overlap and chosen and not tf.executing_eagerly():
-        reduced = reduce_in_buckets(chosen, reduce, bucket_bytes=nbytes, name=name or "gradients")
+    if bucketing.overlap and chosen and not tf.executing_eagerly():
+        reduced = reduce_in_buckets(
+            chosen, reduce, bucket_bytes=bucketing.bucket_bytes, name=name or "gradients"
+        )
     else:
         reduced = reduce(chosen, name)
     out = list(grads)

@@ -26,11 +26,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet, member_engine
-from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import ConfigError
 from ddl_tf.tensorflow.functions import reduce_gradients
+from ddl_tf.tensorflow.overlap import resolve
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -55,6 +56,12 @@ class DistributedGradientTape:
         overlap: Reduce in buckets that overlap the backward pass (graphs
             only); None: the job's setting (``DDL_OVERLAP``, on by default).
         bucket_bytes: Gradient bytes per bucket; None: the job's ``DDL_BUCKET_BYTES``.
+
+    Raises:
+        ConfigError: An unknown ``op`` or ``compression``, a bad
+            ``gradient_predivide_factor``, ``overlap`` or ``bucket_bytes``, or a
+            ``process_set`` that is not registered: when the tape is made, not
+            when it reduces.
     """
 
     def __init__(
@@ -73,17 +80,14 @@ class DistributedGradientTape:
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
     ) -> None:
+        # every option is checked here, once: a bad value fails when the tape is made
         self._spec = ReduceSpec.for_gradients(
-            op=op,
-            compression=compression,
-            gradient_predivide_factor=gradient_predivide_factor,
-            process_set=process_set,
+            op=op, compression=compression, gradient_predivide_factor=gradient_predivide_factor
         )
         # a tape lives for one step: its set's engine (None outside the set) is looked up once
         self._engine = member_engine(process_set)  # and a bad set refused here
+        self._bucketing = resolve(overlap, bucket_bytes)
         self._tape = gradtape
-        self._overlap = overlap
-        self._bucket_bytes = bucket_bytes
         self._sparse_as_dense = sparse_as_dense
         self._scale_local = scale_local_gradients
         self._local_sources: set = set()
@@ -131,10 +135,9 @@ class DistributedGradientTape:
             [flat_grads[i] for i in shared],
             self._spec,
             engine,
+            self._bucketing,
             sparse_as_dense=self._sparse_as_dense,
             name="DistributedGradientTape",
-            overlap=self._overlap,
-            bucket_bytes=self._bucket_bytes,
         )
         out = list(flat_grads)
         for i, g in zip(shared, reduced, strict=True):

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -58,7 +59,7 @@ from ddl_tf.core import basics
 from ddl_tf.core.collectives.fusion import GradientBucket, plan_gradient_buckets
 from ddl_tf.errors import ConfigError
 
-__all__ = ["production_levels", "production_order", "resolve", "reduce_in_buckets"]
+__all__ = ["production_levels", "production_order", "Bucketing", "resolve", "reduce_in_buckets"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +125,26 @@ def production_order(tensors: Sequence) -> list[int]:
     return sorted(range(len(tensors)), key=lambda i: (levels[i], i))
 
 
-def resolve(overlap: bool | None, bucket_bytes: int | None) -> tuple[bool, int]:
+class Bucketing(NamedTuple):
+    """How a gradient list travels inside a graph, resolved once (see :func:`resolve`).
+
+    Attributes:
+        overlap: Reduce in buckets as backprop produces them; False: one
+            fused collective after the whole backward pass.
+        bucket_bytes: Gradient bytes per bucket (0: one bucket per gradient).
+    """
+
+    overlap: bool
+    bucket_bytes: int
+
+
+def resolve(overlap: bool | None, bucket_bytes: int | None) -> Bucketing:
     """The overlap switch and bucket size to use: the arguments, else the job's configuration.
+
+    ``DistributedOptimizer`` and ``DistributedGradientTape`` call it once, when
+    they are made (a bad value fails there, not inside a traced step);
+    :func:`~ddl_tf.tensorflow.functions.allreduce_gradients` at each call. The
+    job's configuration is read only for an argument that is None.
 
     Args:
         overlap: Reduce gradient buckets while backprop runs; None takes ``DDLConfig.overlap``.
@@ -133,25 +152,30 @@ def resolve(overlap: bool | None, bucket_bytes: int | None) -> tuple[bool, int]:
             ``DDLConfig.bucket_bytes``.
 
     Returns:
-        ``(overlap, bucket_bytes)``.
+        ``(overlap, bucket_bytes)``, a :class:`Bucketing`.
 
     Raises:
         ConfigError: ``bucket_bytes`` is not a whole number >= 0, or ``overlap`` not a bool.
+        NotInitializedError: An argument is None and ``init()`` has not run.
     """
-    config = basics.engine().config
-    chosen_overlap = config.overlap if overlap is None else overlap
-    chosen_bytes = config.bucket_bytes if bucket_bytes is None else bucket_bytes
-    if not isinstance(chosen_overlap, bool):
+    if overlap is not None and not isinstance(overlap, bool):
         raise ConfigError(
             f"overlap must be True, False or None (the job's DDL_OVERLAP). Received "
-            f"overlap={overlap!r}."
+            f"overlap={overlap!r}; e.g. overlap=False for one fused allreduce after backprop."
         )
-    if isinstance(chosen_bytes, bool) or not isinstance(chosen_bytes, int) or chosen_bytes < 0:
+    if bucket_bytes is not None and (
+        isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0
+    ):
         raise ConfigError(
             "bucket_bytes must be a whole number of bytes >= 0 or None (the job's "
-            f"DDL_BUCKET_BYTES). Received bucket_bytes={bucket_bytes!r}."
+            f"DDL_BUCKET_BYTES). Received bucket_bytes={bucket_bytes!r}; e.g. "
+            "bucket_bytes=2 * 1024 * 1024, or 0 for one bucket per gradient."
         )
-    return chosen_overlap, chosen_bytes
+    if overlap is None or bucket_bytes is None:
+        config = basics.engine().config  # DDLConfig checked both when the job started
+        overlap = config.overlap if overlap is None else overlap
+        bucket_bytes = config.bucket_bytes if bucket_bytes is None else bucket_bytes
+    return Bucketing(overlap, bucket_bytes)
 
 
 def _nbytes(value) -> int | None:

@@ -27,9 +27,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet
-from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.tf_errors import engine_for
@@ -68,13 +68,12 @@ def grouped_reducescatter(
         compression=compression,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
-        process_set=process_set,
     )
     op = spec.op
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    compressor, tf_compressor = spec.compressor, spec.wrapper
+    tf_compressor = spec.wrapper
     contexts = None
     if tf_compressor is not None:
         pairs = [tf_compressor.compress(t) for t in tensors]
@@ -83,14 +82,7 @@ def grouped_reducescatter(
     @tf.custom_gradient
     def scatter(*xs):
         ys = bridge.run(
-            lambda *arrays: engine.grouped_reducescatter(
-                arrays,
-                op=op,
-                compression=compressor,
-                name=name,
-                prescale_factor=prescale_factor,
-                postscale_factor=postscale_factor,
-            ),
+            lambda *arrays: engine.grouped_reducescatter(arrays, spec, name=name),
             list(xs),
             [x.dtype for x in xs],
             [tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else None for x in xs],
@@ -99,8 +91,8 @@ def grouped_reducescatter(
 
         def grad(*dys):
             filled = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys, strict=True)]
-            factor = (engine.size if op is ReduceOp.SUM else 1) * prescale_factor
-            factor *= postscale_factor
+            factor = (engine.size if op is ReduceOp.SUM else 1) * spec.prescale_factor
+            factor *= spec.postscale_factor
             if factor != 1:
                 filled = [d * tf.cast(factor, d.dtype) for d in filled]
             return gather_tensors(engine, filled, f"{name}_grad" if name else None)

@@ -4,9 +4,9 @@ import pytest
 
 from ddl_tf import env
 from ddl_tf.config import DEFAULT_FUSION_THRESHOLD, DDLConfig
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.compression import Compression
 from ddl_tf.core.numerics.reduce_ops import Average, ReduceOp, Sum, parse_op
-from ddl_tf.core.reduce_spec import ReduceSpec
 from ddl_tf.errors import ConfigError
 
 
@@ -104,10 +104,15 @@ def test_a_reduce_spec_is_parsed_once_from_horovods_keywords():
 
     wrapped = ReduceSpec.of(compression=Horovodish())
     assert isinstance(wrapped.wrapper, Horovodish) and wrapped.compressor is Compression.none
-    with pytest.raises(ConfigError, match="process_set must be a ddl_tf ProcessSet"):
-        ReduceSpec.of(process_set=[0, 1])
     with pytest.raises(ConfigError, match="Unknown compression"):
         ReduceSpec.of(compression=3)
+    # built directly (as the engine's callers may), a spec still holds parsed values only
+    with pytest.raises(ConfigError, match=r"ReduceSpec.of\('sum'\)"):
+        ReduceSpec(op="sum")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="compressor must be a Compressor"):
+        ReduceSpec(compressor="fp16")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="prescale_factor must be a number"):
+        ReduceSpec.of(prescale_factor="2")  # type: ignore[arg-type]
 
 
 def test_a_gradient_spec_turns_the_predivide_factor_into_scale_factors():

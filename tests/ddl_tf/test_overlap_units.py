@@ -125,6 +125,30 @@ def test_resolve_prefers_arguments_over_the_job_settings():
         hvd.shutdown()
 
 
+def test_bad_gradient_options_fail_when_the_optimizer_or_tape_is_made():
+    import keras
+
+    import ddl_tf.keras as hvd_keras
+
+    hvd.init()
+    try:
+        with pytest.raises(ConfigError, match="bucket_bytes=-1; e.g. bucket_bytes="):
+            hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=-1)
+        with pytest.raises(ConfigError, match="overlap='on'; e.g. overlap=False"):
+            hvd.DistributedGradientTape(tf.GradientTape(), overlap="on")
+        with pytest.raises(ConfigError, match="gradient_predivide_factor must be a number > 0"):
+            hvd.DistributedGradientTape(tf.GradientTape(), gradient_predivide_factor=-2.0)
+        with pytest.raises(ConfigError, match="Unknown compression"):
+            hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="fp8")
+        # resolved when made: the job's settings for None, the arguments otherwise
+        made = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=64)
+        assert made.reducer.bucketing == (True, 64) and made.bucket_bytes == 64
+        tape = hvd.DistributedGradientTape(tf.GradientTape(), overlap=False)
+        assert tape._bucketing == (False, DEFAULT_BUCKET_BYTES)
+    finally:
+        hvd.shutdown()
+
+
 def test_one_process_returns_gradients_untouched_in_graphs_too():
     hvd.init()
     try:

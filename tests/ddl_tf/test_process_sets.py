@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import ddl_tf as hvd
 from ddl_tf.core import basics
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.process_sets import registered
 from ddl_tf.errors import ConfigError
 
@@ -102,4 +103,4 @@ def test_join_alone_returns_this_rank(dynamic):
         return hvd.join()
 
     assert int(joined()) == 0
-    assert basics.engine().allreduce([np.ones(1)], op="sum")[0].tolist() == [1.0]
+    assert basics.engine().allreduce([np.ones(1)], ReduceSpec.of("sum"))[0].tolist() == [1.0]

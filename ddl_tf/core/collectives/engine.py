@@ -20,8 +20,9 @@ Example (one process, so every collective returns its input):
 
     >>> import numpy as np
     >>> from ddl_tf.core import basics
+    >>> from ddl_tf.core.collectives.reduce_spec import ReduceSpec
     >>> engine = basics.init()
-    >>> engine.allreduce([np.array([1.0, 2.0], np.float32)], op="sum")
+    >>> engine.allreduce([np.array([1.0, 2.0], np.float32)], ReduceSpec.of("sum"))
     [array([1., 2.], dtype=float32)]
     >>> [a.shape for a in engine.grouped_allgather([np.zeros((2, 3)), np.zeros(4)])]
     [(2, 3), (4,)]
@@ -49,12 +50,13 @@ from ddl_tf.core.collectives import join, movement
 from ddl_tf.core.collectives.fusion import pack, plan_buckets, unpack
 from ddl_tf.core.collectives.guard import CollectiveGuard, CollectiveStats, EngineState, layout_text
 from ddl_tf.core.collectives.negotiation import Descriptor, Negotiator
+from ddl_tf.core.collectives.reduce_spec import AVERAGE, ReduceSpec
 from ddl_tf.core.numerics import mpi
 from ddl_tf.core.numerics.aligned import BufferPool, aligned_empty
 from ddl_tf.core.numerics.compression import Compression, Compressor
 from ddl_tf.core.numerics.halfconv import cast_into
 from ddl_tf.core.numerics.mpi import check_reducible, dtype_info
-from ddl_tf.core.numerics.reduce_ops import ReduceOp, parse_op
+from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.numerics.scaling import postscale_factor as combined_postscale
 from ddl_tf.core.numerics.scaling import scale
 from ddl_tf.core.timeline import NullTimeline, Timeline, Tracer, merge_traces
@@ -220,27 +222,31 @@ class Engine:
 
     # ------------------------------------------------------------------ allreduce
 
+    def compressor(self, spec: ReduceSpec) -> Compressor:
+        """The wire compression of ``spec``: its own, else the job's (``DDL_COMPRESSION``)."""
+        if spec.compressor is not None:
+            return spec.compressor
+        return Compression.get(self.config.compression)
+
     def allreduce(
         self,
         arrays: Sequence[np.ndarray],
+        spec: ReduceSpec = AVERAGE,
         *,
-        op: ReduceOp | str | None = ReduceOp.AVERAGE,
-        compression: Compressor | str | None = None,
         name: str | None = None,
-        prescale_factor: float = 1.0,
-        postscale_factor: float = 1.0,
     ) -> list[np.ndarray]:
         """Reduce each array across ranks (one negotiation, fused buckets).
 
         Args:
             arrays: Arrays with the same dtypes and shapes, in the same order,
                 on every rank.
-            op: Average (default), Sum, Min, Max, Product or Adasum
-                (float16/32/64 only; see :meth:`adasum`).
-            compression: Wire compression; None uses the configured default.
+            spec: How to reduce them (:class:`~ddl_tf.core.collectives.reduce_spec.ReduceSpec`,
+                built once by the caller): the op (Average by default; Adasum on
+                float16/32/64 only, see :meth:`adasum`), the wire compression
+                (None: the configured default) and the scale factors (pre:
+                inputs before reducing; post: results after reducing and averaging).
+                Its ``wrapper`` is the framework layer's and is not read here.
             name: Optional name (compared across ranks).
-            prescale_factor: Multiply inputs before reducing.
-            postscale_factor: Multiply results after reducing (and averaging).
 
         Returns:
             New arrays with the reduced values, same dtypes and shapes.
@@ -249,10 +255,11 @@ class Engine:
             UnsupportedError: Adasum on a number of ranks (nodes, in the
                 hierarchical form) that is not a power of two, on every rank.
         """
-        op = parse_op(op)
+        op = spec.op
         if op is ReduceOp.ADASUM:
             self.adasum()  # the layout is the same everywhere: every rank refuses alike
-        comp = Compression.get(compression if compression is not None else self.config.compression)
+        comp = self.compressor(spec)
+        prescale_factor, postscale_factor = spec.prescale_factor, spec.postscale_factor
         arrays = [np.asarray(a) for a in arrays]
         layout = tuple((a.dtype, a.shape) for a in arrays)
         with self.collective(
@@ -340,28 +347,27 @@ class Engine:
 
     # ------------------------------------------------------------------ reducescatter
 
-    def reducescatter(self, array: np.ndarray, **kwargs: Any) -> np.ndarray:
+    def reducescatter(
+        self, array: np.ndarray, spec: ReduceSpec = AVERAGE, *, name: str | None = None
+    ) -> np.ndarray:
         """One array's :meth:`grouped_reducescatter`.
 
         Args:
             array: The array to reduce; at least one dimension.
-            **kwargs: ``op``, ``compression``, ``name``, ``prescale_factor`` and
-                ``postscale_factor``, as for :meth:`grouped_reducescatter`.
+            spec: How to reduce it, as for :meth:`grouped_reducescatter`.
+            name: Optional name of the call (compared across ranks).
 
         Returns:
             This rank's rows of the reduced array.
         """
-        return self.grouped_reducescatter([array], **kwargs)[0]
+        return self.grouped_reducescatter([array], spec, name=name)[0]
 
     def grouped_reducescatter(
         self,
         arrays: Sequence[np.ndarray],
+        spec: ReduceSpec = AVERAGE,
         *,
-        op: ReduceOp | str | None = ReduceOp.AVERAGE,
-        compression: Compressor | str | None = None,
         name: str | None = None,
-        prescale_factor: float = 1.0,
-        postscale_factor: float = 1.0,
     ) -> list[np.ndarray]:
         """Reduce each array and return this rank's rows of its first dimension.
 
@@ -371,14 +377,13 @@ class Engine:
         Args:
             arrays: The arrays to reduce; same shapes and dtypes on every rank,
                 each with at least one dimension.
-            op: A :class:`ReduceOp` or its name; None means Average.
-            compression: Wire compression (a compressor or ``"none"``/``"fp16"``/
-                ``"bf16"``); None uses the engine config's.
+            spec: How to reduce them (:class:`~ddl_tf.core.collectives.reduce_spec.ReduceSpec`):
+                the op (Average by default), the wire compression (None: the
+                engine config's), ``prescale_factor`` (multiplies each input
+                before the reduction) and ``postscale_factor`` (multiplies each
+                result after it; Average also divides by the number of ranks).
             name: Optional name of the call; it must match across ranks and appears
                 in the timeline and in mismatch errors.
-            prescale_factor: Multiplies each input before the reduction.
-            postscale_factor: Multiplies each result after it (Average also
-                divides by the number of ranks).
 
         Returns:
             One array per input: this rank's rows of the reduced result.
@@ -387,8 +392,9 @@ class Engine:
             CollectiveArgumentError: A scalar (on every rank: shapes are negotiated).
             ConfigError: The op is not defined for the dtype.
         """
-        op = parse_op(op)
-        comp = Compression.get(compression if compression is not None else self.config.compression)
+        op = spec.op
+        comp = self.compressor(spec)
+        prescale_factor, postscale_factor = spec.prescale_factor, spec.postscale_factor
         arrays = [np.asarray(a) for a in arrays]
         layout = tuple((str(a.dtype), a.shape) for a in arrays)
         with self.collective(

@@ -33,6 +33,8 @@ from ddl_tf.core.collectives.negotiation import (
     TAG_JOIN_SPEC,
     Descriptor,
 )
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
+from ddl_tf.core.numerics.compression import Compression
 from ddl_tf.errors import ConfigError
 
 __all__ = ["join", "send_arguments"]
@@ -100,11 +102,10 @@ def send_arguments(engine: Any, joined: tuple[int, ...], kind: str, name, fields
 def _with_zeros(engine: Any, kind: str, name, fields: tuple) -> None:
     assert kind in JOINABLE, kind  # rank 0 refuses the rest
     layout, op, compression, prescale, postscale = fields
-    engine.allreduce(
-        [np.zeros(shape, dtype) for dtype, shape in layout],
+    spec = ReduceSpec(
         op=op,
-        compression=compression,
-        name=name,
+        compressor=Compression.get(compression),
         prescale_factor=prescale,
         postscale_factor=postscale,
     )
+    engine.allreduce([np.zeros(shape, dtype) for dtype, shape in layout], spec, name=name)

@@ -21,9 +21,12 @@ import sys
 import numpy as np
 
 from ddl_tf.core import basics
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.process_sets import add_process_set, engine_for
 from ddl_tf.errors import UnsupportedError
 from tests.parallel.workers.common import report
+
+ADASUM = ReduceSpec.of("adasum")
 
 SHAPES = [(3, 5), (1,), (0,), (7,), (2, 2, 3), (129,)]
 ZERO_ON_RANK0 = 3  # tensor index that is all zeros on rank 0
@@ -74,7 +77,7 @@ def flat(engine, rank: int, size: int, checks: dict) -> None:
     per_rank = tensors_of(size)
     for dtype in (np.float16, np.float32, np.float64):
         mine = [t.astype(dtype) for t in per_rank[rank]]
-        got = engine.allreduce(mine, op="adasum", name=f"adasum_{np.dtype(dtype).name}")
+        got = engine.allreduce(mine, ADASUM, name=f"adasum_{np.dtype(dtype).name}")
         want = reference([[t.astype(dtype) for t in ts] for ts in per_rank])
         checks[np.dtype(dtype).name] = {
             "error": error(got, want),
@@ -84,13 +87,13 @@ def flat(engine, rank: int, size: int, checks: dict) -> None:
         }
     # fp16 compression: the float32 tensors are cast to float16, then Adasum (as Horovod)
     mine = [t.astype(np.float32) for t in per_rank[rank]]
-    got = engine.allreduce(mine, op="adasum", compression="fp16", name="adasum_fp16")
+    got = engine.allreduce(mine, ReduceSpec.of("adasum", compression="fp16"), name="adasum_fp16")
     want = reference([[t.astype(np.float16) for t in ts] for ts in per_rank])
     checks["fp16_compression"] = {"error": error(got, want), "dtype": got[0].dtype.name}
     # the pairwise rule's two limits on whole tensors: parallel -> average, orthogonal -> sum
     v = np.zeros(size * 2)
     v[2 * rank] = 1.0 + rank
-    got = engine.allreduce([v, np.full(3, 2.0 + rank)], op="adasum", name="limits")
+    got = engine.allreduce([v, np.full(3, 2.0 + rank)], ADASUM, name="limits")
     checks["orthogonal_sum"] = got[0].tolist() == [
         float(1 + i // 2) * (i % 2 == 0) for i in range(2 * size)
     ]
@@ -103,12 +106,12 @@ def process_sets(rank: int, checks: dict) -> None:
     three = add_process_set([0, 1, 2])
     mine = odd if rank in (1, 3) else even
     per_rank = tensors_of(4, seed=11)
-    got = engine_for(mine).allreduce(per_rank[rank], op="adasum", name="set")
+    got = engine_for(mine).allreduce(per_rank[rank], ADASUM, name="set")
     want = reference([per_rank[r] for r in mine.ranks])
     checks["set_error"] = error(got, want)
     if rank in three.ranks:
         try:
-            engine_for(three).allreduce([np.ones(2)], op="adasum", name="three")
+            engine_for(three).allreduce([np.ones(2)], ADASUM, name="three")
             checks["three"] = "no error"
         except UnsupportedError as err:  # a NotImplementedError, as Horovod raises
             checks["three"] = isinstance(err, NotImplementedError) and "power-of-two" in str(err)
@@ -127,7 +130,7 @@ def hierarchical(engine, rank: int, size: int, checks: dict) -> None:
     ]
     for dtype in (np.float32, np.float64):
         mine = [t.astype(dtype) for t in per_rank[rank]]
-        got = engine.allreduce(mine, op="adasum", name=f"h_{np.dtype(dtype).name}")
+        got = engine.allreduce(mine, ADASUM, name=f"h_{np.dtype(dtype).name}")
         checks[np.dtype(dtype).name] = {
             "error": error(got, reference(averages)),
             "digest": digest(got),

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ddl_tf.core import basics
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from tests.parallel.workers.common import report
 
 
@@ -25,7 +26,7 @@ def main() -> None:
     mode = sys.argv[1]
     engine = basics.init()
     rank = engine.rank
-    total = engine.allreduce([np.full(3, float(rank))], op="sum")[0]
+    total = engine.allreduce([np.full(3, float(rank))], ReduceSpec.of("sum"))[0]
     if mode == "failed_both" or mode == f"failed{rank}":
         engine.state.mark_failed(RuntimeError(f"a collective broke on rank {rank} alone"))
     if mode == "explicit" or (mode == "early" and rank == 1):

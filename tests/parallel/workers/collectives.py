@@ -14,9 +14,12 @@ import numpy as np
 
 import ddl_tf as hvd
 from ddl_tf.core.algorithms.steps import shard_layout
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.errors import ConfigError
 from tests.parallel.workers.common import report
+
+SUM = ReduceSpec(ReduceOp.SUM)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FLOATS = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
@@ -82,7 +85,7 @@ class Checker:
 def check_allreduce(engine, chk, seed, layout, op, compression):
     size, rank = engine.size, engine.rank
     mine = [data((*seed, i), rank, shape, dt, op) for i, (shape, dt) in enumerate(layout)]
-    got = engine.allreduce(mine, op=op, compression=compression, name=f"t{seed}")
+    got = engine.allreduce(mine, ReduceSpec.of(op, compression=compression), name=f"t{seed}")
     for i, ((shape, dt), g) in enumerate(zip(layout, got, strict=True)):
         stack = np.stack(
             [data((*seed, i), r, shape, dt, op).astype(np.float64) for r in range(size)]
@@ -121,7 +124,7 @@ def fixed_cases(engine, chk):
         check_allreduce(engine, chk, (2, k), floats, ReduceOp.AVERAGE, compression)
     # scaling factors
     x = np.full(4, float(rank + 1), np.float32)
-    got = engine.allreduce([x], op="sum", prescale_factor=0.5, postscale_factor=3.0)[0]
+    got = engine.allreduce([x], ReduceSpec.of("sum", prescale_factor=0.5, postscale_factor=3.0))[0]
     chk.close("pre/postscale", got, np.full(4, 1.5 * size * (size + 1) / 2), 1e-6)
     # sum accumulates in float32 even when the wire carries float16 (asa, >= 3 ranks)
     if size >= 3:
@@ -129,11 +132,11 @@ def fixed_cases(engine, chk):
         engine.algorithms["asa"].allreduce(buf, ReduceOp.SUM)
         chk.close("float32 accumulation", buf, np.array([2048.0 + size - 1], np.float16))
     # integer Average is Horovod's truncated mean (mean of 1, 3, 5, ... is size)
-    odd = engine.allreduce([np.full(3, 2 * rank + 1, np.int32)], op="average")[0]
+    odd = engine.allreduce([np.full(3, 2 * rank + 1, np.int32)], ReduceSpec.of("average"))[0]
     chk.close("integer average", odd, np.full(3, size, np.int32))
     # errors raised identically on every rank (after the negotiation: dtype and op agreed)
     try:
-        engine.allreduce([np.ones(3, np.bool_)], op="sum")
+        engine.allreduce([np.ones(3, np.bool_)], ReduceSpec.of("sum"))
         chk.failures.append("boolean sum did not raise")
     except ConfigError:
         chk.count += 1
@@ -152,7 +155,9 @@ def fixed_cases(engine, chk):
     # reducescatter with rows not divisible by the rank count
     for op in (ReduceOp.SUM, ReduceOp.AVERAGE):
         rows = 2 * size + 1
-        got = engine.reducescatter(data((5,), rank, (rows, 3), np.dtype(np.float64)), op=op)
+        got = engine.reducescatter(
+            data((5,), rank, (rows, 3), np.dtype(np.float64)), ReduceSpec(op)
+        )
         full = REDUCE[op](
             np.stack([data((5,), r, (rows, 3), np.dtype(np.float64)) for r in range(size)])
         )
@@ -228,7 +233,7 @@ def random_run(engine, chk, count):
         elif kind == "reducescatter":
             rows = int(rng.integers(0, 3 * engine.size))
             f64 = np.dtype(np.float64)
-            got = engine.reducescatter(data((9, i), engine.rank, (rows, 2), f64), op="sum")
+            got = engine.reducescatter(data((9, i), engine.rank, (rows, 2), f64), SUM)
             full = sum(data((9, i), r, (rows, 2), f64) for r in range(engine.size))
             counts, displs = shard_layout(rows, engine.size)
             r0 = displs[engine.rank]

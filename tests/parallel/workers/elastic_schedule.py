@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ddl_tf.core import basics
-from ddl_tf.core.numerics.reduce_ops import ReduceOp
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.membership.reform import membership
 from ddl_tf.membership.state import ObjectState, run
 
@@ -65,7 +65,7 @@ def check_exit(epoch: int, batch: int) -> None:
 def step(state) -> None:
     """One SGD step on a quadratic whose gradient differs per rank (so ranks must agree)."""
     target = np.arange(4.0) + basics.rank()
-    (grad,) = basics.engine().allreduce([state.weights - target], op=ReduceOp.AVERAGE)
+    (grad,) = basics.engine().allreduce([state.weights - target], ReduceSpec())
     state.weights = state.weights - 0.1 * grad
 
 

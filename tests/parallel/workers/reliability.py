@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 import ddl_tf as hvd
+from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.errors import CollectiveMismatchError
 from tests.parallel.workers.common import report
 
@@ -42,7 +43,7 @@ def mismatch(engine, rank):
         "shape": lambda: engine.allreduce([np.ones(3 + rank, f32)], name="grad"),
         "dtype": lambda: engine.allreduce([np.ones(3, f32 if rank else np.float64)], name="grad"),
         "name": lambda: engine.allreduce([np.ones(3, f32)], name=f"grad_{rank}"),
-        "op": lambda: engine.allreduce([np.ones(3, f32)], op="sum" if rank else "max"),
+        "op": lambda: engine.allreduce([np.ones(3, f32)], ReduceSpec.of("sum" if rank else "max")),
         "kind": lambda: (
             engine.broadcast([np.ones(3, f32)], 0) if rank else engine.allreduce([np.ones(3, f32)])
         ),
@@ -75,7 +76,7 @@ def mismatch(engine, rank):
         results["graph"] = {"raised": type(err).__name__, "message": str(err)[-2000:]}
     results["graph"]["seconds"] = time.monotonic() - start
     # the ranks are still in step afterwards
-    after = engine.allreduce([np.ones(2, f32)], op="sum")[0]
+    after = engine.allreduce([np.ones(2, f32)], ReduceSpec.of("sum"))[0]
     results["after"] = after.tolist()
     return results
 

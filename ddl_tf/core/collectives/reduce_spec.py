@@ -1,28 +1,37 @@
-"""``ReduceSpec``: how one reduction is done, resolved once from Horovod's keyword arguments.
+"""``ReduceSpec``: how one reduction is done, resolved once, and what the engine reduces with.
 
 Horovod spreads a reduction's settings over keyword arguments (``op``,
-``average``, ``compression``, ``prescale_factor``, ``postscale_factor``,
-``process_set``, and for gradients ``gradient_predivide_factor``). The
-public functions and classes keep taking them; they turn them into one
-frozen :class:`ReduceSpec` (the op parsed, the compression split into the
-engine's compressor and a Horovod-style wrapper, the scale factors fixed)
-and pass that down, so that a training step does not parse and check them
-again at every layer. ``DistributedOptimizer`` and ``DistributedGradientTape``
-build theirs when they are created.
+``average``, ``compression``, ``prescale_factor``, ``postscale_factor``, and
+for gradients ``gradient_predivide_factor``). The public functions and
+classes keep taking them; they turn them into one frozen :class:`ReduceSpec`
+(the op parsed, the compression split into the engine's compressor and a
+Horovod-style wrapper, the scale factors fixed) and pass that down to
+:meth:`Engine.allreduce <ddl_tf.core.collectives.engine.Engine.allreduce>`
+and :meth:`~ddl_tf.core.collectives.engine.Engine.grouped_reducescatter`,
+which take nothing else: no layer parses or checks the arguments again.
+``DistributedOptimizer`` and ``DistributedGradientTape`` build theirs when
+they are created, so a bad value fails there, not inside ``fit``.
 
-The process set is kept as given: whether it is registered, and whether this
-rank is in it, can change after the spec is made (``add_process_set``, an
-elastic re-formation), so its engine is looked up where the reduction runs
-(:func:`ddl_tf.core.process_sets.engine_for`).
+The engine reads ``op``, ``compressor`` (None: the job's ``DDL_COMPRESSION``)
+and the two scale factors; ``wrapper`` is the framework layer's to apply
+around the collective. Which ranks take part is not part of the spec: each
+process set has its own engine, looked up where the reduction runs
+(:func:`ddl_tf.core.process_sets.engine_for`), since whether a set is
+registered, and whether this rank is in it, can change after the spec is
+made (``add_process_set``, an elastic re-formation).
 
 Example:
-    >>> from ddl_tf.core.reduce_spec import ReduceSpec
+    >>> from ddl_tf.core.collectives.reduce_spec import ReduceSpec
     >>> spec = ReduceSpec.of("sum", compression="fp16")
     >>> spec.op, spec.compressor.name, spec.wrapper
     (ddl_tf.Sum, 'fp16', None)
     >>> grads = ReduceSpec.for_gradients(gradient_predivide_factor=4.0)
     >>> grads.op, grads.prescale_factor, grads.postscale_factor
     (ddl_tf.Average, 0.25, 4.0)
+    >>> ReduceSpec(op="sum")
+    Traceback (most recent call last):
+    ...
+    ddl_tf.errors.ConfigError: ReduceSpec.op must be a ReduceOp. Received op='sum'; build the spec with ReduceSpec.of('sum') to parse a name.
 """
 
 from __future__ import annotations
@@ -34,10 +43,9 @@ from typing import Any
 
 from ddl_tf.core.numerics.compression import Compression, Compressor
 from ddl_tf.core.numerics.reduce_ops import ReduceOp, parse_op
-from ddl_tf.core.process_sets import ProcessSet, check_process_set
 from ddl_tf.errors import ConfigError
 
-__all__ = ["ReduceSpec", "split_compression"]
+__all__ = ["ReduceSpec", "AVERAGE", "split_compression"]
 
 
 def split_compression(compression: Any) -> tuple[Compressor | None, Any]:
@@ -70,16 +78,21 @@ class ReduceSpec:
     """One reduction's settings, parsed and checked.
 
     Build it with :meth:`of` (a collective's arguments) or :meth:`for_gradients`
-    (a gradient reducer's).
+    (a gradient reducer's); ``ReduceSpec()`` is an Average with the job's
+    compression (:data:`AVERAGE`).
 
     Attributes:
         op: The reduction.
         compressor: The engine's wire compression; None: the job's configured one.
         wrapper: A Horovod-style compressor applied to the tensors before and
-            after the collective, or None.
+            after the collective (by the framework layer, not the engine), or None.
         prescale_factor: Multiplies each rank's value before the reduction.
         postscale_factor: Multiplies the result after it.
-        process_set: The ranks to reduce over; None: the whole job.
+
+    Raises:
+        ConfigError: ``op`` is not a :class:`~ddl_tf.core.numerics.reduce_ops.ReduceOp`,
+            ``compressor`` not a :class:`~ddl_tf.core.numerics.compression.Compressor`
+            (or None), or a scale factor not a number.
     """
 
     op: ReduceOp = ReduceOp.AVERAGE
@@ -87,7 +100,23 @@ class ReduceSpec:
     wrapper: Any = None
     prescale_factor: float = 1.0
     postscale_factor: float = 1.0
-    process_set: ProcessSet | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.op, ReduceOp):
+            raise ConfigError(
+                f"ReduceSpec.op must be a ReduceOp. Received op={self.op!r}; build the spec "
+                f"with ReduceSpec.of({self.op!r}) to parse a name."
+            )
+        if self.compressor is not None and not isinstance(self.compressor, Compressor):
+            raise ConfigError(
+                f"ReduceSpec.compressor must be a Compressor or None. Received "
+                f"compressor={self.compressor!r}; build the spec with "
+                "ReduceSpec.of(compression=...) to parse a name or a Horovod-style compressor."
+            )
+        for name in ("prescale_factor", "postscale_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ConfigError(f"{name} must be a number. Received {name}={value!r}.")
 
     @classmethod
     def of(
@@ -98,7 +127,6 @@ class ReduceSpec:
         compression: Any = None,
         prescale_factor: float = 1.0,
         postscale_factor: float = 1.0,
-        process_set: ProcessSet | None = None,
     ) -> ReduceSpec:
         """The spec of a collective called with Horovod's keyword arguments.
 
@@ -108,16 +136,14 @@ class ReduceSpec:
             compression: See :func:`split_compression`.
             prescale_factor: Multiply before reducing.
             postscale_factor: Multiply after reducing.
-            process_set: A :class:`~ddl_tf.core.process_sets.ProcessSet` or None.
 
         Returns:
             The spec.
 
         Raises:
             ConfigError: An unknown op or compression, both ``op`` and
-                ``average``, or a ``process_set`` that is not a ``ProcessSet``.
+                ``average``, or a scale factor that is not a number.
         """
-        check_process_set(process_set)
         compressor, wrapper = split_compression(compression)
         return cls(
             op=parse_op(op, average),
@@ -125,7 +151,6 @@ class ReduceSpec:
             wrapper=wrapper,
             prescale_factor=prescale_factor,
             postscale_factor=postscale_factor,
-            process_set=process_set,
         )
 
     @classmethod
@@ -135,7 +160,6 @@ class ReduceSpec:
         op: ReduceOp | str | None = ReduceOp.AVERAGE,
         compression: Any = None,
         gradient_predivide_factor: float = 1.0,
-        process_set: ProcessSet | None = None,
     ) -> ReduceSpec:
         """The spec of a gradient reduction (``DistributedOptimizer``, ``DistributedGradientTape``).
 
@@ -144,7 +168,6 @@ class ReduceSpec:
             compression: See :func:`split_compression`.
             gradient_predivide_factor: With Average, divide by this before the
                 sum and multiply by it after (Horovod's option against fp16 overflow).
-            process_set: A :class:`~ddl_tf.core.process_sets.ProcessSet` or None.
 
         Returns:
             The spec, the predivide factor turned into scale factors.
@@ -153,7 +176,7 @@ class ReduceSpec:
             ConfigError: As :meth:`of`, or ``gradient_predivide_factor`` with
                 another op than Average or not a positive number.
         """
-        spec = cls.of(op, compression=compression, process_set=process_set)
+        spec = cls.of(op, compression=compression)
         factor = gradient_predivide_factor
         if factor == 1.0:
             return spec
@@ -173,3 +196,7 @@ class ReduceSpec:
     def scaled(self) -> bool:
         """Whether either scale factor differs from 1."""
         return self.prescale_factor != 1.0 or self.postscale_factor != 1.0
+
+
+AVERAGE = ReduceSpec()
+"""An Average with the job's compression and no scaling: the engine's default spec."""
