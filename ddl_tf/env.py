@@ -4,8 +4,9 @@ Nothing else in ddl_tf touches ``os.environ``: modules call :func:`get` (or
 take an ``environ`` mapping, which tests use to fake a launcher). Names that
 start with ``HOROVOD_`` are read as fallbacks so that a Horovod job keeps its
 settings after switching its import; the ``DDL_`` name wins when both are set.
-:func:`launcher_layout` reads the rank layout that launchers (Horovod, Open
-MPI, Slurm, MPICH) export, for ``init()`` to cross-check against MPI.
+The launchers' own variables (Horovod, Open MPI, Slurm, MPICH) are named
+here too; what they say about a rank's place in the job is read by
+:func:`ddl_tf.core.topology.layout.launcher_layout`, with the topology.
 
 Example:
     >>> from ddl_tf import env
@@ -26,8 +27,6 @@ __all__ = [
     "get_first",
     "snapshot",
     "ddl_variables",
-    "launcher_layout",
-    "launcher_hostname",
     "elastic_job",
     # ddl_tf settings
     "DDL_ALLREDUCE_ALGO",
@@ -330,90 +329,6 @@ def ddl_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         for key, value in _environ(environ).items()
         if key.startswith(("DDL_", "HOROVOD_")) and value.strip()
     }
-
-
-def launcher_layout(environ: Mapping[str, str] | None = None) -> dict[str, int | str]:
-    """What the launcher says about this rank (Horovod, Open MPI, Slurm, MPICH variables).
-
-    Used by ``init()`` to cross-check the layout MPI reports. The first
-    launcher (in the order Horovod, Open MPI, Slurm, MPICH) whose rank
-    variable is set wins.
-
-    Args:
-        environ: Mapping to read instead of ``os.environ`` (tests, fake launchers).
-
-    Returns:
-        The keys the launcher set, among ``launcher``, ``rank``, ``size``,
-        ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size`` (ints)
-        and ``hostname`` (a string); ``{}`` when no launcher is recognized.
-
-    Raises:
-        ValueError: A launcher variable that should be an integer is not.
-
-    Example:
-        >>> launcher_layout({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
-        ...                  "OMPI_COMM_WORLD_LOCAL_RANK": "1"})
-        {'launcher': 'openmpi', 'rank': 3, 'size': 4, 'local_rank': 1}
-    """
-    tables = (
-        (
-            "horovod",
-            {
-                "rank": HOROVOD_RANK,
-                "size": HOROVOD_SIZE,
-                "local_rank": HOROVOD_LOCAL_RANK,
-                "local_size": HOROVOD_LOCAL_SIZE,
-                "cross_rank": HOROVOD_CROSS_RANK,
-                "cross_size": HOROVOD_CROSS_SIZE,
-                "hostname": HOROVOD_HOSTNAME,
-            },
-        ),
-        (
-            "openmpi",
-            {
-                "rank": OMPI_COMM_WORLD_RANK,
-                "size": OMPI_COMM_WORLD_SIZE,
-                "local_rank": OMPI_COMM_WORLD_LOCAL_RANK,
-                "local_size": OMPI_COMM_WORLD_LOCAL_SIZE,
-            },
-        ),
-        (
-            "slurm",
-            {
-                "rank": SLURM_PROCID,
-                "size": SLURM_NTASKS,
-                "local_rank": SLURM_LOCALID,
-                "cross_rank": SLURM_NODEID,
-                "hostname": SLURMD_NODENAME,
-            },
-        ),
-        (
-            "mpich",
-            {
-                "rank": PMI_RANK,
-                "size": PMI_SIZE,
-                "local_rank": MPI_LOCALRANKID,
-                "local_size": MPI_LOCALNRANKS,
-            },
-        ),
-    )
-    for launcher, names in tables:
-        if get(names["rank"], environ) is None:
-            continue
-        layout: dict[str, int | str] = {"launcher": launcher}
-        for key, var in names.items():
-            value = get(var, environ)
-            if value is None:
-                continue
-            layout[key] = value if key == "hostname" else int(value)
-        return layout
-    return {}
-
-
-def launcher_hostname(environ: Mapping[str, str] | None = None) -> str | None:
-    """The host name the launcher gave this rank (``HOROVOD_HOSTNAME``, Slurm's), or None."""
-    name = launcher_layout(environ).get("hostname")
-    return str(name) if name else None
 
 
 def elastic_job(environ: Mapping[str, str] | None = None) -> bool:

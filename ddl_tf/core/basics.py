@@ -35,7 +35,7 @@ from ddl_tf.core.collectives.engine import Engine
 from ddl_tf.core.job import Job, spawned_parent
 from ddl_tf.core.numerics import mpi
 from ddl_tf.core.process_sets import ProcessSet
-from ddl_tf.core.topology.layout import Topology
+from ddl_tf.core.topology.layout import Topology, launcher_hostname
 from ddl_tf.env import HOROVOD_IGNORED
 from ddl_tf.errors import ConfigError, DDLError
 
@@ -105,9 +105,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         MPI = mpi.load()
         elastic = env.elastic_job()
         base, owned = _resolve_comm(MPI, comm, elastic)
-        job = Job.create(
-            base, config, host=env.launcher_hostname(), elastic=elastic, owns_comm=owned
-        )
+        job = Job.create(base, config, host=launcher_hostname(), elastic=elastic, owns_comm=owned)
         current.install(job)
         engine = job.engine
         _label_log_lines(engine.rank)

@@ -4,9 +4,8 @@ import json
 
 import pytest
 
-from ddl_tf.core.topology.layout import Topology, pseudo_node_names
+from ddl_tf.core.topology.layout import Topology, launcher_layout, pseudo_node_names
 from ddl_tf.core.topology.topology_file import TopologySpec, load_topology_file
-from ddl_tf.env import launcher_layout
 from ddl_tf.errors import ConfigError, TopologyError
 
 

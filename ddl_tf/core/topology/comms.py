@@ -22,9 +22,8 @@ from typing import Any
 
 from ddl_tf.config import DDLConfig
 from ddl_tf.core.numerics import mpi
-from ddl_tf.core.topology.layout import Topology, pseudo_node_names
+from ddl_tf.core.topology.layout import Topology, launcher_layout, pseudo_node_names
 from ddl_tf.core.topology.topology_file import load_topology_file
-from ddl_tf.env import launcher_layout
 from ddl_tf.errors import TopologyError
 
 __all__ = ["Communicators", "detect_topology", "build_communicators"]

@@ -3,7 +3,10 @@
 A topology is built from one node name per rank (found through MPI by
 :mod:`ddl_tf.core.topology.comms`, or faked with ``DDL_PSEUDO_NODES``), optionally
 refined by a :class:`~ddl_tf.core.topology.topology_file.TopologySpec`. It is pure
-data, so any layout can be tested on one machine without MPI.
+data, so any layout can be tested on one machine without MPI. What a
+launcher (Horovod, Open MPI, Slurm, MPICH) says about a rank's place is read
+here too, from its variables (:func:`launcher_layout`), for ``init()`` to
+name the host and cross-check MPI's layout.
 
 Hierarchical allreduce walks :meth:`Topology.steps`: at each level a rank
 reduce-scatters with the ranks that share its group *and* hold the same shard
@@ -26,10 +29,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddl_tf import env
 from ddl_tf.core.topology.topology_file import TopologySpec
 from ddl_tf.errors import ConfigError, TopologyError
 
-__all__ = ["Topology", "Step", "pseudo_node_names"]
+__all__ = ["Topology", "Step", "pseudo_node_names", "launcher_layout", "launcher_hostname"]
 
 
 @dataclass(frozen=True)
@@ -317,6 +321,92 @@ def pseudo_node_names(value: str, size: int) -> list[str]:
             f"DDL_PSEUDO_NODES={value!r}; give one name per rank (e.g. a,a,b,b) or a count."
         )
     return names
+
+
+def launcher_layout(environ: Mapping[str, str] | None = None) -> dict[str, int | str]:
+    """What the launcher says about this rank (Horovod, Open MPI, Slurm, MPICH variables).
+
+    The launcher's word on this rank's place in the job: ``init()`` takes the
+    host name from it (:func:`launcher_hostname`) and cross-checks the rest
+    against the layout MPI reports (:mod:`ddl_tf.core.topology.comms`). The
+    first launcher (in the order Horovod, Open MPI, Slurm, MPICH) whose rank
+    variable is set wins.
+
+    Args:
+        environ: Mapping to read instead of ``os.environ`` (tests, fake launchers).
+
+    Returns:
+        The keys the launcher set, among ``launcher``, ``rank``, ``size``,
+        ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size`` (ints)
+        and ``hostname`` (a string); ``{}`` when no launcher is recognized.
+
+    Raises:
+        ValueError: A launcher variable that should be an integer is not.
+
+    Example:
+        >>> launcher_layout({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+        ...                  "OMPI_COMM_WORLD_LOCAL_RANK": "1"})
+        {'launcher': 'openmpi', 'rank': 3, 'size': 4, 'local_rank': 1}
+    """
+    tables = (
+        (
+            "horovod",
+            {
+                "rank": env.HOROVOD_RANK,
+                "size": env.HOROVOD_SIZE,
+                "local_rank": env.HOROVOD_LOCAL_RANK,
+                "local_size": env.HOROVOD_LOCAL_SIZE,
+                "cross_rank": env.HOROVOD_CROSS_RANK,
+                "cross_size": env.HOROVOD_CROSS_SIZE,
+                "hostname": env.HOROVOD_HOSTNAME,
+            },
+        ),
+        (
+            "openmpi",
+            {
+                "rank": env.OMPI_COMM_WORLD_RANK,
+                "size": env.OMPI_COMM_WORLD_SIZE,
+                "local_rank": env.OMPI_COMM_WORLD_LOCAL_RANK,
+                "local_size": env.OMPI_COMM_WORLD_LOCAL_SIZE,
+            },
+        ),
+        (
+            "slurm",
+            {
+                "rank": env.SLURM_PROCID,
+                "size": env.SLURM_NTASKS,
+                "local_rank": env.SLURM_LOCALID,
+                "cross_rank": env.SLURM_NODEID,
+                "hostname": env.SLURMD_NODENAME,
+            },
+        ),
+        (
+            "mpich",
+            {
+                "rank": env.PMI_RANK,
+                "size": env.PMI_SIZE,
+                "local_rank": env.MPI_LOCALRANKID,
+                "local_size": env.MPI_LOCALNRANKS,
+            },
+        ),
+    )
+    for launcher, names in tables:
+        if env.get(names["rank"], environ) is None:
+            continue
+        layout: dict[str, int | str] = {"launcher": launcher}
+        for key, var in names.items():
+            value = env.get(var, environ)
+            if value is None:
+                continue
+            layout[key] = value if key == "hostname" else int(value)
+        return layout
+    return {}
+
+
+def launcher_hostname(environ: Mapping[str, str] | None = None) -> str | None:
+    """The host name the launcher gave this rank (``HOROVOD_HOSTNAME``, Slurm's), or None."""
+    name = launcher_layout(environ).get("hostname")
+    return str(name) if name else None
 
 
 def _canonical(keys: Sequence) -> tuple[int, ...]:
