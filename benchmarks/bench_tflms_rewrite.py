@@ -25,7 +25,6 @@ Run: ``.venv/bin/python benchmarks/bench_tflms_rewrite.py [--quick] [--autotune-
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -33,14 +32,15 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tflms  # noqa: E402
+from benchmarks.from_scratch import from_scratch  # noqa: E402
 from tflms import (  # noqa: E402
     LMSConfig,
     apply_plan,
@@ -132,7 +132,7 @@ def autotune_speed(quick: bool, rounds: int = 3) -> dict:
         tuned = tflms.autotune(view, GPT_BUDGET)
         times["shared"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        with _from_scratch():
+        with from_scratch():
             reference = tflms.autotune(view, GPT_BUDGET)
         times["from_scratch"].append(time.perf_counter() - t)
     fast, slow = min(times["shared"]), min(times["from_scratch"])
@@ -165,22 +165,6 @@ def autotune_speed(quick: bool, rounds: int = 3) -> dict:
         f"Best of {rounds} interleaved rounds each, in one process, on a 2-core machine "
         "shared with other jobs.",
     }
-
-
-@contextlib.contextmanager
-def _from_scratch():
-    """Run tflms.autotune the reference way: every plan made and simulated anew."""
-    from tflms.simulation.plans import SimulateEach
-    from tflms.tuning import search
-
-    def fresh_plan(view, config, memo=None, target=None):
-        return make_plan(view, config, target=target)
-
-    with (
-        mock.patch.object(search, "PlanSimulator", SimulateEach),
-        mock.patch.object(search, "make_plan", fresh_plan),
-    ):
-        yield
 
 
 def cnn(seed: int = 0) -> keras.Model:

@@ -300,15 +300,19 @@ TFLMS_STAGES = (
     "simulation",
     "compose",
     "tuning",
+    "pipeline",
     "saved_model",
     "cli",
 )
-"""tflms' pipeline, in order: a stage may use earlier stages, never later ones."""
+"""tflms' pipeline, in order: a stage may use earlier stages, never later ones
+(``tflms.pipeline`` joins the stages before it; the SavedModel path and the
+front ends run it)."""
 
 
 def test_the_tflms_pipeline_is_visible_and_flows_one_way():
     scan = Scan("tflms")
-    assert set(TFLMS_STAGES) <= scan.subpackages, "ls tflms shows the pipeline"
+    units = scan.subpackages | {m.split(".")[1] for m in scan.modules if m.count(".") == 1}
+    assert set(TFLMS_STAGES) <= units, "ls tflms shows the pipeline"
     graph = scan.unit_graph
     for i, early in enumerate(TFLMS_STAGES):
         for late in TFLMS_STAGES[i + 1 :]:
@@ -453,6 +457,45 @@ def test_keras_internals_are_read_in_one_compatibility_module():
         if pattern.search(line)
     ]
     assert not offenders, "move these into tflms/keras/compat.py:\n" + "\n".join(offenders)
+
+
+PLANNING_STAGES = ("graph", "plan", "apply", "compose", "tuning")
+"""The stages the pipeline hands its resolved :class:`~tflms.cost.target.Target` to."""
+TARGET_ARGUMENTS = ("device", "link", "accounting", "target", "budget", "stack")
+OWN_TARGET = {"tflms.tuning.autotuner.autotune"}
+"""Public entry points that, called on a view by a user, resolve a target of their own
+(the pipeline passes its own, so they resolve nothing then)."""
+
+
+def test_the_pipeline_resolves_the_target_once_and_no_planning_stage_defaults_it():
+    """Below :mod:`tflms.pipeline` a target is an argument: no planning stage defaults
+    a device, link, accounting or budget, or builds a target from a config."""
+    scan = Scan("tflms")
+    defaults, builds = [], []
+    for module, tree in scan.trees.items():
+        if scan.unit_of(module).split(".")[-1] not in PLANNING_STAGES:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and f"{module}.{node.name}" not in OWN_TARGET:
+                args = node.args
+                positional = args.posonlyargs + args.args
+                padded = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+                pairs = [
+                    *zip(positional, padded, strict=True),
+                    *zip(args.kwonlyargs, args.kw_defaults, strict=True),
+                ]
+                defaults += [
+                    f"{scan.where(module, node.lineno)} {node.name}({arg.arg}=...)"
+                    for arg, default in pairs
+                    if arg.arg in TARGET_ARGUMENTS and default is not None
+                ]
+            elif isinstance(node, ast.Call):
+                called = ast.unparse(node.func)
+                if called.endswith(".target") or called.startswith("Target.for_"):
+                    builds.append(f"{scan.where(module, node.lineno)} {called}()")
+    assert not defaults, "planning stages default what the target names:\n" + "\n".join(defaults)
+    allowed = [b for b in builds if "tflms/tuning/autotuner.py" in b]
+    assert builds == allowed, "planning stages resolve a target themselves:\n" + "\n".join(builds)
 
 
 def test_the_ddl_tf_engine_takes_a_reduce_spec_not_loose_reduction_arguments():

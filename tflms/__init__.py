@@ -9,9 +9,12 @@ the backward pass needs them. The pipeline, one sub-package per stage:
 * :mod:`tflms.apply` - apply: the only stage that mutates a graph, and
   :func:`validate`, the contracts a rewritten graph must satisfy;
 * :mod:`tflms.simulation` - predicted peak memory and step time;
-* :mod:`tflms.compose` - one plan from the levers (:func:`make_plan`), the
-  choices that need the simulator (order edges, swap-in timing) included;
+* :mod:`tflms.compose` - one plan from the levers, the choices that need
+  the simulator (order edges, swap-in timing) included;
 * :mod:`tflms.tuning` - the plan that fits a memory budget;
+* :mod:`tflms.pipeline` - the stages above joined, every option resolved
+  once (:class:`Pipeline`; :func:`make_plan` is its plan stage alone): what
+  every front end and the SavedModel path run;
 * :mod:`tflms.saved_model` and :mod:`tflms.cli` - the ``tflms`` command.
 
 Below the pipeline: :mod:`tflms.config` and :mod:`tflms.errors`,
@@ -70,7 +73,8 @@ __getattr__, __dir__, _exported = _lazy_exports(
         "build_view": "tflms.graph.view",
         "function": "tflms.frontends.decorator",
         "LMSFunction": "tflms.frontends.decorator",
-        "make_plan": "tflms.compose.levers",
+        "make_plan": "tflms.pipeline",
+        "Pipeline": "tflms.pipeline",
         "simulate": "tflms.simulation.simulator",
         "SimulationResult": "tflms.simulation.simulator",
         "validate": "tflms.apply.validation",

@@ -6,13 +6,9 @@ The same fields drive the Python API (:class:`tflms.LMS`,
 The option names follow TFLMS v2 where TFLMS had the same knob.
 
 The fields are flat, as users pass them (``LMSConfig(swapout_threshold=4)``,
-``--swapout-threshold 4``, a plan's JSON), and grouped by the stage that reads
-them (:data:`GROUPS`): ``config.analysis`` (:class:`AnalysisOptions`: devices,
-batch size), ``config.plan`` (:class:`PlanOptions`: the swap, recompute and
-order levers), ``config.tuning`` (:class:`TuningOptions`: budget, margin,
-link) and ``config.calibration`` (:class:`CalibrationOptions`). A group is a
-frozen value; ``config.replace(plan=...)`` and :meth:`LMSConfig.from_groups`
-take groups back.
+``--swapout-threshold 4``, a plan's JSON). The front ends resolve what they
+name once (:class:`tflms.pipeline.Pipeline`: the target, the devices, the
+batch size) and every stage reads the fields it needs from the one config.
 
 Example:
     >>> from tflms import LMSConfig
@@ -21,9 +17,7 @@ Example:
     ((3, 3), (10, 12))
     >>> LMSConfig.from_dict(cfg.to_dict()) == cfg
     True
-    >>> cfg.plan.swapout_threshold, cfg.analysis.host_device, cfg.tuning.link
-    (20, '/device:CPU:0', 'pcie3')
-    >>> cfg.replace(plan=cfg.plan.replace(swapin_ahead=4)).swapin_ahead
+    >>> cfg.replace(swapin_ahead=4).swapin_ahead
     4
     >>> LMSConfig(memory_budget="16GiB").memory_budget, LMSConfig(memory_budget="v100-16gb").memory_budget
     (17179869184, 'V100-16GB')
@@ -39,7 +33,7 @@ import dataclasses
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, Literal, TypeAlias
 
 from tflms.cost.hardware import DEVICES, LINKS
 from tflms.cost.target import DEFAULT_LINK, Target
@@ -47,16 +41,7 @@ from tflms.errors import ConfigError
 from tflms.utils.devices import check_device_string, same_device
 from tflms.utils.units import parse_bytes
 
-__all__ = [
-    "AnalysisOptions",
-    "CalibrationOptions",
-    "GROUPS",
-    "LMSConfig",
-    "PlanOptions",
-    "SYNC_MODES",
-    "SyncMode",
-    "TuningOptions",
-]
+__all__ = ["LMSConfig", "SYNC_MODES", "SyncMode"]
 
 SyncMode: TypeAlias = Literal[0, 1, 2, 3]
 """The values of ``LMSConfig.sync_mode`` (see :data:`SYNC_MODES`)."""
@@ -71,70 +56,6 @@ SYNC_MODES: dict[SyncMode, str] = {
 
 def _fail(name: str, value: Any, expected: str, fix: str) -> ConfigError:
     return ConfigError(f"LMSConfig.{name} must be {expected}. Received {name}={value!r}. {fix}")
-
-
-class _Group:
-    """A frozen group of :class:`LMSConfig` fields (its docs are the config's)."""
-
-    def replace(self, **changes: Any) -> Any:
-        """A copy with some fields changed; :class:`LMSConfig` validates it when it takes it back."""
-        return dataclasses.replace(self, **changes)  # type: ignore[type-var]  # a dataclass
-
-
-@dataclass(frozen=True)
-class AnalysisOptions(_Group):
-    """How the graph is read (:mod:`tflms.graph`): devices and the batch size."""
-
-    device: str | None
-    host_device: str
-    batch_size: int | None
-
-
-@dataclass(frozen=True)
-class PlanOptions(_Group):
-    """What the planners may do (:mod:`tflms.plan`, :mod:`tflms.compose`): the levers."""
-
-    min_tensor_bytes: int
-    swapout_threshold: int
-    swapin_ahead: int
-    swapin_groupby: int
-    sync_mode: SyncMode
-    serialization: tuple[tuple[int, int], ...]
-    incl_scopes: tuple[str, ...]
-    excl_scopes: tuple[str, ...]
-    incl_types: tuple[str, ...]
-    excl_types: tuple[str, ...]
-    n_tensors: int | None
-    swap_weight_gradients: bool
-    recompute: bool
-    recompute_dense: float
-    reorder: bool
-    max_op_bytes: int | None
-
-
-@dataclass(frozen=True)
-class TuningOptions(_Group):
-    """What the auto-tuner (:mod:`tflms.tuning`) fits the plan to: budget, margin, link."""
-
-    memory_budget: int | str | None
-    safety_margin: float
-    link: str
-
-
-@dataclass(frozen=True)
-class CalibrationOptions(_Group):
-    """The realistic memory model fitted to your own GPU (:mod:`tflms.cost.gpu_memory`)."""
-
-    tensor_factor: float
-
-
-GROUPS: dict[str, type[_Group]] = {
-    "analysis": AnalysisOptions,
-    "plan": PlanOptions,
-    "tuning": TuningOptions,
-    "calibration": CalibrationOptions,
-}
-"""``{group name: its frozen class}``: every :class:`LMSConfig` field is in exactly one."""
 
 
 @dataclass(frozen=True)
@@ -364,48 +285,6 @@ class LMSConfig:
                 "Set recompute=True as well: dense ops are re-run in recompute groups.",
             )
 
-    # ------------------------------------------------------------------ groups
-    @property
-    def analysis(self) -> AnalysisOptions:
-        """The analysis options: ``device``, ``host_device``, ``batch_size``."""
-        return self._group(AnalysisOptions)
-
-    @property
-    def plan(self) -> PlanOptions:
-        """The planners' options: thresholds, filters and the levers."""
-        return self._group(PlanOptions)
-
-    @property
-    def tuning(self) -> TuningOptions:
-        """The auto-tuner's options: ``memory_budget``, ``safety_margin``, ``link``."""
-        return self._group(TuningOptions)
-
-    @property
-    def calibration(self) -> CalibrationOptions:
-        """The memory model's calibration: ``tensor_factor``."""
-        return self._group(CalibrationOptions)
-
-    def _group(self, kind: type[_G]) -> _G:
-        names = (f.name for f in dataclasses.fields(kind))  # type: ignore[arg-type]
-        return kind(**{name: getattr(self, name) for name in names})
-
-    @classmethod
-    def from_groups(cls, *groups: _Group, **changes: Any) -> LMSConfig:
-        """A config from groups (:data:`GROUPS`) and fields; missing ones keep their defaults.
-
-        Args:
-            *groups: group values, e.g. ``PlanOptions(...)`` or another
-                config's ``config.plan``.
-            **changes: field names (or group names) and values, applied last.
-
-        Returns:
-            The validated config.
-
-        Raises:
-            ConfigError: a value is invalid, or an argument is not a group.
-        """
-        return cls().replace(**{_name_of(g): g for g in groups}, **changes)
-
     # ------------------------------------------------------------------ helpers
     def target(self, **overrides: Any) -> Target:
         """The :class:`~tflms.cost.target.Target` these options describe.
@@ -435,9 +314,7 @@ class LMSConfig:
         """A copy with some fields changed (validated again).
 
         Args:
-            **changes: Field names and their new values, or group names
-                (:data:`GROUPS`) and a group value (``plan=config.plan.replace(
-                swapin_ahead=4)``), which replaces every field of the group.
+            **changes: Field names and their new values.
 
         Returns:
             A new config; this one is unchanged.
@@ -445,7 +322,7 @@ class LMSConfig:
         Raises:
             ConfigError: a new value is invalid (the same checks as the constructor).
         """
-        return dataclasses.replace(self, **_flattened(changes))
+        return dataclasses.replace(self, **changes)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -488,39 +365,6 @@ class LMSConfig:
                 f"Unknown LMSConfig option(s) {unknown}. Valid options: {', '.join(cls.field_names())}."
             )
         return cls(**data)
-
-
-_G = TypeVar("_G", bound=_Group)
-
-
-def _name_of(group: Any) -> str:
-    for name, kind in GROUPS.items():
-        if type(group) is kind:
-            return name
-    raise ConfigError(
-        f"LMSConfig.from_groups takes option groups ({', '.join(k.__name__ for k in GROUPS.values())}), "
-        f"got {type(group).__name__}. Pass single options as keywords: from_groups(plan, n_tensors=4)."
-    )
-
-
-def _flattened(changes: dict[str, Any]) -> dict[str, Any]:
-    """``changes`` with each group value (``plan=PlanOptions(...)``) spread into its fields."""
-    out: dict[str, Any] = {}
-    for name, value in changes.items():
-        kind = GROUPS.get(name)
-        if kind is None:
-            out[name] = value
-            continue
-        if type(value) is not kind:
-            raise ConfigError(
-                f"LMSConfig.{name} is the group {kind.__name__}; got {type(value).__name__}. "
-                f"Example: config.replace({name}=config.{name}.replace(...)), or set its fields "
-                "one by one."
-            )
-        out.update(dataclasses.asdict(value))  # type: ignore[call-overload]  # a dataclass
-    # single fields win over the group they belong to when both are given
-    out.update({k: v for k, v in changes.items() if k not in GROUPS})
-    return out
 
 
 _INT_FIELDS = (

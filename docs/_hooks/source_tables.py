@@ -160,16 +160,12 @@ def _env_table() -> str:
 
 
 def _lms_config_table() -> str:
-    import dataclasses
 
     from tflms.cli.options import config_fields
-    from tflms.config import GROUPS
 
-    group_of = {f.name: name for name, kind in GROUPS.items() for f in dataclasses.fields(kind)}
     rows = [
         [
             f"`{f.name}`",
-            f"`{group_of[f.name]}`",
             f"`{f.option}`",
             f"`{f.annotation.replace(' | ', ' or ')}`",  # a | would split the table cell
             f"`{f.default!r}`",
@@ -177,7 +173,7 @@ def _lms_config_table() -> str:
         ]
         for f in config_fields()
     ]
-    return markdown_table(["field", "group", "tflms option", "type", "default", "meaning"], rows)
+    return markdown_table(["field", "tflms option", "type", "default", "meaning"], rows)
 
 
 def _hardware_table() -> str:

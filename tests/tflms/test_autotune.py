@@ -188,7 +188,8 @@ def test_retimed_triggers_keep_the_graph_valid_and_hide_copies():
     plan = tflms.make_plan(view, tflms.LMSConfig(swapout_threshold=4, swapin_ahead=1))
     levels = {n: d["level"] for n, d in view.nodes(data=True)}
 
-    retimed = retime_triggers(view, plan, link="nvlink2", slack=1.5)
+    target = tflms.Target.for_device("V100-16GB", "nvlink2")
+    retimed = retime_triggers(view, plan, target, slack=1.5)
 
     assert [s.tensor for s in retimed.swaps] == [s.tensor for s in plan.swaps]
     for swap in retimed.swaps:

@@ -1,8 +1,9 @@
 """The auto-tuner's shared work (PlanSimulator, memoized recomputations) changes no result.
 
-The reference path simulates every plan from scratch with :func:`tflms.simulate`
-and plans every option setting with a fresh :func:`tflms.make_plan`, as the
-search did before it reused work across plans; both paths must choose the
+The reference path (``benchmarks/from_scratch.py``) simulates every plan from
+scratch with :func:`tflms.simulate` and composes every option setting's plan
+with a fresh lever composition, as the search did before it reused work
+across plans; both paths must choose the
 same plan with the same predicted peak and report the same candidates.
 """
 
@@ -11,19 +12,13 @@ from __future__ import annotations
 import pytest
 
 import tflms
+from benchmarks.from_scratch import from_scratch
 from tflms import zoo
-from tflms.simulation.plans import PlanSimulator, SimulateEach, plan_key
-from tflms.tuning import search
+from tflms.simulation.plans import PlanSimulator, plan_key
 
 
-def _reference(monkeypatch, *args, **kwargs) -> tflms.AutotuneResult:
-    with monkeypatch.context() as patch:
-        patch.setattr(search, "PlanSimulator", SimulateEach)
-        patch.setattr(
-            search,
-            "make_plan",
-            lambda view, config, memo, target: tflms.make_plan(view, config, target=target),
-        )
+def _reference(*args, **kwargs) -> tflms.AutotuneResult:
+    with from_scratch():
         return tflms.autotune(*args, **kwargs)
 
 
@@ -44,15 +39,13 @@ def _assert_same(fast: tflms.AutotuneResult, slow: tflms.AutotuneResult) -> None
     ],
     ids=["gpt2", "cnn"],
 )
-def test_same_plan_peak_and_candidates_as_simulating_from_scratch(
-    monkeypatch, model, batch, fraction, link
-):
+def test_same_plan_peak_and_candidates_as_simulating_from_scratch(model, batch, fraction, link):
     view = tflms.analyze(model(), batch_size=batch)
     peak = tflms.simulate(view, accounting="tensors").device_peak_bytes
     budget = int(peak * fraction)
     options = dict(safety_margin=0.0, link=link, config=tflms.LMSConfig(min_tensor_bytes=0))
     fast = tflms.autotune(view, budget, **options)
-    slow = _reference(monkeypatch, view, budget, **options)
+    slow = _reference(view, budget, **options)
     assert fast.lms_needed and fast.plan.recomputes or fast.plan.swaps
     _assert_same(fast, slow)
 

@@ -1,6 +1,5 @@
 """LMSConfig: validation names the field, echoes the value and says the fix."""
 
-import dataclasses
 import json
 
 import numpy as np
@@ -126,43 +125,12 @@ def test_device_parser_refuses_what_tensorflow_refuses(spec):
         parse_device(spec)
 
 
-def test_every_field_is_in_exactly_one_stage_group():
-    from tflms.config import GROUPS
-
-    grouped = [f.name for kind in GROUPS.values() for f in dataclasses.fields(kind)]
-    assert sorted(grouped) == sorted(LMSConfig.field_names())
-    assert len(grouped) == len(set(grouped))
-    types = {f.name: f.type for f in dataclasses.fields(LMSConfig)}
-    for kind in GROUPS.values():
-        for f in dataclasses.fields(kind):
-            assert f.type == types[f.name], (kind.__name__, f.name)
-
-
-def test_groups_read_and_write_the_flat_fields():
-    from tflms.config import PlanOptions, TuningOptions
-
+def test_replace_validates_and_keeps_the_other_fields():
     config = LMSConfig(swapout_threshold=4, memory_budget="16GiB", link="nvlink2")
-    assert isinstance(config.plan, PlanOptions) and config.plan.swapout_threshold == 4
-    assert config.tuning == TuningOptions(16 << 30, 0.1, "nvlink2")
-    assert config.analysis.host_device == "/device:CPU:0"
-    assert config.calibration.tensor_factor == 1.0
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        config.plan.swapout_threshold = 5  # type: ignore[misc]
-    changed = config.replace(plan=config.plan.replace(swapin_ahead=2, recompute=True))
+    changed = config.replace(swapin_ahead=2, recompute=True)
     assert (changed.swapin_ahead, changed.recompute, changed.swapout_threshold) == (2, True, 4)
-    assert changed.tuning == config.tuning  # the other groups are kept
-    # a single field given with its group wins over the group's value
-    assert config.replace(plan=config.plan, swapin_ahead=3).swapin_ahead == 3
-    rebuilt = LMSConfig.from_groups(config.plan, config.tuning, batch_size=8)
-    assert rebuilt == config.replace(batch_size=8)
-    assert LMSConfig.from_dict(rebuilt.to_dict()) == rebuilt  # serialization stays flat
-
-
-def test_groups_are_validated_when_taken_back():
-    config = LMSConfig()
+    assert (changed.memory_budget, changed.link) == (16 << 30, "nvlink2")
     with pytest.raises(ConfigError, match="swapin_ahead=0"):
-        config.replace(plan=config.plan.replace(swapin_ahead=0))
-    with pytest.raises(ConfigError, match="is the group PlanOptions; got dict"):
-        config.replace(plan={"swapin_ahead": 2})
-    with pytest.raises(ConfigError, match="takes option groups"):
-        LMSConfig.from_groups(config)  # type: ignore[arg-type]
+        config.replace(swapin_ahead=0)
+    with pytest.raises(TypeError, match="plan"):
+        config.replace(plan={"swapin_ahead": 2})  # the stage groups are gone: fields only

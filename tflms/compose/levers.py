@@ -1,4 +1,4 @@
-"""``tflms.make_plan``: one plan from the three levers - recompute, swap, order.
+"""The lever composition: one plan from recomputation, swaps, retiming and order.
 
 The levers are planned in the order they are applied, each on the graph the
 earlier ones produce:
@@ -7,11 +7,19 @@ earlier ones produce:
    ``LMSConfig.recompute``: cheap ops re-run before their far consumers;
 2. swaps (:func:`~tflms.plan.planner.plan_swaps`) on the view rewritten by
    the recomputations, so a tensor a clone reads may be swapped for it;
-3. order edges (:func:`~tflms.compose.ordering.order_edges`), if
-   ``LMSConfig.reorder``, chosen by simulating the view rewritten by both.
+3. swap-in triggers by simulated time
+   (:func:`~tflms.compose.retime.retime_triggers`), when a ``retime``
+   slack is given (the auto-tuner's lever; not an ``LMSConfig`` field);
+4. order edges (:func:`~tflms.compose.ordering.order_edges`), if
+   ``LMSConfig.reorder``, chosen by simulating the view rewritten by all of
+   the above under the target's accounting.
 
-With ``LMSConfig.memory_budget`` use :func:`tflms.autotune`, which searches
-these options for the cheapest plan that fits.
+:func:`compose_plan` is that composition, and the only one: ``tflms.make_plan``
+(:mod:`tflms.pipeline`) calls it for one setting, the auto-tuner's search
+(:mod:`tflms.tuning.search`) for each setting it tries, with a
+:class:`Levers` memo that shares what settings have in common. The
+:class:`~tflms.cost.target.Target` is an argument, never a default: the
+front end resolves it once.
 
 Example:
     >>> import tensorflow as tf, tflms
@@ -25,9 +33,10 @@ Example:
     ...     out = tf.multiply(y, h, name="out")  # h lives long
     >>> view = tflms.build_view(g)
     >>> config = tflms.LMSConfig(swapout_threshold=10, swapin_ahead=4, min_tensor_bytes=0)
-    >>> [s.tensor for s in tflms.make_plan(view, config).swaps]
+    >>> [s.tensor for s in compose_plan(view, config, config.target()).swaps]
     ['h:0']
-    >>> plan = tflms.make_plan(view, config.replace(recompute=True))
+    >>> config = config.replace(recompute=True)
+    >>> plan = compose_plan(view, config, config.target())
     >>> [r.ops for r in plan.recomputes], plan.swaps  # x is at hand: re-run x * 2 and the ReLU
     ([('mul', 'h')], ())
 """
@@ -47,7 +56,7 @@ from tflms.plan.recompute import plan_recomputes
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.units import format_bytes
 
-__all__ = ["make_plan"]
+__all__ = ["Levers", "compose_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,85 +65,124 @@ _SWAPS_ONLY = dict(swapin_groupby=0, n_tensors=None, sync_mode=0, serialization=
 """Options the recomputations do not read: plans that differ only in them share their groups."""
 
 
-def make_plan(
+class Levers:
+    """What the plans of one view and one target share, kept between :func:`compose_plan` calls.
+
+    The auto-tuner plans dozens of settings of one view: the recomputation
+    groups (and the view they rewrite) are shared by settings that differ
+    only in swap options, the unordered plan by its retimed and ordered
+    variants, the op times and the timed plain schedule by every retiming
+    and ordering. Plans are immutable, so sharing them changes no result
+    (``tests/tflms/test_autotune_reuse.py``).
+
+    Args:
+        view: the analysis view every plan is made for.
+        target: the target every plan is made for.
+        costs: op times shared with the simulator's compilations of the
+            same view and device (``compile_view``'s memo); None: a new one.
+    """
+
+    def __init__(self, view: nx.DiGraph, target: Target, costs: dict | None = None):
+        self.view, self.target = view, target
+        self.costs: dict = {} if costs is None else costs
+        self.staged: dict = {}  # recomputations and the view they rewrite, by _SWAPS_ONLY key
+        self.unordered: dict[LMSConfig, SwapPlan] = {}  # plans before retiming and ordering
+        self.timed: tuple | None = None  # the plain view compiled and scheduled, for retiming
+
+    def recomputed(self, config: LMSConfig):
+        """``(recompute groups, the view they rewrite)`` for ``config``."""
+        if not config.recompute:
+            return (), self.view
+        key = config.replace(**_SWAPS_ONLY)
+        if key not in self.staged:
+            recomputes = plan_recomputes(self.view, config, self.target)
+            staged = (
+                apply_to_view(self.view, SwapPlan(recomputes=recomputes, config=config))
+                if recomputes
+                else self.view
+            )
+            self.staged[key] = (recomputes, staged)
+        return self.staged[key]
+
+    def swapped(self, config: LMSConfig) -> SwapPlan:
+        """Recomputations and swaps for ``config`` (``reorder`` not read)."""
+        config = config.replace(reorder=False)
+        if config not in self.unordered:
+            recomputes, staged = self.recomputed(config)
+            plan = plan_swaps(staged, config)
+            notes = list(plan.notes)
+            if recomputes:
+                notes.append(
+                    f"{len(recomputes)} groups recomputed "
+                    f"({format_bytes(sum(r.bytes for r in recomputes))} not kept, "
+                    f"{sum(r.seconds for r in recomputes) * 1e3:.2f} ms predicted on "
+                    f"{self.target.device.name})"
+                )
+            self.unordered[config] = dataclasses.replace(
+                plan, recomputes=recomputes, notes=tuple(notes)
+            )
+        return self.unordered[config]
+
+    def retimed(self, plan: SwapPlan, slack: float) -> SwapPlan:
+        """``plan`` with its swap-ins triggered by simulated time (``slack``)."""
+        from tflms.compose.retime import retime_triggers  # the simulator: only when retiming
+        from tflms.simulation.schedule import compile_view, first_ready
+
+        if not plan.swaps:
+            return plan
+        if self.timed is None:
+            compiled = compile_view(self.view, device=self.target.device, link=self.target.link)
+            self.timed = (compiled, first_ready(compiled))
+        return retime_triggers(self.view, plan, self.target, slack=slack, timed=self.timed)
+
+    def ordered(self, plan: SwapPlan) -> SwapPlan:
+        """``plan`` with the order edges the simulator finds for the graph it rewrites."""
+        from tflms.compose.ordering import order_edges  # the simulator: only when ordering
+
+        base = dataclasses.replace(plan, order=())
+        rewritten = apply_to_view(self.view, base) if not base.empty else self.view
+        found = order_edges(rewritten, self.target, costs=self.costs)
+        if not found.edges:
+            return base
+        note = (
+            f"{len(found.edges)} order edges: simulated peak {format_bytes(found.peak_before)} -> "
+            f"{format_bytes(found.peak_after)} ({self.target.device.name}, {self.target.link.name})"
+        )
+        return dataclasses.replace(base, order=found.edges, notes=(*base.notes, note))
+
+
+def compose_plan(
     view: nx.DiGraph,
-    config: LMSConfig | None = None,
+    config: LMSConfig,
+    target: Target,
     *,
-    memo: dict | None = None,
-    target: Target | None = None,
+    retime: float | None = None,
+    levers: Levers | None = None,
 ) -> SwapPlan:
-    """Plan recomputations, swaps and order edges for ``view`` under ``config``.
+    """Plan recomputations, swaps, retimed triggers and order edges for ``view``.
 
     Args:
         view: the analysis view of a graph (from :func:`tflms.build_view`).
-        config: planner options; defaults to ``LMSConfig()`` (swaps only).
-        memo: a dict kept between calls on the same ``view`` (the
-            auto-tuner's): the recomputation groups and the view they
-            rewrite, reused by options that differ only in what the groups
-            do not depend on. None: nothing is kept.
-        target: the device the recomputations are timed on and the link
-            ordering simulates; default the config's own
-            (``memory_budget``'s preset, else
-            :data:`~tflms.cost.target.DEFAULT_DEVICE`, over ``config.link``), so
-            that a config always reproduces its plan.
+        config: the planner options.
+        target: the device the recomputations and orders are timed on, the
+            link copies are timed over, the accounting orders are judged by.
+        retime: the ``slack`` of simulated-time swap-in triggers
+            (:func:`~tflms.compose.retime.retime_triggers`); None keeps the
+            planner's level-based triggers.
+        levers: the memo of earlier calls on the same ``view`` and
+            ``target`` (the auto-tuner's); None: nothing is shared.
 
     Returns:
         The :class:`~tflms.SwapPlan`; possibly empty, in which case
         ``plan.skipped`` and ``plan.notes`` say why.
     """
-    config = config or LMSConfig()
-    if target is None:  # the stack and accounting are not read: tensor_factor is left out
-        target = Target.for_budget(config.memory_budget, link=config.link)
-    device = target.device
-    key = config.replace(**_SWAPS_ONLY) if config.recompute else None
-    if memo is not None and key in memo:
-        recomputes, staged = memo[key]
-    else:
-        recomputes = plan_recomputes(view, config, target=target) if config.recompute else ()
-        staged = (
-            apply_to_view(view, SwapPlan(recomputes=recomputes, config=config))
-            if recomputes
-            else view
-        )
-        if memo is not None and key is not None:
-            memo[key] = (recomputes, staged)
-    plan = plan_swaps(staged, config)
-    notes = list(plan.notes)
-    if recomputes:
-        notes.append(
-            f"{len(recomputes)} groups recomputed ({format_bytes(sum(r.bytes for r in recomputes))} "
-            f"not kept, {sum(r.seconds for r in recomputes) * 1e3:.2f} ms predicted on {device.name})"
-        )
-    plan = dataclasses.replace(plan, recomputes=recomputes, notes=tuple(notes))
-    if config.reorder:
-        plan = with_order(view, plan, device=device, link=target.link)
-    return plan
-
-
-def with_order(view: nx.DiGraph, plan: SwapPlan, *, device, link, **options) -> SwapPlan:
-    """``plan`` with the order edges the simulator finds for the graph it rewrites.
-
-    Args:
-        view: the analysis view ``plan`` was made for (without tflms ops).
-        plan: a plan without order edges.
-        device: device preset (or model) for the simulation.
-        link: link preset (or model) for the simulation.
-        **options: passed to :func:`~tflms.compose.ordering.order_edges`.
-
-    Returns:
-        The plan with :attr:`~tflms.SwapPlan.order` set (unchanged when no
-        order lowers the peak).
-    """
-    from tflms.compose.ordering import order_edges  # the simulator: only when ordering
-
-    base = dataclasses.replace(plan, order=())
-    rewritten = apply_to_view(view, base) if not base.empty else view
-    found = order_edges(rewritten, device=device, link=link, **options)
-    if not found.edges:
-        return base
-    note = (
-        f"{len(found.edges)} order edges: simulated peak {format_bytes(found.peak_before)} -> "
-        f"{format_bytes(found.peak_after)} ({getattr(device, 'name', device)}, "
-        f"{getattr(link, 'name', link)})"
-    )
-    return dataclasses.replace(base, order=found.edges, notes=(*base.notes, note))
+    if levers is None:
+        levers = Levers(view, target)
+    elif levers.view is not view or levers.target != target:
+        raise ValueError("compose_plan: the levers memo was made for another view or target")
+    plan = levers.swapped(config)
+    if retime is not None:
+        plan = levers.retimed(plan, retime)
+    if config.reorder and not plan.empty:  # ordered last: the edges depend on the triggers
+        plan = levers.ordered(plan)
+    return dataclasses.replace(plan, config=config)  # shared plans: the setting asked for

@@ -39,7 +39,8 @@ Example:
     ...     op(f"{b}1", 64 << 20, "dy"); op(f"{b}2", 64 << 20, f"{b}1"); op(f"{b}3", 4, f"{b}1", f"{b}2")
     >>> op("join", 4, "a3", "b3")
     >>> assign_levels(v)
-    >>> result = order_edges(v, device="V100-16GB", link="ideal")
+    >>> from tflms.cost.target import Target
+    >>> result = order_edges(v, Target.for_device("V100-16GB", "ideal"))
     >>> result.edges, result.peak_after < result.peak_before
     ((('a3', 'b1'),), True)
 """
@@ -51,8 +52,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from tflms.cost.hardware import DeviceModel, LinkModel
-from tflms.cost.target import DEFAULT_DEVICE, DEFAULT_LINK
+from tflms.cost.target import Target
 from tflms.graph.grappler_rules import in_a_fold, removed_at_run_time
 from tflms.plan.candidates import ORDER_SENSITIVE
 from tflms.simulation.allocator import Accounting
@@ -172,10 +172,8 @@ class _Graph:
 
 def order_edges(
     view: nx.DiGraph,
+    target: Target,
     *,
-    device: str | DeviceModel = DEFAULT_DEVICE,
-    link: str | LinkModel = DEFAULT_LINK,
-    accounting: Accounting = "tensorflow",
     rounds: int = 24,
     max_slowdown: float = 0.02,
     min_buffer_fraction: float = 0.02,
@@ -186,9 +184,9 @@ def order_edges(
     Args:
         view: the analysis view, already rewritten by the plan's swaps and
             recomputations (their ops are ordinary nodes here).
-        device: device preset (or model) the simulation times ops with.
-        link: link preset (or model) the simulation times copies with.
-        accounting: memory conventions (see :mod:`tflms.simulation.memory`).
+        target: its device times the ops, its link the copies, and its
+            accounting (:mod:`tflms.simulation.memory`) weighs the buffers;
+            the plan is replayed under the target it was found for.
         rounds: at most this many edge sets are added.
         max_slowdown: an edge set may lengthen the simulated step by at most
             this fraction.
@@ -200,6 +198,7 @@ def order_edges(
     Returns:
         An :class:`OrderResult`; ``edges`` is empty when no order helps.
     """
+    device, link, accounting = target.device, target.link, target.accounting
     bypass = accounting != "grappler"  # as Grappler runs it; ancestry as written
     costs = {} if costs is None else costs  # the two compilations share most ops
     compiled = compile_view(view, device=device, link=link, bypass_identity_n=bypass, costs=costs)

@@ -22,8 +22,9 @@ It is a plan-to-plan transform: the result is an ordinary
 :class:`~tflms.plan.swap_plan.SwapPlan`, applied and validated like any other.
 
 Example:
+    >>> from tflms.cost.target import Target
     >>> from tflms.plan.swap_plan import SwapPlan
-    >>> retime_triggers(None, SwapPlan()).swaps
+    >>> retime_triggers(None, SwapPlan(), Target.for_device("V100-16GB", "pcie3")).swaps
     ()
 """
 
@@ -35,8 +36,7 @@ import logging
 
 import networkx as nx
 
-from tflms.cost.hardware import DeviceModel, LinkModel, get_link
-from tflms.cost.target import DEFAULT_DEVICE, DEFAULT_LINK
+from tflms.cost.target import Target
 from tflms.plan.swap_plan import SwapPlan
 from tflms.plan.triggers import trigger_filter
 from tflms.simulation.schedule import compile_view, first_ready
@@ -49,9 +49,8 @@ logger = logging.getLogger(__name__)
 def retime_triggers(
     view: nx.DiGraph | None,
     plan: SwapPlan,
+    target: Target,
     *,
-    device: str | DeviceModel = DEFAULT_DEVICE,
-    link: str | LinkModel = DEFAULT_LINK,
     slack: float = 1.0,
     timed: tuple | None = None,
 ) -> SwapPlan:
@@ -61,12 +60,11 @@ def retime_triggers(
         view: the analysis view ``plan`` was made from (without swap ops).
         plan: the plan to retime; swap-ins without a trigger (synchronous
             ones, sync modes 2 and 3) are kept as they are.
-        device: the preset (or model) timing the ops.
-        link: the preset (or model) timing the copies.
+        target: its device times the ops, its link the copies.
         slack: each copy is started this many copy-times before it must end
             (1.0: just in time on an otherwise idle stream).
         timed: ``(compile_view(view, ...), first_ready(...))`` computed
-            before, to reuse across calls on the same view, device and link.
+            before, to reuse across calls on the same view and target.
 
     Returns:
         A new plan with the same swaps and retimed triggers.
@@ -74,9 +72,9 @@ def retime_triggers(
     if not plan.swaps:
         return plan
     assert view is not None  # only a plan without swaps may come without its view
-    link = get_link(link)
+    link = target.link
     if timed is None:
-        graph = compile_view(view, device=device, link=link)
+        graph = compile_view(view, device=target.device, link=link)
         timed = (graph, first_ready(graph))
     graph, schedule = timed
     index = {name: i for i, name in enumerate(graph.names)}

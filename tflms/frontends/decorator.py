@@ -50,10 +50,11 @@ _STATE_ATTR = "_tflms_state"
 
 
 class _LMSState:
-    """What an LMS function and all its bound copies share: the options and the plans."""
+    """What an LMS function and all its bound copies share: the pipeline and the plans."""
 
     def __init__(self, config: LMSConfig):
         self.config = config
+        self.lms = LMS(config)  # the target resolved once, the devices at the first trace
         self.plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def wrap(self, fn):
@@ -72,7 +73,7 @@ class _LMSState:
             )
             outputs = body(*args, **kwargs)
             graph = tf.compat.v1.get_default_graph()
-            self.plans[graph] = LMS(self.config).run(graph)
+            self.plans[graph] = self.lms.run(graph)
             return outputs
 
         setattr(traced, _STATE_ATTR, self)

@@ -31,28 +31,20 @@ Example:
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from tflms.apply.core import apply_plan
-from tflms.apply.split import finish_view, split_graph
-from tflms.apply.validation import validate
-from tflms.compose.levers import make_plan
 from tflms.config import LMSConfig
-from tflms.errors import AlreadyRewrittenError, ConfigError, UnsupportedGraphError
-from tflms.graph.view import build_view, require_batch_size
-from tflms.plan.splits import Split, plan_deferrals, plan_splits
+from tflms.errors import ConfigError, UnsupportedGraphError
+from tflms.pipeline import Pipeline
+from tflms.plan.splits import Split
 from tflms.plan.swap_plan import SwapPlan
-from tflms.utils.devices import check_local_device
 
 if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is set
     from tflms.tuning.autotuner import AutotuneResult
 
 __all__ = ["LMS", "resolve_config"]
-
-logger = logging.getLogger(__name__)
 
 
 def resolve_config(config: LMSConfig | None, overrides: dict) -> LMSConfig:
@@ -82,17 +74,31 @@ def resolve_config(config: LMSConfig | None, overrides: dict) -> LMSConfig:
 
 
 class LMS:
-    """Large Model Support for one graph.
+    """Large Model Support for one graph: the pipeline (:mod:`tflms.pipeline`) for one config.
 
     Args:
         config: an :class:`LMSConfig`; keyword ``overrides`` replace its fields.
+
+    Raises:
+        ConfigError: an option is invalid, or the target it names cannot be
+            resolved (checked here, once; devices are checked at the first
+            graph).
     """
 
     def __init__(self, config: LMSConfig | None = None, **overrides):
         self.config = resolve_config(config, overrides)
+        self.target = self.config.target()  # device, link, budget, accounting, stack: once
         self.tuning: AutotuneResult | None = None
         self.view = None  # the analysis view of the last graph planned (before any rewrite)
         self.splits: tuple[Split, ...] = ()  # the ops the last run cut into row chunks
+        self._pipeline: Pipeline | None = None
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline of this config (made, and the devices checked, at the first graph)."""
+        if self._pipeline is None:
+            self._pipeline = Pipeline(self.config, self.target)
+        return self._pipeline
 
     @tf.autograph.experimental.do_not_convert
     def plan(
@@ -106,7 +112,7 @@ class LMS:
         Args:
             graph: a ``tf.Graph`` or ``FuncGraph`` of this process.
             batch_size: the batch each step sees, when the graph leaves it
-                open (``LMSConfig.batch_size`` wins).
+                open (``LMSConfig.batch_size`` wins: :data:`tflms.graph.view.BATCH_RULE`).
             batch_source: where ``batch_size`` came from, for the plan's notes.
 
         Returns:
@@ -119,48 +125,20 @@ class LMS:
             UnsupportedGraphError: the graph has no ops.
             PlanInfeasibleError: with ``memory_budget``, no plan fits.
         """
-        return self._plan(self._view(graph, batch_size, batch_source))
-
-    def _view(self, graph, batch_size, batch_source):
         _check_graph(graph)
-        check_local_device("host_device", self.config.host_device)
-        check_local_device("device", self.config.device)
-        if self.config.batch_size is not None:  # the user's setting wins over a detected size
-            batch_size = batch_source = None
-        view = build_view(
-            graph, config=self.config, batch_size=batch_size, batch_source=batch_source
-        )
-        require_batch_size(view, fix="LMSConfig(batch_size=N)", reason=batch_source)
-        return view
-
-    def _plan(self, view) -> SwapPlan:
+        view = self.pipeline.view(graph, (batch_size, batch_source))
         self.view = view
-        target = self.config.target()  # device, link, budget and stack: resolved once, here
-        if self.config.memory_budget is None:
-            return make_plan(view, self.config, target=target)
-        from tflms.tuning.autotuner import autotune
-
-        self.tuning = autotune(view, config=self.config, target=target)
-        return self.tuning.plan
-
-    def _split(self, graph, view, batch_size, batch_source):
-        """Cut the ops larger than ``max_op_bytes`` into row chunks; the view of the result."""
-        self.splits = plan_splits(view, self.config.max_op_bytes)
-        deferrals = plan_deferrals(view, self.config.max_op_bytes)
-        if not self.splits and not deferrals:
-            return view
-        inserted = split_graph(graph, self.splits, self.config.host_device, deferrals)
-        logger.info(
-            "tflms: split %d ops of %s into row chunks (%d ops inserted)",
-            len(self.splits),
-            view.graph.get("name") or "graph",
-            inserted,
-        )
-        return finish_view(self._view(graph, batch_size, batch_source), self.splits)
+        plan, self.tuning = self.pipeline.plan(view)
+        return plan
 
     @tf.autograph.experimental.do_not_convert
     def run(
-        self, graph: tf.Graph, *, batch_size: int | None = None, batch_source: str | None = None
+        self,
+        graph: tf.Graph,
+        *,
+        batch_size: int | None = None,
+        batch_source: str | None = None,
+        known: tuple = (),
     ) -> SwapPlan:
         """Plan, rewrite ``graph`` in place, validate it, and return the plan.
 
@@ -169,6 +147,9 @@ class LMS:
                 being built (for a ``FuncGraph``: before tracing ends).
             batch_size: the batch each step sees, as for :meth:`plan`.
             batch_source: where ``batch_size`` came from, for the plan's notes.
+            known: further ``(batch size or None, source)`` pairs the caller
+                knows, less trusted than ``batch_size`` (a front end's
+                fallbacks, e.g. the traced step's leading dimension).
 
         Returns:
             The :class:`SwapPlan` that was applied.
@@ -179,25 +160,10 @@ class LMS:
             ValidationError: the rewritten graph breaks an invariant.
             PlanInfeasibleError: with ``memory_budget``, no plan fits.
         """
-        view = self._view(graph, batch_size, batch_source)
-        rewritten = [n for n, d in view.nodes(data=True) if d["tflms"]]
-        if rewritten:
-            raise AlreadyRewrittenError(
-                f"Graph {view.graph['name']!r} was already rewritten by tflms "
-                f"({len(rewritten)} swap ops, e.g. {rewritten[0]!r}); run LMS once per graph."
-            )
-        view = self._split(graph, view, batch_size, batch_source)
-        plan = self._plan(view)
-        if plan.empty:  # a plan may recompute or order without swapping: it is applied then
-            logger.info(
-                "tflms: nothing to swap, recompute or reorder in %s\n%s",
-                plan.graph_name,
-                plan.summary(),
-            )
-            return plan
-        apply_plan(graph, plan)
-        validate(graph, plan)
-        return plan
+        _check_graph(graph)
+        done = self.pipeline.run(graph, (batch_size, batch_source), *known)
+        self.view, self.tuning, self.splits = done.view, done.tuning, done.splits
+        return done.plan
 
 
 def _check_graph(graph) -> None:

@@ -62,8 +62,10 @@ from tflms.utils.devices import DeviceMatcher, default_compute_type
 from tflms.utils.gc_pause import gc_paused
 
 __all__ = [
+    "BATCH_RULE",
     "TensorInfo",
     "build_view",
+    "resolve_batch",
     "require_batch_size",
     "consumers",
     "assign_levels",
@@ -124,6 +126,46 @@ class TensorInfo(NamedTuple):
         return None if self.shape is None else len(self.shape)
 
 
+BATCH_RULE = (
+    "the batch size unknown first dimensions are sized for: LMSConfig.batch_size when set (the "
+    "user's word wins); else the batch the front end knows (the argument: the batch fit feeds, "
+    "a traced step's static leading dimension, a SavedModel's --batch-size); else the most "
+    "common leading dimension of the graph's inputs (its input signature); else unknown, which "
+    "the planners refuse (tensor sizes would be per sample)"
+)
+"""The one rule for the batch size, applied by :func:`resolve_batch` and :func:`build_view`."""
+
+
+def resolve_batch(
+    config: LMSConfig, *known: tuple[int | None, str | None]
+) -> tuple[int, str] | None:
+    """The batch size and its source by :data:`BATCH_RULE`, before the graph is read.
+
+    Args:
+        config: its ``batch_size`` wins when set.
+        *known: ``(batch size or None, where it came from)`` pairs the front
+            end knows, most trusted first; the first with a size is taken.
+
+    Returns:
+        ``(batch size, source)``, or None when neither the config nor the
+        front end knows it (the graph's input signature decides then).
+
+    Example:
+        >>> resolve_batch(LMSConfig(batch_size=8), (16, "fit"))
+        (8, 'LMSConfig.batch_size')
+        >>> resolve_batch(LMSConfig(), (None, "fit"), (16, "the traced step"))
+        (16, 'the traced step')
+        >>> resolve_batch(LMSConfig()) is None
+        True
+    """
+    if config.batch_size is not None:
+        return config.batch_size, "LMSConfig.batch_size"
+    for size, source in known:
+        if size is not None:
+            return size, source or "argument"
+    return None
+
+
 def build_view(
     graph: tf.Graph,
     *,
@@ -137,8 +179,10 @@ def build_view(
         graph: a ``tf.Graph`` or ``FuncGraph``. It is only read.
         config: supplies the compute/host devices (for ``placement``) and the
             batch size; defaults to ``LMSConfig()``.
-        batch_size: the batch size for unknown first dimensions; overrides
-            ``config.batch_size``.
+        batch_size: the batch size for unknown first dimensions the caller
+            knows (the batch ``fit`` feeds, a traced step's leading
+            dimension); ``config.batch_size`` wins over it
+            (:data:`BATCH_RULE`).
         batch_source: where ``batch_size`` came from (the view's
             ``batch_source``; default ``"argument"``).
 
@@ -162,13 +206,8 @@ def build_view(
 def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.DiGraph:
     matcher = DeviceMatcher(compute=config.device, host=config.host_device)
     ops = graph.get_operations()
-    if batch_size is not None:
-        configured = (batch_size, batch_source or "argument")
-    elif config.batch_size is not None:
-        configured = (config.batch_size, "LMSConfig.batch_size")
-    else:
-        configured = None
-    batch, batch_source = _resolve_batch(graph, ops, configured)
+    configured = resolve_batch(config, (batch_size, batch_source or "argument"))
+    batch, batch_source = _signature_batch(graph, ops, configured)
 
     # One serialized GraphDef gives names, inputs, control inputs and attrs far
     # faster than per-op Python API calls; shapes and dtypes come from the ops.
@@ -467,7 +506,7 @@ def _tensor_info(
     return TensorInfo(name, index, dtype_name, dims, n * size, is_ref)
 
 
-def _resolve_batch(graph: tf.Graph, ops, configured) -> tuple[int | None, str]:
+def _signature_batch(graph: tf.Graph, ops, configured) -> tuple[int | None, str]:
     if configured is not None:
         return configured
     inputs = getattr(graph, "inputs", None)

@@ -30,10 +30,10 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError
 from tflms.frontends.fit_report import FitReport, fit_report, visible_gpu_preset
 from tflms.frontends.lms import LMS, resolve_config
+from tflms.graph.view import resolve_batch
 from tflms.keras.compat import check_keras_version, running_fit
 from tflms.keras.session import FitSession, check_xla, fit_batch_size, leading_dim
 from tflms.plan.swap_plan import SwapPlan
-from tflms.utils.devices import check_local_device
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -122,13 +122,15 @@ class _RewritingTrainStep:
                 "LMSCallback found no graph to rewrite (the train step ran eagerly). "
                 "Compile the model with run_eagerly=False."
             )
-        lms = LMS(self.callback.config)
         callback = self.callback
-        batch_size, source = callback.batch_size, callback.batch_source
-        traced = leading_dim(data) if batch_size is None else None
-        if traced:  # the traced step's own batch dimension
-            batch_size, source = traced, "the traced step's input tensors"
-        plan = lms.run(graph, batch_size=batch_size, batch_source=source)
+        lms = callback._lms or LMS(callback.config)  # noqa: SLF001 - the fit's, resolved once
+        traced = (leading_dim(data), "the traced step's input tensors")
+        plan = lms.run(
+            graph,
+            batch_size=callback.batch_size,
+            batch_source=callback.batch_source,
+            known=(traced,),
+        )
         shapes = tuple(
             tuple(t.shape.as_list()) if t.shape.rank is not None else None
             for t in tf.nest.flatten(data)
@@ -199,6 +201,7 @@ class LMSCallback(keras.callbacks.Callback):
         self._session: FitSession | None = None
         self._kept: _Kept | None = None  # the rewritten train function of the last good fit
         self._function: Any = None  # the rewritten train function of the running fit
+        self._lms: LMS | None = None  # the running fit's pipeline: options resolved once
 
     # -------------------------------------------------------------- results
     @property
@@ -262,9 +265,12 @@ class LMSCallback(keras.callbacks.Callback):
             # the target the plan was made for; keywords given here win over it
             names = ("device", "link", "accounting", "stack")
             overrides = {k: kwargs.pop(k, None) for k in names}
-            if overrides["stack"] is not None:  # a stack given here is used as it is
-                overrides["tensor_factor"] = 1.0
-            kwargs["target"] = self.config.target(**overrides)
+            if self._lms is not None and all(v is None for v in overrides.values()):
+                kwargs["target"] = self._lms.target  # resolved once, when fit began
+            else:
+                if overrides["stack"] is not None:  # a stack given here is used as it is
+                    overrides["tensor_factor"] = 1.0
+                kwargs["target"] = self.config.target(**overrides)
         elif kwargs.get("target") is None:
             kwargs.setdefault("link", self.config.link)
             kwargs.setdefault("stack", configured_stack("tf2", self.config.tensor_factor))
@@ -336,18 +342,18 @@ class LMSCallback(keras.callbacks.Callback):
                 "instead: one GPU per rank with ddl_tf (ddlrun -np N train.py, "
                 "ddl_tf.keras.DistributedOptimizer), each rank with its own LMSCallback."
             )
-        check_local_device("host_device", self.config.host_device)
-        check_local_device("device", self.config.device)
+        self._lms = LMS(self.config)
+        self._lms.pipeline  # noqa: B018 - the devices are checked now, before anything changes
         if self._session is not None:  # left over from an interrupted fit
             self._session.restore()
         self.traces = []
         self.fit_reports = []
         check_keras_version()
         fit = running_fit(model)
-        self.batch_size, self.batch_source = (
-            (self.config.batch_size, "LMSConfig.batch_size")
-            if self.config.batch_size is not None
-            else fit_batch_size(fit)
+        fed, source = fit_batch_size(fit)
+        self.batch_size, self.batch_source = resolve_batch(self.config, (fed, source)) or (
+            None,
+            source,
         )
         self._session = FitSession(model)
         if fit is not None:

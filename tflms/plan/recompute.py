@@ -55,7 +55,8 @@ Example:
     >>> op("grad", "ReluGrad", 1 << 20, "f11", "relu")
     >>> op("wgrad", "Conv2DBackpropFilter", 1 << 20, "grad", "conv")
     >>> assign_levels(v)
-    >>> groups = plan_recomputes(v, LMSConfig(swapout_threshold=5, swapin_ahead=2, min_tensor_bytes=0))
+    >>> config = LMSConfig(swapout_threshold=5, swapin_ahead=2, min_tensor_bytes=0)
+    >>> groups = plan_recomputes(v, config, config.target())
     >>> [(g.ops, g.consumers) for g in groups]
     [(('relu',), (('grad', 1, 'relu', 0),))]
 """
@@ -67,7 +68,6 @@ import logging
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.cost.hardware import DeviceModel
 from tflms.cost.ops import DENSE_OPS
 from tflms.cost.target import Target
 from tflms.graph.grappler_rules import (
@@ -159,13 +159,7 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
     return None
 
 
-def plan_recomputes(
-    view: nx.DiGraph,
-    config: LMSConfig | None = None,
-    *,
-    device: DeviceModel | None = None,
-    target: Target | None = None,
-) -> tuple[Recompute, ...]:
+def plan_recomputes(view: nx.DiGraph, config: LMSConfig, target: Target) -> tuple[Recompute, ...]:
     """Choose the recomputation groups of ``view`` (see the module docstring).
 
     Args:
@@ -173,19 +167,15 @@ def plan_recomputes(
         config: ``swapout_threshold`` defines *far* consumers, ``swapin_ahead``
             how early a group is triggered, ``min_tensor_bytes`` what is worth
             it, the scope/type filters which producers qualify,
-            ``recompute_dense`` and ``link`` which dense ops may be re-run.
-        device: times the clones (default: ``target``'s device).
-        target: the device and link (default: the config's,
-            ``memory_budget``'s preset else
-            :data:`~tflms.cost.target.DEFAULT_DEVICE`, over ``config.link``).
+            ``recompute_dense`` which dense ops may be re-run.
+        target: the device that times the clones and the link that decides
+            which dense ops are worth re-running (resolved once by the
+            front end, :class:`tflms.pipeline.Pipeline`).
 
     Returns:
         The groups, largest saving first.
     """
-    config = config or LMSConfig()
-    target = target or Target.for_budget(config.memory_budget, link=config.link)
-    device = device or target.device
-    link = target.link
+    device, link = target.device, target.link
     levels = nx.get_node_attributes(view, "level")
     trigger_ok = trigger_filter(view)
     memo: dict[str, tuple[bool, float]] = {}

@@ -4,8 +4,10 @@ The model-level pipeline behind ``tflms analyze | simulate | rewrite``:
 
 1. :func:`analyze_model` imports each target that trains (see
    :mod:`tflms.saved_model.read`) into a ``tf.Graph`` - shape inference only -,
-   builds its view and makes its plan (or, with ``memory_budget``, lets
-   :func:`tflms.autotune` choose it). Nothing is modified.
+   and runs the pipeline's analysis and plan stages on it
+   (:class:`tflms.pipeline.Pipeline`: the view, then the levers' plan or,
+   with ``memory_budget``, the one :func:`tflms.autotune` chooses). Nothing
+   is modified.
 2. :func:`rewrite_model` applies the plans to a *copy* of the model through
    :class:`tflms.apply.proto_editor.ProtoEditor` and the shared applier core, then
    re-imports every rewritten graph and checks it with :func:`tflms.validate`.
@@ -46,17 +48,17 @@ import networkx as nx
 from tflms.apply.core import apply_with
 from tflms.apply.proto_editor import ProtoEditor
 from tflms.apply.validation import validate
-from tflms.compose.levers import make_plan
 from tflms.config import LMSConfig
 from tflms.errors import AlreadyRewrittenError, ConfigError
-from tflms.graph.view import SWAP_ATTR, build_view, require_batch_size
+from tflms.graph.view import SWAP_ATTR, build_view
+from tflms.pipeline import Pipeline
 from tflms.plan.swap_plan import SwapPlan
 from tflms.saved_model.read import Model, Target
 
 if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is set
     from tflms.tuning.autotuner import AutotuneResult
 
-__all__ = ["TargetAnalysis", "ModelAnalysis", "analyze_model", "rewrite_model", "plan_view"]
+__all__ = ["TargetAnalysis", "ModelAnalysis", "analyze_model", "rewrite_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -187,28 +189,6 @@ class ModelAnalysis:
         return ModelAnalysis(self.model, self.config, self.targets, training)
 
 
-def plan_view(view: nx.DiGraph, config: LMSConfig):
-    """``(plan, tuning)``: the planner's plan, or the auto-tuned one with ``memory_budget``.
-
-    Args:
-        view: The analysis view of one training graph.
-        config: The LMS options; with ``memory_budget`` set the auto-tuner
-            (and the simulator) picks the plan.
-
-    Returns:
-        ``(plan, tuning)`` where ``tuning`` is the auto-tuner's result, or None
-        when no budget is set.
-    """
-    config = config or LMSConfig()
-    target = config.target()  # device, link, budget and stack: resolved once, here
-    if config.memory_budget is None:
-        return make_plan(view, config, target=target), None
-    from tflms.tuning.autotuner import autotune  # the simulator: imported only when a budget is set
-
-    tuning = autotune(view, config=config, target=target)
-    return tuning.plan, tuning
-
-
 def analyze_model(
     model: Model, config: LMSConfig | None = None, *, progress=None, plan: bool = True
 ) -> ModelAnalysis:
@@ -242,6 +222,7 @@ def analyze_model(
             "@tflms.function to use it; a SavedModel is rewritten without splits, so leave "
             "max_op_bytes unset here."
         )
+    pipeline = Pipeline(config, local=False)  # the target resolved once, for every graph
     targets = model.targets()
     analysis = ModelAnalysis(model, config, targets)
     training = [t for t in targets if t.trains]
@@ -254,16 +235,17 @@ def analyze_model(
                 f"The {target.kind} {target.name!r} of '{model.path}' was already rewritten by "
                 f"tflms ({len(swapped)} swap ops, e.g. {swapped[0]!r}). Rewrite the original model."
             )
-        view = build_view(target.import_graph(), config=config)
-        view.graph["name"] = target.name
         if not plan:
+            view = build_view(target.import_graph(), config=config)
+            view.graph["name"] = target.name
             empty = SwapPlan(graph_name=target.name, config=config)
             analysis.training.append(TargetAnalysis(target, view, empty, None))
             continue
-        require_batch_size(view, fix="--batch-size N (LMSConfig(batch_size=N))")
+        view = pipeline.view(target.import_graph(), fix="--batch-size N (LMSConfig(batch_size=N))")
+        view.graph["name"] = target.name
         if progress is not None:
             progress.stage(f"planning {target.name} ({view.number_of_nodes()} ops)")
-        target_plan, tuning = plan_view(view, config)
+        target_plan, tuning = pipeline.plan(view)
         analysis.training.append(TargetAnalysis(target, view, target_plan, tuning))
         logger.debug(
             "%s: %d ops, %d swaps", target.name, view.number_of_nodes(), len(target_plan.swaps)

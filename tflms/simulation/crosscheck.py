@@ -130,7 +130,7 @@ class CrossCheck:
 def grappler_timeline(
     graph,
     *,
-    device: str = "/device:GPU:0",
+    device: str = _grappler.VIRTUAL_GPU,
     host_device: str = "/device:CPU:0",
     batch_size: int | None = None,
     slowdown: int = 1,
@@ -154,7 +154,7 @@ def grappler_timeline(
     prepared = _grappler.prepare_metagraph(graph, None, device, host_device, batch_size, None)
     item = _grappler.make_item(prepared.metagraph)
     cluster = _grappler.make_cluster(
-        device, host_device, 16 * _grappler.GIB, slowdown=slowdown, timeline=True
+        device, host_device, _grappler.VIRTUAL_GPU_BYTES, slowdown=slowdown, timeline=True
     )
     try:
         _, run_time, step_stats = cluster.MeasureCosts(item)

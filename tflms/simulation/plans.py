@@ -46,9 +46,9 @@ from tflms.errors import ConfigError
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.allocator import Accounting
 from tflms.simulation.schedule import CompiledGraph, compile_view, relinked
-from tflms.simulation.simulator import SimulationResult, finished, run_compiled, simulate
+from tflms.simulation.simulator import SimulationResult, finished, run_compiled
 
-__all__ = ["PlanSimulator", "SimulateEach", "plan_key"]
+__all__ = ["PlanSimulator", "plan_key"]
 
 
 def plan_key(plan: SwapPlan) -> tuple:
@@ -164,61 +164,3 @@ class PlanSimulator:
             self._work = self.view.copy()
         self._undo = apply_in_place(self._work, plan)
         return self._work
-
-
-class SimulateEach:
-    """:class:`PlanSimulator`'s interface on :func:`tflms.simulate`: the reference.
-
-    Every call rewrites, compiles and simulates from scratch, as the
-    auto-tuner did before it shared work across plans; tests and the
-    rewrite-speed benchmark check that both give the same results.
-
-    Args:
-        view: The analysis view the plans are made from.
-        device: Device preset name or model.
-        link: The default link preset or model.
-        accounting: Memory conventions, as for :func:`tflms.simulate`.
-        stack: The software stack, as for :func:`tflms.simulate`.
-    """
-
-    def __init__(
-        self,
-        view: nx.DiGraph,
-        *,
-        device: str | DeviceModel,
-        link: str | LinkModel,
-        accounting: Accounting,
-        stack: str | SoftwareStack = "tf2",
-    ):
-        self.view, self.device, self.link = view, device, link
-        self.accounting: Accounting = accounting
-        self.stack = stack
-        self.costs: dict | None = None  # nothing memoized: every op is timed anew
-        self.baseline = simulate(view, device=device, link=link, accounting=accounting, stack=stack)
-
-    def simulate(
-        self,
-        plan: SwapPlan,
-        *,
-        link: str | LinkModel | None = None,
-        baseline: SimulationResult | None = None,
-    ) -> SimulationResult:
-        """``tflms.simulate(view, plan, baseline=baseline or False, ...)``.
-
-        Args:
-            plan: A plan made from the view.
-            link: The link to simulate over; None for the default one.
-            baseline: The result to report the overhead against; None for none.
-
-        Returns:
-            The :class:`SimulationResult`.
-        """
-        return simulate(
-            self.view,
-            plan,
-            device=self.device,
-            link=self.link if link is None else link,
-            baseline=baseline or False,
-            accounting=self.accounting,
-            stack=self.stack,
-        )

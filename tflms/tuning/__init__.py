@@ -1,9 +1,9 @@
 """Tuning: the plan that fits a memory budget at the lowest predicted step time.
 
 :func:`autotune` searches the options (:mod:`~tflms.tuning.search`) of the
-plans :mod:`tflms.compose` makes, with the simulator as judge.
-``make_plan``, ``order_edges`` and ``retime_triggers`` live in
-:mod:`tflms.compose`; they are still importable from here.
+plans :mod:`tflms.compose` makes, with the simulator as judge; each setting
+is composed by the same :func:`~tflms.compose.levers.compose_plan` that
+``tflms.make_plan`` runs.
 """
 
 from tflms.utils.exports import lazy_exports
@@ -12,10 +12,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
         "AutotuneResult": "tflms.tuning.autotuner",
+        "Candidate": "tflms.tuning.search",
         "autotune": "tflms.tuning.autotuner",
-        "resolve_budget": "tflms.tuning.autotuner",
-        "retime_triggers": "tflms.compose.retime",
-        "make_plan": "tflms.compose.levers",
-        "order_edges": "tflms.compose.ordering",
     },
 )

@@ -69,7 +69,6 @@ from tflms.config import LMSConfig
 from tflms.cost.gpu_memory import SoftwareStack
 from tflms.cost.hardware import LINKS, DeviceModel, LinkModel
 from tflms.cost.target import Accounting, Target
-from tflms.cost.target import resolve_budget as target_budget
 from tflms.errors import ConfigError, PlanInfeasibleError, UnsupportedGraphError
 from tflms.graph.view import build_view, require_batch_size
 from tflms.plan.swap_plan import SwapPlan
@@ -78,7 +77,7 @@ from tflms.tuning.search import TUNED_OPTIONS, Candidate, Search
 from tflms.utils.gc_pause import gc_frozen
 from tflms.utils.units import format_bytes
 
-__all__ = ["autotune", "AutotuneResult", "Candidate", "resolve_budget", "TUNED_OPTIONS"]
+__all__ = ["autotune", "AutotuneResult", "Candidate", "TUNED_OPTIONS"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,33 +171,6 @@ class AutotuneResult:
             "result": self.result.to_dict(timeline=False),
             "candidates": [asdict(c) for c in self.candidates],
         }
-
-
-def resolve_budget(
-    budget: int | str | DeviceModel | None, config: LMSConfig | None = None
-) -> tuple[int, DeviceModel | None]:
-    """``(bytes, device preset or None)`` from a budget or ``config.memory_budget``.
-
-    Args:
-        budget: Bytes (int), a size string (``"16GiB"``, ``"900MB"``), a device
-            preset name or :class:`DeviceModel`; None to use
-            ``config.memory_budget``.
-        config: Options whose ``memory_budget`` is the fallback; None for none.
-
-    Returns:
-        ``(budget in bytes, the device preset)``; the preset is None when the
-        budget was given as a size (see :func:`tflms.cost.target.resolve_budget`).
-
-    Raises:
-        ConfigError: no budget was given, or it is not a size or a preset.
-
-    Example:
-        >>> resolve_budget("16GiB")[0], resolve_budget("A100-80GB")[1].name
-        (17179869184, 'A100-80GB')
-    """
-    return target_budget(
-        budget if budget is not None else (config.memory_budget if config else None)
-    )
 
 
 def autotune(

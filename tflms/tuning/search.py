@@ -12,8 +12,11 @@ fewest swaps that still fit. Every simulated plan is kept as a
 
 The plans are all of one view, so the work they share is done once: a
 :class:`~tflms.simulation.plans.PlanSimulator` simulates each distinct
-rewrite once per link and reuses op times, and ``make_plan`` reuses the
-recomputation groups of options that differ only in swap settings. The
+rewrite once per link and reuses op times, and each setting is planned by
+the one lever composition, :func:`~tflms.compose.levers.compose_plan`, with
+a :class:`~tflms.compose.levers.Levers` memo that reuses the recomputation
+groups of options that differ only in swap settings and the unordered plan
+of a setting's retimed and ordered variants. The
 results are those of planning and simulating each setting from scratch
 (``tests/tflms/test_autotune_reuse.py``).
 
@@ -42,13 +45,11 @@ import gc
 import logging
 from dataclasses import dataclass
 
-from tflms.compose.levers import make_plan, with_order
-from tflms.compose.retime import retime_triggers
+from tflms.compose.levers import Levers, compose_plan
 from tflms.config import LMSConfig
 from tflms.cost.target import Accounting, Target
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.plans import PlanSimulator
-from tflms.simulation.schedule import CompiledGraph, Schedule, compile_view, first_ready
 from tflms.simulation.simulator import SimulationResult
 from tflms.utils.gc_pause import gc_paused
 
@@ -147,9 +148,8 @@ class Search:
         )
         self.baseline = self.plans.baseline
         self._seen: dict[tuple, _Evaluated] = {}
-        self._timed: tuple[CompiledGraph, Schedule] | None = None
-        self._staged: dict = {}  # make_plan's recomputations, shared by options
-        self._planned: dict[LMSConfig, SwapPlan] = {}  # make_plan by config (plans are immutable)
+        # what the plans of settings share: recomputations, unordered plans, op times
+        self.levers = Levers(view, target, costs=self.plans.costs)
 
     # ------------------------------------------------------------ evaluation
     def evaluate(self, retime: float | None = None, **options) -> _Evaluated:
@@ -170,28 +170,7 @@ class Search:
         key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
         if key in self._seen:
             return self._seen[key]
-        unordered = cfg.replace(reorder=False)  # retimed and ordered variants share it
-        if unordered not in self._planned:
-            self._planned[unordered] = make_plan(
-                self.view, unordered, memo=self._staged, target=self.target
-            )
-        plan = self._planned[unordered]
-        if retime is not None and plan.swaps:
-            if self._timed is None:
-                compiled = compile_view(self.view, device=self.device, link=self.link)
-                self._timed = (compiled, first_ready(compiled))
-            plan = retime_triggers(
-                self.view, plan, device=self.device, link=self.link, slack=retime, timed=self._timed
-            )
-        if cfg.reorder and not plan.empty:  # ordered last: the edges depend on the triggers
-            plan = with_order(
-                self.view,
-                plan,
-                device=self.device,
-                link=self.link,
-                accounting=self.accounting,
-                costs=self.plans.costs,
-            )
+        plan = compose_plan(self.view, cfg, self.target, retime=retime, levers=self.levers)
         result = self.plans.simulate(plan, baseline=self.baseline)
         done = _Evaluated(cfg, plan, result, retime)
         if len(self._seen) % _COLLECT_EVERY == _COLLECT_EVERY - 1:

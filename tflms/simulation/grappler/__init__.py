@@ -59,6 +59,8 @@ by ``tests/tflms/test_grappler.py``):
 from tflms.simulation.grappler.devices import (
     GIB,
     SIMULATOR,
+    VIRTUAL_GPU,
+    VIRTUAL_GPU_BYTES,
     make_cluster,
     make_item,
     virtual_cpu,
@@ -71,6 +73,8 @@ from tflms.simulation.grappler.peak import GrapplerPeak, LiveTensor, grappler_pe
 __all__ = [
     "GIB",
     "SIMULATOR",
+    "VIRTUAL_GPU",
+    "VIRTUAL_GPU_BYTES",
     "LiveTensor",
     "GrapplerPeak",
     "Prepared",

@@ -12,12 +12,16 @@ from tensorflow.core.protobuf import device_properties_pb2
 from tensorflow.python.grappler import cluster as gcluster
 from tensorflow.python.grappler import item as gitem
 
+from tflms.cost.hardware import get_device
+from tflms.cost.target import DEFAULT_DEVICE
 from tflms.errors import ConfigError, UnsupportedGraphError
 
 __all__ = [
     "GIB",
     "UNLIMITED_BYTES",
     "SIMULATOR",
+    "VIRTUAL_GPU",
+    "VIRTUAL_GPU_BYTES",
     "virtual_gpu",
     "virtual_cpu",
     "make_cluster",
@@ -25,12 +29,17 @@ __all__ = [
 ]
 
 GIB = 1 << 30
+VIRTUAL_GPU = "/device:GPU:0"
+"""The name of the virtual cluster's GPU: where the bridge places every op not on the host."""
+VIRTUAL_GPU_BYTES = get_device(DEFAULT_DEVICE).memory_bytes
+"""The virtual GPU's memory unless given: the default device preset's
+(:data:`tflms.cost.target.DEFAULT_DEVICE`, the V100 the virtual GPU's speeds are of)."""
 UNLIMITED_BYTES = 1 << 50
 """1 PiB: a virtual device size that never refuses a graph (``fits`` is judged separately)."""
 SIMULATOR = f"grappler VirtualCluster + GraphMemory.InferStatically (TF {tf.__version__})"
 
 
-def virtual_gpu(memory_bytes: int = 16 * GIB) -> device_properties_pb2.DeviceProperties:
+def virtual_gpu(memory_bytes: int = VIRTUAL_GPU_BYTES) -> device_properties_pb2.DeviceProperties:
     """Properties of a V100-like virtual GPU: 80 SMs at 1530 MHz, 900 GB/s.
 
     Args:

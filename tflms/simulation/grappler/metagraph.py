@@ -29,6 +29,7 @@ from tensorflow.python.ops import handle_data_util
 
 from tflms.errors import ConfigError, UnsupportedGraphError
 from tflms.graph.op_signatures import to_var_handle
+from tflms.simulation.grappler.devices import VIRTUAL_GPU
 
 __all__ = ["Prepared", "prepare_metagraph", "node_name"]
 
@@ -74,7 +75,7 @@ class Prepared:
 def prepare_metagraph(
     graph,
     fetches=None,
-    device: str = "/device:GPU:0",
+    device: str = VIRTUAL_GPU,
     host_device: str = "/device:CPU:0",
     batch_size: int | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,

@@ -11,7 +11,7 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.grappler import tf_optimizer
 
 from tflms.errors import UnsupportedGraphError
-from tflms.simulation.grappler.devices import GIB, make_cluster
+from tflms.simulation.grappler.devices import VIRTUAL_GPU, VIRTUAL_GPU_BYTES, make_cluster
 from tflms.simulation.grappler.metagraph import prepare_metagraph
 
 __all__ = ["grappler_optimize"]
@@ -23,9 +23,9 @@ def grappler_optimize(
     graph_or_graphdef,
     *,
     fetches=None,
-    device: str = "/device:GPU:0",
+    device: str = VIRTUAL_GPU,
     host_device: str = "/device:CPU:0",
-    gpu_memory_bytes: int = 16 * GIB,
+    gpu_memory_bytes: int = VIRTUAL_GPU_BYTES,
     batch_size: int | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     config: config_pb2.ConfigProto | None = None,

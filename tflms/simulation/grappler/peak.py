@@ -15,9 +15,10 @@ from tensorflow.core.protobuf import device_properties_pb2
 
 from tflms.errors import UnsupportedGraphError
 from tflms.simulation.grappler.devices import (
-    GIB,
     SIMULATOR,
     UNLIMITED_BYTES,
+    VIRTUAL_GPU,
+    VIRTUAL_GPU_BYTES,
     make_cluster,
     make_item,
 )
@@ -117,9 +118,9 @@ def grappler_peak(
     graph_or_graphdef,
     *,
     fetches=None,
-    device: str = "/device:GPU:0",
+    device: str = VIRTUAL_GPU,
     host_device: str = "/device:CPU:0",
-    gpu_memory_bytes: int = 16 * GIB,
+    gpu_memory_bytes: int = VIRTUAL_GPU_BYTES,
     batch_size: int | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     allow_unknown_shapes: bool = False,

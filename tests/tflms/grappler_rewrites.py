@@ -48,7 +48,7 @@ from tensorflow.core.framework import graph_pb2
 
 from tflms.graph.view import SWAP_ATTR
 from tflms.plan.entries import SCOPE
-from tflms.simulation.grappler.optimize import grappler_optimize
+from tflms.simulation.grappler import VIRTUAL_GPU, grappler_optimize
 
 __all__ = [
     "Difference",
@@ -137,7 +137,7 @@ def grappler_structure(
     graph_def: graph_pb2.GraphDef,
     *,
     fetches: Sequence[str] | None = None,
-    device: str = "/device:GPU:0",
+    device: str = VIRTUAL_GPU,
     host_device: str = "/device:CPU:0",
     batch_size: int | None = None,
 ) -> Structure:
@@ -214,7 +214,7 @@ def compare_rewrites(
     rewritten: graph_pb2.GraphDef,
     *,
     fetches: Sequence[str] | None = None,
-    device: str = "/device:GPU:0",
+    device: str = VIRTUAL_GPU,
     host_device: str = "/device:CPU:0",
     batch_size: int | None = None,
     before: Structure | None = None,

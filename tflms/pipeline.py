@@ -1,0 +1,274 @@
+"""The tflms pipeline: graph -> view -> cut -> plan or auto-tune -> apply -> validate.
+
+Every front end runs this one pipeline: :class:`tflms.LMS` (``tf.compat.v1``
+graphs and ``FuncGraph``\\ s), on which :class:`tflms.LMSCallback` (Keras
+``fit``) and :func:`tflms.function` (custom loops) build, and the SavedModel
+path behind ``tflms analyze | simulate | rewrite``
+(:mod:`tflms.saved_model.rewrite`). ``tflms.make_plan`` is its plan stage
+alone, for a view you built yourself.
+
+What a step is planned for is resolved once, when the :class:`Pipeline` is
+made, and handed to every stage below it, none of which has a default of its
+own:
+
+* the **target** (:class:`~tflms.cost.target.Target`: device model, host link,
+  budget, memory accounting, software stack) is ``config.target()``;
+  the recomputation planner, the retiming and ordering levers, the simulator
+  and the auto-tuner all take it as an argument;
+* the **devices** ``LMSConfig.device`` and ``host_device`` are checked
+  against this machine's logical devices, for graphs of this process (a
+  SavedModel may be rewritten on a machine other than the one that trains);
+* the **batch size** tensors with an open first dimension are sized for
+  follows one rule, :data:`~tflms.graph.view.BATCH_RULE`: ``LMSConfig.batch_size``
+  when set; else the batch the front end knows (the batch ``fit`` feeds, then
+  the traced step's static leading dimension; the argument of
+  :meth:`tflms.LMS.run`); else the graph's input signature; else unknown,
+  which planning refuses with the fix.
+
+The stages, each in its own sub-package: :func:`~tflms.graph.view.build_view`
+(analysis, read only); the cut of ops larger than ``max_op_bytes`` into row
+chunks (:mod:`tflms.plan.splits`, :mod:`tflms.apply.split`: it rewrites the
+graph before planning, so the view is built again from the cut graph);
+:func:`~tflms.compose.levers.compose_plan` (the levers, one setting) or
+:func:`~tflms.tuning.autotuner.autotune` (the cheapest setting that fits
+``memory_budget``, composed the same way); :func:`~tflms.apply.core.apply_plan`
+or :func:`~tflms.apply.core.apply_with` (the only stage that mutates);
+:func:`~tflms.apply.validation.validate`.
+
+Example:
+    >>> import tensorflow as tf
+    >>> g = tf.Graph()
+    >>> with g.as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None, 1024], name="x")
+    ...     h = tf.nn.relu(tf.matmul(x, tf.ones([1024, 1024])), name="h")
+    ...     y = h
+    ...     for i in range(12):
+    ...         y = tf.nn.relu(y * 1.01, name=f"act{i}")
+    ...     out = tf.add(y, h, name="out")
+    >>> pipeline = Pipeline(LMSConfig(swapout_threshold=10, swapin_ahead=4, min_tensor_bytes=0))
+    >>> pipeline.target.describe()
+    'V100-16GB over pcie3, no budget, tensors accounting (tf2 stack)'
+    >>> done = pipeline.run(g, (64, "the caller"))
+    >>> [s.tensor for s in done.plan.swaps], done.view.graph["batch_size"]
+    (['h:0'], 64)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import networkx as nx
+import tensorflow as tf
+
+from tflms.apply.core import apply_plan
+from tflms.apply.split import finish_view, split_graph
+from tflms.apply.validation import validate
+from tflms.compose.levers import compose_plan
+from tflms.config import LMSConfig
+from tflms.cost.target import Target
+from tflms.errors import AlreadyRewrittenError
+from tflms.graph.view import build_view, require_batch_size, resolve_batch
+from tflms.plan.splits import Split, plan_deferrals, plan_splits
+from tflms.plan.swap_plan import SwapPlan
+from tflms.utils.devices import check_local_device
+
+if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is set
+    from tflms.tuning.autotuner import AutotuneResult
+
+__all__ = ["Known", "Pipeline", "Planned", "make_plan"]
+
+logger = logging.getLogger(__name__)
+
+Known = tuple[int | None, str | None]
+"""A batch size the front end knows, or None, and where it came from (for the plan's notes)."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the pipeline made for one graph.
+
+    Attributes:
+        view: the analysis view planned on (of the cut graph, when ops were
+            cut; before the swaps, recomputations and order edges).
+        plan: the plan (possibly empty: its notes say why).
+        tuning: the auto-tuner's result when ``memory_budget`` chose the plan.
+        splits: the ops cut into row chunks (``max_op_bytes``).
+    """
+
+    view: nx.DiGraph
+    plan: SwapPlan
+    tuning: AutotuneResult | None = None
+    splits: tuple[Split, ...] = ()
+
+
+class Pipeline:
+    """The pipeline for one set of options: target and devices resolved once (module docstring).
+
+    Args:
+        config: the options every stage reads.
+        target: what plans are made for; default ``config.target()``.
+        local: the graphs are of this process, so ``config.device`` and
+            ``config.host_device`` must be devices of this machine (checked
+            here); False for a SavedModel, which may train elsewhere.
+
+    Raises:
+        ConfigError: a device option names no device of this machine
+            (``local``), or the target cannot be resolved from ``config``.
+    """
+
+    def __init__(self, config: LMSConfig, target: Target | None = None, *, local: bool = True):
+        if local:
+            check_local_device("host_device", config.host_device)
+            check_local_device("device", config.device)
+        self.config = config
+        self.target = config.target() if target is None else target
+        self.local = local
+
+    def view(self, graph: tf.Graph, *known: Known, fix: str = "LMSConfig(batch_size=N)"):
+        """The analysis view of ``graph``, sized by the batch rule; refused if the batch is unknown.
+
+        Args:
+            graph: a ``tf.Graph`` or ``FuncGraph`` (only read).
+            *known: the batch sizes the front end knows, most trusted first
+                (:func:`~tflms.graph.view.resolve_batch`).
+            fix: how the user passes a batch size, for the error.
+
+        Returns:
+            The view (:func:`~tflms.graph.view.build_view`).
+
+        Raises:
+            ConfigError: the graph has an open batch dimension and no batch
+                size was found.
+        """
+        batch = resolve_batch(self.config, *known)
+        reason = next((source for size, source in known if size is None and source), None)
+        view = build_view(
+            graph,
+            config=self.config,
+            batch_size=batch[0] if batch else None,
+            batch_source=batch[1] if batch else None,
+        )
+        require_batch_size(view, fix=fix, reason=reason)
+        return view
+
+    def plan(self, view: nx.DiGraph) -> tuple[SwapPlan, AutotuneResult | None]:
+        """``(plan, tuning)``: the levers' plan, or the auto-tuned one with ``memory_budget``.
+
+        Args:
+            view: the analysis view of one training graph (without tflms ops).
+
+        Returns:
+            ``(plan, tuning)``; ``tuning`` is None without a budget.
+
+        Raises:
+            PlanInfeasibleError: with ``memory_budget``, no plan fits.
+        """
+        if self.config.memory_budget is None:
+            return compose_plan(view, self.config, self.target), None
+        from tflms.tuning.autotuner import autotune  # the simulator: only with a budget
+
+        tuning = autotune(view, config=self.config, target=self.target)
+        return tuning.plan, tuning
+
+    def cut(self, graph: tf.Graph, view: nx.DiGraph, *known: Known):
+        """Cut the ops larger than ``max_op_bytes`` into row chunks: ``(view, splits)``.
+
+        The cut rewrites ``graph`` (a ``tf.Graph`` still being built) before
+        anything is planned, and the view is built again from the cut graph,
+        sized by the same batch.
+
+        Returns:
+            ``(view of the graph as it now is, the splits made)``; the view
+            given back unchanged when nothing is cut.
+        """
+        max_op_bytes = self.config.max_op_bytes
+        splits = plan_splits(view, max_op_bytes)
+        deferrals = plan_deferrals(view, max_op_bytes)
+        if not splits and not deferrals:
+            return view, splits
+        inserted = split_graph(graph, splits, self.config.host_device, deferrals)
+        logger.info(
+            "tflms: split %d ops of %s into row chunks (%d ops inserted)",
+            len(splits),
+            view.graph.get("name") or "graph",
+            inserted,
+        )
+        return finish_view(self.view(graph, *known), splits), splits
+
+    def run(self, graph: tf.Graph, *known: Known) -> Planned:
+        """Analyse, cut, plan, rewrite ``graph`` in place and validate it.
+
+        Args:
+            graph: a ``tf.Graph`` or ``FuncGraph`` of this process, still
+                being built (for a ``FuncGraph``: before tracing ends).
+            *known: the batch sizes the front end knows, most trusted first.
+
+        Returns:
+            The :class:`Planned` view, plan, tuning and splits.
+
+        Raises:
+            AlreadyRewrittenError: ``graph`` already holds tflms swap ops.
+            ConfigError: the batch size is unknown.
+            ValidationError: the rewritten graph breaks an invariant.
+            PlanInfeasibleError: with ``memory_budget``, no plan fits.
+        """
+        view = self.view(graph, *known)
+        rewritten = [n for n, d in view.nodes(data=True) if d["tflms"]]
+        if rewritten:
+            raise AlreadyRewrittenError(
+                f"Graph {view.graph['name']!r} was already rewritten by tflms "
+                f"({len(rewritten)} swap ops, e.g. {rewritten[0]!r}); run LMS once per graph."
+            )
+        view, splits = self.cut(graph, view, *known)
+        plan, tuning = self.plan(view)
+        if plan.empty:  # a plan may recompute or order without swapping: it is applied then
+            logger.info(
+                "tflms: nothing to swap, recompute or reorder in %s\n%s",
+                plan.graph_name,
+                plan.summary(),
+            )
+        else:
+            apply_plan(graph, plan)
+            validate(graph, plan)
+        return Planned(view, plan, tuning, tuple(splits))
+
+
+def make_plan(
+    view: nx.DiGraph, config: LMSConfig | None = None, *, target: Target | None = None
+) -> SwapPlan:
+    """Plan recomputations, swaps and order edges for ``view`` under fixed options.
+
+    The pipeline's plan stage without the auto-tuner: ``memory_budget``, if
+    set, only names the device the levers are timed on (use
+    :func:`tflms.autotune` to fit a budget).
+
+    Args:
+        view: the analysis view of a graph (from :func:`tflms.build_view`).
+        config: planner options; defaults to ``LMSConfig()`` (swaps only).
+        target: the device the recomputations are timed on and the link
+            ordering simulates; default ``config.target()``, so that a config
+            always reproduces its plan.
+
+    Returns:
+        The :class:`~tflms.SwapPlan`; possibly empty, in which case
+        ``plan.skipped`` and ``plan.notes`` say why.
+
+    Example:
+        >>> import tensorflow as tf, tflms
+        >>> g = tf.Graph()
+        >>> with g.as_default():
+        ...     x = tf.compat.v1.placeholder(tf.float32, [64, 1024], name="x")
+        ...     h = tf.nn.relu(x * 2.0, name="h")
+        ...     y = tf.matmul(h, tf.ones([1024, 1024]))
+        ...     for i in range(12):
+        ...         y = tf.nn.relu(y * 1.01, name=f"act{i}")
+        ...     out = tf.multiply(y, h, name="out")  # h lives long
+        >>> view = tflms.build_view(g)
+        >>> config = tflms.LMSConfig(swapout_threshold=10, swapin_ahead=4, min_tensor_bytes=0)
+        >>> [s.tensor for s in tflms.make_plan(view, config).swaps]
+        ['h:0']
+    """
+    config = config or LMSConfig()
+    return compose_plan(view, config, config.target() if target is None else target)
