@@ -1,9 +1,21 @@
 """``ddlrun``: launch a ddl_tf job through mpirun, after sanity checks.
 
-The command-line front end over the launch library (:mod:`ddl_tf.launch`:
-hosts, the mpirun command, pre-flight checks) and, for ``--rehearse``, the
-rehearsal cluster (:mod:`ddl_tf.cluster`). It imports neither TensorFlow nor
-mpi4py, so ``ddlrun --help`` and argument errors answer at once.
+The command-line front end: it reads the arguments, turns them into a launch
+plan with the launch library (:mod:`ddl_tf.launch`: hosts, the mpirun command,
+pre-flight checks) and, for ``--rehearse``, the rehearsal cluster
+(:mod:`ddl_tf.cluster`), and hands the command to the supervisor
+(:mod:`ddl_tf.launch.supervise`: signals, ending the whole job, exit codes).
+It imports neither TensorFlow nor mpi4py, so ``ddlrun --help`` and argument
+errors answer at once.
+
+ddlrun's options come before the program; everything after the program is
+the program's. ``-np`` defaults to the slots: those of ``-H``/``--hostfile``/
+``--rehearse``, else this machine's cores (as ``mpirun`` counts them); inside
+a Slurm or PBS allocation without hosts, give ``-np``. An option of ddlrun's
+own that no training script is likely to take (``-np``, ``--hostfile``,
+``--min-np``, ... :data:`LAUNCH_ONLY_OPTIONS`) found after the program is
+refused (exit 2) with the fix, since it would reach the program, not ddlrun;
+a program that does take one goes after ``--`` (``ddlrun -np 2 -- train.py -np 5``).
 
 Usage::
 
@@ -11,6 +23,7 @@ Usage::
     ddlrun -np 4 --pseudo-nodes 2 --algo hierarchical train.py     # .py runs with this Python
     ddlrun -np 8 --hostfile hosts --topology topo.json --compression fp16 --timeline t.json train.py
     ddlrun --rehearse 2 -np 4 --link 1gbit train.py    # 2 virtual nodes on this machine (root)
+    ddlrun train.py                                     # one rank per core of this machine
     ddlrun --version
 
 With ``--rehearse N`` the hosts are ``N`` virtual nodes that ddlrun creates
@@ -25,7 +38,7 @@ plain ``mpirun``/``srun`` (export the ``DDL_*`` variables yourself) or
 
 Exit codes:
     0   the job finished successfully
-    2   invalid arguments
+    2   invalid arguments (also: no program, -np below 1, a ddlrun option after the program)
     3   a pre-flight check failed (hosts, slots, Python, topology, mpirun)
     other  mpirun's exit code (a rank failed); 128+N if mpirun died of signal N
     128+N  ddlrun received signal N (SIGTERM 143, SIGINT 130, SIGHUP 129): it
@@ -36,14 +49,10 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shlex
 import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 from ddl_tf import __version__, env
@@ -51,7 +60,7 @@ from ddl_tf.config import ALGORITHMS, COMPRESSIONS, DDLConfig
 from ddl_tf.core.algorithms.selection import load_policy
 from ddl_tf.core.topology.layout import Topology, pseudo_node_names
 from ddl_tf.core.topology.topology_file import load_topology_file
-from ddl_tf.errors import DDLError, LaunchError
+from ddl_tf.errors import DDLError
 from ddl_tf.launch import checks
 from ddl_tf.launch.command import (
     LaunchPlan,
@@ -59,12 +68,61 @@ from ddl_tf.launch.command import (
     child_environment,
     find_mpirun,
     mpi_flavor,
+    once_per_host,
 )
-from ddl_tf.launch.hosts import EXAMPLE, is_local, parse_host_list, parse_hostfile, place_ranks
+from ddl_tf.launch.hosts import (
+    EXAMPLE,
+    is_local,
+    local_slots,
+    parse_host_list,
+    parse_hostfile,
+    place_ranks,
+)
+from ddl_tf.launch.supervise import FinishedWatch, exit_code, run_elastic, run_job
 
-__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_USAGE", "EXIT_PREFLIGHT"]
+__all__ = [
+    "main",
+    "build_parser",
+    "usage_problem",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "EXIT_PREFLIGHT",
+    "LAUNCH_ONLY_OPTIONS",
+]
 
 EXIT_OK, EXIT_USAGE, EXIT_PREFLIGHT = 0, 2, 3
+
+LAUNCH_ONLY_OPTIONS = frozenset(
+    {
+        "-np",
+        "--hostfile",
+        "--oversubscribe",
+        "--pseudo-nodes",
+        "--rehearse",
+        "--mpirun",
+        "--mpi-args",
+        "--min-np",
+        "--max-np",
+        "--min-num-proc",
+        "--max-num-proc",
+        "--host-discovery-script",
+        "--slots-per-host",
+        "--blacklist-cooldown-range",
+        "--elastic-timeout",
+        "--fusion-threshold-mb",
+        "--stall-warning-seconds",
+        "--stall-shutdown-seconds",
+        "--auto-policy",
+        "--network-interface",
+        "--timeline-filename",
+        "--cycle-time-ms",
+        "--skip-checks",
+    }
+)
+"""ddlrun's options that a training script is unlikely to define: after the program, one of
+them is a misplaced ddlrun option, refused with the fix. The rest (``-n``, ``-H``, ``-x``,
+``--algo``, ``--timeline``, ``--verbose``, ...) are common script options too and pass
+through to the program unremarked, as everything after the program does."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ddlrun (tflms-ddl) {__version__}")
-    parser.add_argument("-np", "-n", dest="np", type=int, help="number of ranks (default: slots)")
+    parser.add_argument(
+        "-np",
+        "-n",
+        dest="np",
+        type=int,
+        help="number of ranks (default: the slots of -H/--hostfile/--rehearse, else this "
+        "machine's cores; inside a Slurm/PBS allocation give it)",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:2,node2:2")
     where.add_argument("--hostfile", help="file with lines 'host slots=N'")
@@ -186,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-checks", action="store_true", help="skip the Python check")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run")
     parser.add_argument(
-        "program", nargs=argparse.REMAINDER, help="command (a .py uses this Python)"
+        "program",
+        nargs=argparse.REMAINDER,
+        help="command (a .py uses this Python) and its arguments; ddlrun's options go before "
+        "it ('--' before it if it takes one of ddlrun's launch options itself)",
     )
     return parser
 
@@ -220,6 +288,51 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
     return values
 
 
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with parsed arguments that argparse cannot see, or None.
+
+    Args:
+        args: What :func:`build_parser` parsed.
+
+    Returns:
+        The message (with the fix) for a missing program, ``-np`` below 1, a
+        missing ``-np`` inside a Slurm/PBS allocation without hosts, or one of
+        :data:`LAUNCH_ONLY_OPTIONS` after the program; None if there is none.
+    """
+    program = list(args.program)
+    escaped = bool(program) and program[0] == "--"
+    if escaped:
+        program = program[1:]
+    if not program:
+        return f"no program to run; give it after ddlrun's options, e.g. {EXAMPLE}"
+    if args.np is not None and args.np < 1:
+        return f"-np must be 1 or more. Received -np {args.np}; e.g. {EXAMPLE}"
+    no_hosts = not (args.hosts or args.hostfile or args.rehearse is not None)
+    allocation = env.get(env.SLURM_JOB_ID) or env.get(env.PBS_JOBID)
+    if args.np is None and no_hosts and allocation and not _is_elastic(args):
+        return (
+            "inside a Slurm or PBS allocation, give the number of ranks with -np N: ddlrun "
+            "does not count the allocation's slots (mpirun places the ranks on them)."
+        )
+    if escaped:
+        return None
+    for word in program[1:]:
+        option = word.split("=", 1)[0]
+        if option in LAUNCH_ONLY_OPTIONS:
+            shown = program[1] if program[1:2] and program[1].endswith(".py") else program[0]
+            return (
+                f"{option} comes after the program ({shown}), so it would go to the program, "
+                f"not to ddlrun. Put ddlrun's options before the program: ddlrun {option} ... "
+                f"{shown} ...; if {shown} takes {option} itself, start it after '--': "
+                f"ddlrun [options] -- {shown} {option} ..."
+            )
+    return None
+
+
+def _is_elastic(args: argparse.Namespace) -> bool:
+    return bool(args.min_np or args.max_np or args.host_discovery_script)
+
+
 def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, list[str]]:
     hosts = parse_host_list(args.hosts) if args.hosts else []
     if args.hostfile:
@@ -228,11 +341,14 @@ def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, list[str]]:
         from ddl_tf.cluster.rehearse import rehearsal_hosts
 
         hosts = rehearsal_hosts(args.rehearse, args.np if args.np is not None else args.rehearse)
-    np_ = args.np if args.np is not None else sum(h.slots for h in hosts)
-    if not np_ and (args.min_np or args.max_np or args.host_discovery_script):
+    if args.np is not None:
+        np_ = args.np  # >= 1: usage_problem() checked it
+    elif hosts:
+        np_ = sum(h.slots for h in hosts)
+    elif _is_elastic(args):
         np_ = args.min_np or 1  # an elastic job's size comes from its hosts (launch.elastic)
-    if not np_ or np_ < 1:
-        raise LaunchError(f"ddlrun: give the number of ranks with -np N (>= 1); e.g. {EXAMPLE}")
+    else:
+        np_ = local_slots()  # outside an allocation: usage_problem() asked for -np inside one
     placement = place_ranks(hosts, np_, args.oversubscribe) if hosts else ["localhost"] * np_
     program = list(args.program)
     if program and program[0] == "--":
@@ -300,6 +416,11 @@ def _describe_topology(args: argparse.Namespace, placement: list[str]) -> str:
     return Topology.from_node_names(names, 0, spec, source=source).describe()
 
 
+def _say(text: str) -> None:
+    """What ddlrun has to say about the job: on standard error, at once."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``ddlrun``.
 
@@ -315,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return EXIT_USAGE if exit_.code else EXIT_OK
+    problem = usage_problem(args)
+    if problem is not None:  # the one line that matters, not argparse's long usage above it
+        print(f"ddlrun: error: {problem} (ddlrun --help lists the options)", file=sys.stderr)
+        return EXIT_USAGE
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     spec = None
     try:
@@ -348,18 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         if python and not args.skip_checks:
             # virtual nodes share this machine's files: checking the local Python suffices
             remote = [h for h in plan.hosts if not is_local(h.name)] if spec is None else []
-            prefix = [
-                mpirun,
-                "-np",
-                str(len(remote)),
-                "--map-by",
-                "ppr:1:node",
-                "-H",
-                ",".join(f"{h.name}:1" for h in remote),
-            ]
-            if as_root:
-                prefix.insert(1, "--allow-run-as-root")
-            checks.check_python(python, child_env, remote, prefix if flavor == "openmpi" else None)
+            prefix = once_per_host(mpirun, remote, flavor=flavor, as_root=as_root)
+            checks.check_python(python, child_env, remote, prefix)
     except DDLError as err:
         print(str(err), file=sys.stderr)
         return EXIT_PREFLIGHT
@@ -384,180 +499,18 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             if elastic is not None:
-                finished = _FinishedWatch()
+                finished = FinishedWatch(_say)
                 code = run_rehearsal(spec, command, child_env, watch=finished)
                 return finished.status(128 - code if code < 0 else code)
-            return _exit_code(run_rehearsal(spec, command, child_env))
+            return exit_code(run_rehearsal(spec, command, child_env), report=_say)
         except DDLError as err:
             print(str(err), file=sys.stderr)
             return EXIT_PREFLIGHT
         except KeyboardInterrupt:  # the job was stopped and the cluster removed
             return 128 + signal.SIGINT
     if elastic is not None:
-        return _run_elastic(command, child_env)
-    return _run(command, child_env)
-
-
-def _run_elastic(command: list[str], child_env: dict[str, str]) -> int:
-    """Run an elastic job: its status is whether its final ranks finished, not mpirun's."""
-    finished = _FinishedWatch()
-    return finished.status(_run(command, child_env, finished))
-
-
-class _FinishedWatch:
-    """Passes an elastic job's output through and notes whether its final ranks finished.
-
-    Under MPI's fault tolerance mpirun's exit status says little: a rank that
-    failed and was survived can make it non-zero, and ranks that all failed
-    after a membership change can leave it 0 (both measured here). The final
-    membership's rank 0 prints :data:`~ddl_tf.env.ELASTIC_FINISHED` when it
-    shuts down cleanly; this watch looks for that line.
-    """
-
-    DAEMON_LOST = (b"A daemon failed to report back", b"lost communication with a remote daemon")
-    """What Open MPI's runtime prints when it loses the daemon of a host (both forms seen)."""
-
-    def __init__(self) -> None:
-        self.finished = threading.Event()
-        self.daemon_lost = False
-        self.lost_host = ""
-
-    def __call__(self, stream, sink=None) -> None:
-        sink = sink if sink is not None else sys.stdout
-        for line in iter(stream.readline, b""):
-            if line.startswith(env.ELASTIC_FINISHED.encode()):
-                self.finished.set()
-            if any(text in line for text in self.DAEMON_LOST):
-                self.daemon_lost = True
-            if self.daemon_lost and not self.lost_host and b"Remote host:" in line:
-                self.lost_host = line.split(b":", 1)[1].strip().decode(errors="replace")
-            sink.buffer.write(line)
-            sink.flush()
-
-    def status(self, code: int) -> int:
-        """ddlrun's exit code from mpirun's ``code`` and whether the finished line came."""
-        if self.finished.is_set():
-            return code if code >= 128 else EXIT_OK
-        if self.daemon_lost:
-            print(
-                f"ddlrun: Open MPI lost its daemon on host {self.lost_host or '(see above)'} "
-                "(the node died, or its runtime process was killed or cut off). An elastic job "
-                "survives the loss of ranks, but Open MPI 5.0's runtime (PRRTE) ends the whole "
-                "job when one of its daemons is lost, so the job stopped. Restart it; keep "
-                "checkpoints on rank 0 (e.g. keras.callbacks.ModelCheckpoint) to resume from.",
-                file=sys.stderr,
-            )
-            return code or 1
-        if code >= 128:  # a signal stopped the job (ddlrun's, forwarded)
-            return code
-        print(
-            "ddlrun: the elastic job ended without its ranks finishing (every rank failed or "
-            f"left; mpirun's status {code}): see the ranks' errors above",
-            file=sys.stderr,
-        )
-        return code or 1
-
-
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-"""What ddlrun passes on to mpirun: a scheduler's stop (Slurm, PBS, Kubernetes and ``kill``
-send SIGTERM), a terminal's Ctrl-C, a closed session."""
-
-STOP_GRACE_S = 5.0
-"""Seconds mpirun gets to end the ranks after a forwarded signal before the whole job is
-killed (SIGKILL to mpirun's process group and to every rank it started)."""
-
-
-def _run(command: list[str], child_env: dict[str, str], watch=None) -> int:
-    """Run mpirun and wait; a stop signal ends the whole job within seconds.
-
-    mpirun gets a session of its own, so that ddlrun alone decides what it
-    receives: the first SIGTERM, SIGINT or SIGHUP is forwarded to it (Open
-    MPI then terminates the ranks); if the job is still there after
-    :data:`STOP_GRACE_S`, its process group is killed. ddlrun then exits with
-    ``128 + signal`` (143 for SIGTERM), the status a shell gives a command
-    the signal stopped. ``watch(stream, sink)``, if given, reads mpirun's
-    standard output and error (a thread each) instead of them going straight
-    to ddlrun's, and passes them on to ``sink``.
-    """
-    proc = subprocess.Popen(
-        command,
-        env=child_env,
-        start_new_session=True,
-        stdout=subprocess.PIPE if watch is not None else None,
-        stderr=subprocess.PIPE if watch is not None else None,
-    )
-    readers = []
-    if watch is not None:
-        for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-            readers.append(threading.Thread(target=watch, args=(stream, sink), daemon=True))
-            readers[-1].start()
-    received: list[int] = []
-
-    def forward(signum, _frame) -> None:
-        if not received:
-            print(
-                f"ddlrun: {signal.Signals(signum).name} received; stopping the job",
-                file=sys.stderr,
-                flush=True,
-            )
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signum)
-        received.append(signum)
-
-    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
-    stopped_at = None
-    try:
-        while True:
-            try:
-                code = proc.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if received and stopped_at is None:
-                    stopped_at = time.monotonic()
-                if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
-                    _kill_session(proc.pid, signal.SIGKILL)
-                    code = proc.wait()
-                    break
-        if received:  # mpirun may return before its local ranks are gone: wait for them
-            deadline = (stopped_at or time.monotonic()) + STOP_GRACE_S
-            while _session_members(proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            _kill_session(proc.pid, signal.SIGKILL)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for reader in readers:
-            reader.join(timeout=STOP_GRACE_S)
-    if received:
-        return 128 + received[0]
-    return _exit_code(code) if watch is None else (128 - code if code < 0 else code)
-
-
-def _session_members(session: int) -> list[int]:
-    """Processes of this machine in session ``session`` (mpirun's: it and its local ranks)."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if os.getsid(int(entry.name)) == session:
-                members.append(int(entry.name))
-    return members
-
-
-def _kill_session(session: int, signum: int) -> None:
-    """Send ``signum`` to every process left in ``session`` (mpirun's, on this machine)."""
-    for pid in _session_members(session):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
-
-
-def _exit_code(code: int) -> int:
-    if code < 0:
-        return 128 - code
-    if code != 0:
-        print(f"ddlrun: job failed with exit code {code}", file=sys.stderr)
-    return code
+        return run_elastic(command, child_env, report=_say)
+    return run_job(command, child_env, report=_say)
 
 
 if __name__ == "__main__":  # pragma: no cover

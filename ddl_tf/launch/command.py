@@ -25,7 +25,14 @@ from ddl_tf import env
 from ddl_tf.errors import LaunchError
 from ddl_tf.launch.hosts import EXAMPLE, Host
 
-__all__ = ["LaunchPlan", "find_mpirun", "mpi_flavor", "build_command", "child_environment"]
+__all__ = [
+    "LaunchPlan",
+    "find_mpirun",
+    "mpi_flavor",
+    "build_command",
+    "once_per_host",
+    "child_environment",
+]
 
 
 @dataclass
@@ -150,6 +157,34 @@ def build_command(plan: LaunchPlan, mpirun: str, *, flavor: str, as_root: bool) 
     for name in exported:
         cmd += ["-x", name]
     return cmd + plan.mpi_args + plan.program
+
+
+def once_per_host(
+    mpirun: str, hosts: list[Host], *, flavor: str, as_root: bool
+) -> list[str] | None:
+    """The mpirun prefix that runs a command once on each of ``hosts`` (the Python check's).
+
+    Args:
+        mpirun: The launcher executable.
+        hosts: The hosts (their slots do not matter: one process each).
+        flavor: ``"openmpi"`` or ``"hydra"`` (see :func:`mpi_flavor`).
+        as_root: Add ``--allow-run-as-root``.
+
+    Returns:
+        The argument list to put before the command, or None for Hydra (its
+        spelling is not supported here: the check then runs locally only).
+
+    Example:
+        >>> once_per_host("mpirun", [Host("a", 4), Host("b", 2)], flavor="openmpi", as_root=False)
+        ['mpirun', '-np', '2', '--map-by', 'ppr:1:node', '-H', 'a:1,b:1']
+    """
+    if flavor != "openmpi":
+        return None
+    prefix = [mpirun, "-np", str(len(hosts)), "--map-by", "ppr:1:node"]
+    prefix += ["-H", ",".join(f"{h.name}:1" for h in hosts)]
+    if as_root:
+        prefix.insert(1, "--allow-run-as-root")
+    return prefix
 
 
 def child_environment(plan: LaunchPlan, *, as_root: bool) -> dict[str, str]:

@@ -14,13 +14,24 @@ Example:
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from ddl_tf.errors import LaunchError
 
-__all__ = ["Host", "parse_host_list", "parse_hostfile", "place_ranks", "is_local", "EXAMPLE"]
+__all__ = [
+    "Host",
+    "parse_host_list",
+    "parse_hostfile",
+    "place_ranks",
+    "is_local",
+    "local_slots",
+    "EXAMPLE",
+]
 
 EXAMPLE = "ddlrun -np 4 -H node1:2,node2:2 python train.py"
 _LOCAL = {"localhost", "127.0.0.1", "::1"}
@@ -156,3 +167,16 @@ def is_local(name: str) -> bool:
     import socket
 
     return name in _LOCAL or name in {socket.gethostname(), socket.getfqdn()}
+
+
+def local_slots() -> int:
+    """The slots of this machine when no hosts are given: its cores, as Open MPI counts them.
+
+    Open MPI's ``mpirun`` without a host list gives the local machine one slot
+    per processor core (hardware threads count only with
+    ``--use-hwthread-cpus``); ``ddlrun`` defaults ``-np`` to the same number.
+
+    Returns:
+        The number of physical cores (``psutil``), else of logical CPUs, at least 1.
+    """
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)

@@ -5,13 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 import ddl_tf
 from ddl_tf import ddlrun
 from ddl_tf.errors import LaunchError
 from ddl_tf.launch.command import LaunchPlan, build_command, child_environment, find_mpirun
-from ddl_tf.launch.hosts import Host, parse_host_list, parse_hostfile, place_ranks
+from ddl_tf.launch.hosts import Host, local_slots, parse_host_list, parse_hostfile, place_ranks
 
 SCRIPT = str(Path(__file__).parent / "test_launch.py")
 
@@ -79,8 +80,6 @@ def test_mpirun_next_to_python_wins():
         (["-np", "2", "-H", "no-such-host.invalid:2", SCRIPT], "cannot resolve host(s)"),
         (["-np", "2", "-H", "a:zero", SCRIPT], "cannot read host 'a:zero'"),
         (["-np", "2", "missing_script.py"], "does not exist"),
-        (["-np", "2"], "no program to run"),
-        (["-np", "0", SCRIPT], "-np N (>= 1)"),
         (["-np", "2", "--topology", "/nonexistent/t.json", SCRIPT], "does not exist"),
         (["-np", "3", "--pseudo-nodes", "a,b", SCRIPT], "lists 2 node names for 3 ranks"),
         (["-np", "2", "--mpirun", "/nonexistent/mpirun", SCRIPT], "is not an executable"),
@@ -98,6 +97,60 @@ def test_usage_errors_exit_2(capsys):
     assert run(capsys, "--algo", "tree", SCRIPT)[0] == ddlrun.EXIT_USAGE
     assert run(capsys, "-H", "a", "--hostfile", "f", SCRIPT)[0] == ddlrun.EXIT_USAGE
     assert run(capsys, "--help")[0] == ddlrun.EXIT_OK
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-np", "2"], "no program to run"),
+        (["-np", "2", "--"], "no program to run"),
+        (["-np", "0", SCRIPT], "-np must be 1 or more. Received -np 0"),
+    ],
+)
+def test_a_missing_program_or_a_bad_rank_count_is_a_usage_error(capsys, argv, message):
+    code, out, err = run(capsys, "--dry-run", *argv)
+    assert code == ddlrun.EXIT_USAGE, (out, err)
+    assert err.startswith(f"ddlrun: error: {message}") and err.count("\n") == 1
+
+
+def test_np_defaults_to_the_slots(capsys, monkeypatch):
+    for name in ("SLURM_JOB_ID", "PBS_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    code, out, err = run(capsys, "--dry-run", SCRIPT)  # no hosts: this machine's cores
+    assert code == ddlrun.EXIT_OK, err
+    command = out.split("ddlrun: running: ")[1].split()
+    cores = local_slots()
+    assert command[1:3] == ["-np", str(cores)] and f"localhost:{cores}" in command
+    assert cores == (psutil.cpu_count(logical=False) or os.cpu_count())
+    code, out, err = run(capsys, "-H", "localhost:2,127.0.0.1:1", "--dry-run", SCRIPT)
+    assert code == ddlrun.EXIT_OK, err
+    assert out.split("ddlrun: running: ")[1].split()[1:3] == ["-np", "3"]
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # an allocation's slots are mpirun's to count
+    code, _, err = run(capsys, "--dry-run", SCRIPT)
+    assert code == ddlrun.EXIT_USAGE and "give the number of ranks with -np N" in err
+
+
+def test_a_launch_option_after_the_program_is_refused_with_the_fix(capsys):
+    code, out, err = run(capsys, "--dry-run", SCRIPT, "-np", "2")
+    assert code == ddlrun.EXIT_USAGE and "ddlrun: running" not in out
+    assert f"-np comes after the program ({SCRIPT})" in err
+    assert "Put ddlrun's options before the program" in err and "after '--'" in err
+    code, _, err = run(capsys, "--dry-run", "python", SCRIPT, "--hostfile=h")
+    assert code == ddlrun.EXIT_USAGE and f"--hostfile comes after the program ({SCRIPT})" in err
+    # the program's own arguments pass through unchanged, ddlrun-like ones included
+    mine = ["--epochs", "3", "-n", "4", "-x", "1", "--algo", "ring", "--timeline", "t.json"]
+    code, out, err = run(capsys, "-np", "2", "--dry-run", SCRIPT, *mine)
+    assert code == ddlrun.EXIT_OK, err
+    assert out.split("ddlrun: running: ")[1].split()[-len(mine) :] == mine
+    # after '--' even a launch option is the program's
+    code, out, err = run(capsys, "-np", "2", "--dry-run", "--", SCRIPT, "-np", "5")
+    assert code == ddlrun.EXIT_OK, err
+    assert out.split("ddlrun: running: ")[1].split()[-3:] == [SCRIPT, "-np", "5"]
+
+
+def test_the_launch_only_options_are_ddlruns():
+    options = {o for a in ddlrun.build_parser()._actions for o in a.option_strings}
+    assert ddlrun.LAUNCH_ONLY_OPTIONS <= options, ddlrun.LAUNCH_ONLY_OPTIONS - options
 
 
 def test_python_check_reports_a_python_without_ddl_tf(capsys, tmp_path):

@@ -1,0 +1,273 @@
+"""Run the launcher process and supervise it: signals forwarded, the whole job ended, exit codes.
+
+``ddlrun`` plans a job (:mod:`ddl_tf.ddlrun`, :mod:`~ddl_tf.launch.command`) and hands
+the ``mpirun`` command to :func:`run_job`, which starts it in a session of its own,
+forwards the first stop signal (SIGTERM, SIGINT, SIGHUP) to it, and makes sure
+that the job is gone within :data:`STOP_GRACE_S` after that: whatever of the
+session is still there (``mpirun`` and the ranks it started on this machine,
+orphans included) is killed. An elastic job's status is read from its output
+(:class:`FinishedWatch`), since ``mpirun``'s says little under MPI's fault tolerance.
+
+The processes of the session are found and signalled with ``psutil``, which
+walks the process table portably and refuses to signal a process whose PID
+has been reused since it was found. Two things stay our own code, because no
+library does them: which session a process is in (``os.getsid``; psutil has no
+session id), and reading Open MPI's messages in the job's output (its wording,
+which :class:`FinishedWatch` matches, is Open MPI's own, not an interface).
+
+What the supervisor has to say (a signal received, a failed job, an elastic
+job that did not finish) goes to the ``report`` callable the caller passes;
+``ddlrun`` prints it on its standard error.
+
+Example (a command that ends by itself; nothing is signalled)::
+
+    >>> import sys
+    >>> from ddl_tf.launch.supervise import run_job
+    >>> run_job([sys.executable, "-c", "raise SystemExit(3)"], {}, report=print)
+    ddlrun: job failed with exit code 3
+    3
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+import psutil
+
+from ddl_tf import env
+
+__all__ = [
+    "FORWARDED_SIGNALS",
+    "STOP_GRACE_S",
+    "FinishedWatch",
+    "run_job",
+    "run_elastic",
+    "exit_code",
+    "session_processes",
+    "kill_session",
+]
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""What ddlrun passes on to mpirun: a scheduler's stop (Slurm, PBS, Kubernetes and ``kill``
+send SIGTERM), a terminal's Ctrl-C, a closed session."""
+
+STOP_GRACE_S = 5.0
+"""Seconds mpirun gets to end the ranks after a forwarded signal before the whole job is
+killed (SIGKILL to every process of mpirun's session: mpirun and every rank it started here)."""
+
+KILL_WAIT_S = 2.0
+"""Seconds to wait, after a SIGKILL, for the killed processes to be gone (they cannot refuse;
+this only keeps ddlrun from exiting before the kernel has removed them)."""
+
+
+def session_processes(session: int) -> list[psutil.Process]:
+    """The live processes of this machine in session ``session`` (mpirun's: it and its local ranks).
+
+    A rank whose mpirun died first is still found: it keeps its session when
+    it is re-parented. Zombies (dead, waiting to be reaped) are left out.
+
+    Args:
+        session: The session id, which is the pid of the process that made it
+            (``start_new_session=True``).
+    """
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):  # gone, or not ours to ask about
+            if os.getsid(proc.pid) == session and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+def kill_session(session: int, signum: int = signal.SIGKILL) -> None:
+    """Send ``signum`` to every process left in ``session``; after a SIGKILL, wait until they are gone.
+
+    Args:
+        session: The session id (mpirun's pid).
+        signum: The signal (SIGKILL: then wait at most :data:`KILL_WAIT_S` for them to go).
+    """
+    members = session_processes(session)
+    for proc in members:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.send_signal(signum)  # psutil refuses a pid reused since the scan
+    if signum == signal.SIGKILL and members:
+        psutil.wait_procs(members, timeout=KILL_WAIT_S)
+
+
+def run_job(
+    command: list[str],
+    child_env: dict[str, str],
+    *,
+    report: Callable[[str], None],
+    watch: Callable[[IO[bytes], Any], None] | None = None,
+) -> int:
+    """Run mpirun and wait; a stop signal ends the whole job within seconds.
+
+    mpirun gets a session of its own, so that ddlrun alone decides what it
+    receives: the first SIGTERM, SIGINT or SIGHUP is forwarded to it (Open
+    MPI then terminates the ranks); if the job is still there after
+    :data:`STOP_GRACE_S`, every process of its session is killed. ddlrun then
+    exits with ``128 + signal`` (143 for SIGTERM), the status a shell gives a
+    command the signal stopped.
+
+    Args:
+        command: The mpirun argument list.
+        child_env: mpirun's environment.
+        report: Called with each line ddlrun has to say (the signal received,
+            a failed job).
+        watch: ``watch(stream, sink)``, if given, reads mpirun's standard output
+            and error (a thread each) instead of them going straight to
+            ddlrun's, and passes them on to ``sink``.
+
+    Returns:
+        ``128 + N`` after ddlrun received signal N; else, without ``watch``,
+        :func:`exit_code` of mpirun's status, and with it mpirun's status as
+        is (``128 + N`` if a signal N ended it).
+    """
+    proc = subprocess.Popen(
+        command,
+        env=child_env,
+        start_new_session=True,
+        stdout=subprocess.PIPE if watch is not None else None,
+        stderr=subprocess.PIPE if watch is not None else None,
+    )
+    readers = []
+    if watch is not None:
+        for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            readers.append(threading.Thread(target=watch, args=(stream, sink), daemon=True))
+            readers[-1].start()
+    received: list[int] = []
+
+    def forward(signum, _frame) -> None:
+        if not received:
+            report(f"ddlrun: {signal.Signals(signum).name} received; stopping the job")
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+        received.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    stopped_at = None
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if received and stopped_at is None:
+                    stopped_at = time.monotonic()
+                if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+                    kill_session(proc.pid)
+                    code = proc.wait()
+                    break
+        if received:  # mpirun may return before its local ranks are gone: wait for them
+            deadline = (stopped_at or time.monotonic()) + STOP_GRACE_S
+            psutil.wait_procs(
+                session_processes(proc.pid), timeout=max(0.0, deadline - time.monotonic())
+            )
+            kill_session(proc.pid)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for reader in readers:
+            reader.join(timeout=STOP_GRACE_S)
+    if received:
+        return 128 + received[0]
+    if watch is None:
+        return exit_code(code, report=report)
+    return 128 - code if code < 0 else code
+
+
+def run_elastic(
+    command: list[str], child_env: dict[str, str], *, report: Callable[[str], None]
+) -> int:
+    """Run an elastic job: its status is whether its final ranks finished, not mpirun's.
+
+    Args:
+        command: The mpirun argument list.
+        child_env: mpirun's environment.
+        report: Called with each line ddlrun has to say.
+
+    Returns:
+        ddlrun's exit code (see :meth:`FinishedWatch.status`).
+    """
+    finished = FinishedWatch(report)
+    return finished.status(run_job(command, child_env, report=report, watch=finished))
+
+
+class FinishedWatch:
+    """Passes an elastic job's output through and notes whether its final ranks finished.
+
+    Under MPI's fault tolerance mpirun's exit status says little: a rank that
+    failed and was survived can make it non-zero, and ranks that all failed
+    after a membership change can leave it 0 (both measured here). The final
+    membership's rank 0 prints :data:`~ddl_tf.env.ELASTIC_FINISHED` when it
+    shuts down cleanly; this watch looks for that line, and for Open MPI's
+    report of a lost daemon.
+
+    Args:
+        report: Called with what :meth:`status` has to say about a job that
+            did not finish.
+    """
+
+    DAEMON_LOST = (b"A daemon failed to report back", b"lost communication with a remote daemon")
+    """What Open MPI's runtime prints when it loses the daemon of a host (both forms seen)."""
+
+    def __init__(self, report: Callable[[str], None]) -> None:
+        self.report = report
+        self.finished = threading.Event()
+        self.daemon_lost = False
+        self.lost_host = ""
+
+    def __call__(self, stream, sink=None) -> None:
+        sink = sink if sink is not None else sys.stdout
+        for line in iter(stream.readline, b""):
+            if line.startswith(env.ELASTIC_FINISHED.encode()):
+                self.finished.set()
+            if any(text in line for text in self.DAEMON_LOST):
+                self.daemon_lost = True
+            if self.daemon_lost and not self.lost_host and b"Remote host:" in line:
+                self.lost_host = line.split(b":", 1)[1].strip().decode(errors="replace")
+            sink.buffer.write(line)
+            sink.flush()
+
+    def status(self, code: int) -> int:
+        """ddlrun's exit code from mpirun's ``code`` and whether the finished line came."""
+        if self.finished.is_set():
+            return code if code >= 128 else 0
+        if self.daemon_lost:
+            self.report(
+                f"ddlrun: Open MPI lost its daemon on host {self.lost_host or '(see above)'} "
+                "(the node died, or its runtime process was killed or cut off). An elastic job "
+                "survives the loss of ranks, but Open MPI 5.0's runtime (PRRTE) ends the whole "
+                "job when one of its daemons is lost, so the job stopped. Restart it; keep "
+                "checkpoints on rank 0 (e.g. keras.callbacks.ModelCheckpoint) to resume from."
+            )
+            return code or 1
+        if code >= 128:  # a signal stopped the job (ddlrun's, forwarded)
+            return code
+        self.report(
+            "ddlrun: the elastic job ended without its ranks finishing (every rank failed or "
+            f"left; mpirun's status {code}): see the ranks' errors above"
+        )
+        return code or 1
+
+
+def exit_code(code: int, *, report: Callable[[str], None]) -> int:
+    """ddlrun's exit code for mpirun's return code ``code``: ``128 + N`` if signal N ended it.
+
+    Args:
+        code: mpirun's return code (negative: the signal that ended it).
+        report: Told that the job failed, when ``code`` is a failure code.
+    """
+    if code < 0:
+        return 128 - code
+    if code != 0:
+        report(f"ddlrun: job failed with exit code {code}")
+    return code

@@ -1,0 +1,98 @@
+"""The supervisor under ddlrun: whole sessions killed, stop signals forwarded, no hang (no MPI)."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import psutil
+import pytest
+
+from ddl_tf.launch import supervise
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_for(path, timeout=10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def test_kill_session_ends_orphans_too(tmp_path):
+    pids = tmp_path / "pids"
+    # a 'launcher' with two children, each in its session; the launcher dies first
+    leader = subprocess.Popen(
+        ["sh", "-c", f"sleep 60 & sleep 60 & echo $! > {pids}; wait"], start_new_session=True
+    )
+    child = int(_wait_for(pids))
+    leader.kill()
+    leader.wait()
+    orphans = supervise.session_processes(leader.pid)
+    assert child in {p.pid for p in orphans} and len(orphans) == 2
+    supervise.kill_session(leader.pid)
+    assert supervise.session_processes(leader.pid) == [] and _gone(child)
+    supervise.kill_session(leader.pid)  # nothing left: no error, no wait
+
+
+def test_a_stop_signal_ends_a_job_that_ignores_it_after_the_grace(tmp_path, monkeypatch):
+    monkeypatch.setattr(supervise, "STOP_GRACE_S", 0.5)
+    pids = tmp_path / "pids"
+    said: list[str] = []
+    # mpirun's stand-in ignores SIGTERM, as does the rank it started
+    command = ["sh", "-c", f"trap '' TERM; sleep 60 & echo $! > {pids}; wait; wait"]
+    stopper = threading.Thread(
+        target=lambda: (_wait_for(pids), os.kill(os.getpid(), signal.SIGTERM)), daemon=True
+    )
+    stopper.start()
+    before = signal.getsignal(signal.SIGTERM)
+    start = time.monotonic()
+    code = supervise.run_job(command, dict(os.environ), report=said.append)
+    took = time.monotonic() - start
+    stopper.join(timeout=10)
+    assert code == 128 + signal.SIGTERM
+    assert said == ["ddlrun: SIGTERM received; stopping the job"]
+    assert took < 10, took
+    assert _gone(int(pids.read_text()))
+    assert signal.getsignal(signal.SIGTERM) is before  # the forwarding handler is removed
+
+
+@pytest.mark.parametrize(("status", "expected"), [(0, 0), (3, 3), (-9, 137)])
+def test_exit_codes_say_when_a_job_failed(status, expected):
+    said: list[str] = []
+    assert supervise.exit_code(status, report=said.append) == expected
+    assert said == ([f"ddlrun: job failed with exit code {status}"] if status > 0 else [])
+
+
+def test_the_elastic_watch_reads_the_finished_line_and_a_lost_daemon():
+    said: list[str] = []
+    watch = supervise.FinishedWatch(said.append)
+    reader, writer = os.pipe()
+    with os.fdopen(writer, "wb") as out:
+        out.write(b"A daemon failed to report back\n  Remote host: node1\n")
+    sink = _Sink()
+    with os.fdopen(reader, "rb") as stream:
+        watch(stream, sink)
+    assert sink.buffer.getvalue().endswith(b"Remote host: node1\n")
+    assert watch.status(0) == 1 and "lost its daemon on host node1" in said[0]
+    done = supervise.FinishedWatch(said.append)
+    done.finished.set()
+    assert done.status(5) == 0 and done.status(143) == 143
+
+
+class _Sink:
+    def __init__(self) -> None:
+        import io
+
+        self.buffer = io.BytesIO()
+
+    def flush(self) -> None:
+        pass
