@@ -6,9 +6,13 @@ It runs with a time limit; a failure, a hang or a line that is not
 ``host[:slots]`` raises :class:`DiscoveryError` naming what was wrong.
 
 A host with a failed rank is blacklisted (all its ranks leave the job, as in
-Horovod). Without a cooldown range it stays out for good; with
-``--blacklist-cooldown-range low,high`` it may come back after
-``min(high, low * 2**(n-1))`` seconds, ``n`` its number of failures.
+Horovod). Without a cooldown range it stays out for good; with one it may
+come back after ``min(high, low * 2**(n-1))`` seconds, ``n`` its number of
+failures. The range is given as two numbers, ``ddlrun
+--blacklist-cooldown-range LOW HIGH`` (horovodrun's spelling) or
+``ddl_tf.run(..., cooldown_range=(low, high))``; ddlrun passes it to the
+ranks as ``DDL_ELASTIC_COOLDOWN=low,high``
+(:class:`~ddl_tf.membership.settings.ElasticSettings`).
 
 This module runs no MPI: ``ddlrun`` uses it before any rank starts.
 
