@@ -340,6 +340,26 @@ def test_progress_is_drawn_only_on_a_terminal_after_the_delay():
     assert quick.getvalue() == ""
 
 
+def test_the_progress_line_fits_the_terminal_width(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setenv("COLUMNS", "40")  # the width a stream without a descriptor gets
+    terminal = Terminal()
+    with Progress(terminal, delay=0, interval=0.01) as progress:
+        progress.stage("reading /a/very/long/path/to/a/saved/model/directory")
+        deadline = time.monotonic() + 10
+        while "reading" not in terminal.getvalue():
+            assert time.monotonic() < deadline, "the progress line was never drawn"
+            time.sleep(0.005)
+    lines = [line for line in terminal.getvalue().split("\r\x1b[2K") if line]
+    assert lines and all(len(line) <= 39 for line in lines), lines
+    assert all(line.startswith("tflms: ") and line.endswith("s") for line in lines), lines
+    # the stage is shortened, the elapsed time kept (a first draw may come before the stage)
+    assert not any("directory" in line for line in lines), lines
+
+
 def test_the_installed_console_script(models, tmp_path):
     script = Path(sys.executable).with_name("tflms")
     assert script.exists(), "run `make install` so setup.cfg's console_scripts entry is installed"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -98,20 +99,12 @@ class ConfigField:
         if "list" in self.kinds:
             return [item.strip() for item in text.split(",") if item.strip()]
         if "int" in self.kinds:
-            with _suppress_value_error():
+            with contextlib.suppress(ValueError):
                 return int(text)
         if "float" in self.kinds:
-            with _suppress_value_error():
+            with contextlib.suppress(ValueError):
                 return float(text)
         return text  # strings, and values LMSConfig reports clearly ("64KiB", "abc")
-
-
-class _suppress_value_error:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, traceback):
-        return kind is ValueError
 
 
 @functools.lru_cache(maxsize=1)

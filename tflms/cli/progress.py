@@ -5,7 +5,9 @@ would only add noise. :class:`Progress` therefore shows nothing until the
 work has taken ``delay`` seconds, and nothing at all unless the stream is a
 terminal (logs and pipes stay clean). Then a background thread redraws one
 line - a spinner, the elapsed time and the current stage - five times a
-second, and the line is erased when the work is done.
+second, and the line is erased when the work is done. The line is cut to the
+terminal's width (the stage text is shortened, the elapsed time kept): a line
+that wrapped would leave a row behind at every redraw.
 
 Example:
     >>> import io
@@ -19,6 +21,8 @@ Example:
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
 import threading
 import time
 
@@ -81,8 +85,26 @@ class Progress:
         for frame in itertools.cycle(_SPINNER):
             with self._lock:
                 elapsed = time.monotonic() - self._start
-                self.stream.write(f"\r\x1b[2Ktflms: {frame} {self._stage} ... {elapsed:.1f}s")
+                line = _fitted(
+                    f"tflms: {frame} ", self._stage, f" ... {elapsed:.1f}s", self._width()
+                )
+                self.stream.write(f"\r\x1b[2K{line}")
                 self.stream.flush()
                 self._drawn = True
             if self._stop.wait(self.interval):
                 return
+
+    def _width(self) -> int:
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):  # no descriptor (a test's stream)
+            columns = 0
+        return columns if columns > 0 else shutil.get_terminal_size().columns  # $COLUMNS, 80
+
+
+def _fitted(head: str, stage: str, tail: str, width: int) -> str:
+    """``head + stage + tail`` in ``width - 1`` columns (the last one left free: no wrap)."""
+    room = width - 1 - len(head) - len(tail)
+    if len(stage) > room:
+        stage = stage[: room - 3] + "..." if room > 3 else ""
+    return (head + stage + tail)[: max(width - 1, 0)]
