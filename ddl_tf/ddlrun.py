@@ -93,31 +93,13 @@ __all__ = [
 EXIT_OK, EXIT_USAGE, EXIT_PREFLIGHT = 0, 2, 3
 
 LAUNCH_ONLY_OPTIONS = frozenset(
-    {
-        "-np",
-        "--hostfile",
-        "--oversubscribe",
-        "--pseudo-nodes",
-        "--rehearse",
-        "--mpirun",
-        "--mpi-args",
-        "--min-np",
-        "--max-np",
-        "--min-num-proc",
-        "--max-num-proc",
-        "--host-discovery-script",
-        "--slots-per-host",
-        "--blacklist-cooldown-range",
-        "--elastic-timeout",
-        "--fusion-threshold-mb",
-        "--stall-warning-seconds",
-        "--stall-shutdown-seconds",
-        "--auto-policy",
-        "--network-interface",
-        "--timeline-filename",
-        "--cycle-time-ms",
-        "--skip-checks",
-    }
+    (
+        "-np --hostfile --oversubscribe --pseudo-nodes --rehearse --mpirun --mpi-args "
+        "--min-np --max-np --min-num-proc --max-num-proc --host-discovery-script "
+        "--slots-per-host --blacklist-cooldown-range --elastic-timeout --fusion-threshold-mb "
+        "--stall-warning-seconds --stall-shutdown-seconds --auto-policy --network-interface "
+        "--timeline-filename --cycle-time-ms --skip-checks"
+    ).split()
 )
 """ddlrun's options that a training script is unlikely to define: after the program, one of
 them is a misplaced ddlrun option, refused with the fix. The rest (``-n``, ``-H``, ``-x``,
