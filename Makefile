@@ -32,15 +32,19 @@ $(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/numerics/halfkerne
 # The suite: everything not marked bench. Its target is about 20 minutes on 2 cores: a
 # test that would push it past that is made cheaper, or marked bench when another test
 # here walks the same path (docs/contributing.md, "What make test leaves to make bench").
+# Two pytest-xdist workers (TEST_WORKERS; 0 runs in this process): each file's tests in one
+# worker, the tests that start MPI jobs one after another in one (tests/harness.py).
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS)
 
 # The fast tier: single-process, not slow (under 3 minutes on 2 cores). Property tests
 # draw 100 examples here (the hypothesis profile "quick"), 300 under `make test` ("ci",
 # derandomized, under CI; "test" otherwise) and 2,000 under `make bench` (the tests
 # marked bench take the profile "bench"; tests/harness.py).
 check: install
-	HYPOTHESIS_PROFILE=quick $(PY) -m pytest -m "not slow and not parallel and not bench" $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=quick $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup \
+	  -m "not slow and not parallel and not bench" $(PYTEST_ARGS)
 
 # The demo and the benchmarks run TensorFlow's oneDNN kernels on every x86-64 CPU:
 # TensorFlow turns them on by itself only on AVX-512-class CPUs, and without them

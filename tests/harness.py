@@ -77,6 +77,22 @@ except ImportError:  # hypothesis is a dev extra; tests that need it import it t
     pass
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` runs two workers).
+
+    The tests of one file share a worker, because they share module fixtures
+    (traced steps, plain training runs) that each worker would otherwise build
+    again. The tests that start MPI jobs themselves (marked ``parallel``) share
+    one group, so they run one after another in one worker - never two jobs of
+    ranks at once - while the other worker runs single-process files.
+    Without xdist the marker is inert.
+    """
+    for item in items:
+        parallel = item.get_closest_marker("parallel") is not None
+        group = "mpi-jobs" if parallel else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_report_header(config) -> str:
     """The machine a failure happened on: CPU model, oneDNN and the BFC CPU allocator."""
     from tflms.utils.cpu import cpu_state, describe

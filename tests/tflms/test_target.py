@@ -120,3 +120,49 @@ def test_the_callbacks_simulation_uses_the_target_its_plan_was_made_for(view):
     assert callback.simulate(link="pcie3") == tflms.simulate(
         view, target=callback.config.target(link="pcie3")
     )
+
+
+def test_a_fit_with_a_budget_resolves_its_target_once_for_every_trace(monkeypatch):
+    """The walk of ``memory_budget`` from LMSCallback: the target is resolved when fit
+    begins, and every traced step is planned and auto-tuned on that very target."""
+    from tflms import zoo
+
+    made = []
+    resolve = Target.for_budget.__func__
+
+    def counted(cls, *args, **kwargs):
+        made.append((args, kwargs))
+        return resolve(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Target, "for_budget", classmethod(counted))
+    model = zoo.mlp(features=64, widths=(256, 256))
+    x, y = zoo.synthetic_data(model, 24)
+    lms = tflms.LMSCallback(memory_budget="1GiB")
+    # 24 samples in batches of 16: a full and a partial batch, two traces at most
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[lms], shuffle=False)
+    assert len(made) == 1, made
+    assert lms.tunings and all(t.target is lms.tunings[0].target for t in lms.tunings)
+
+
+def test_a_decorated_function_resolves_its_target_once_for_all_its_traces(monkeypatch):
+    made = []
+    resolve = Target.for_budget.__func__
+
+    def counted(cls, *args, **kwargs):
+        made.append(args)
+        return resolve(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Target, "for_budget", classmethod(counted))
+    w = tf.Variable(tf.ones([64, 64]))
+
+    @tflms.function(config=tflms.LMSConfig(memory_budget="1GiB"))
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.relu(x @ w) @ w)
+        w.assign_sub(1e-3 * tape.gradient(loss, w))
+        return loss
+
+    for rows in (8, 16):  # two input shapes: two traces, each planned and auto-tuned
+        step(tf.ones([rows, 64]))
+    assert len(step.plans) == 2
+    assert len(made) == 1, made
