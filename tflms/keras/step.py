@@ -175,16 +175,48 @@ def train_step_graph(model, *, batch_size: int | None = None, x=None, y=None) ->
             f"so tensor sizes would be per sample. Pass batch_size=..., e.g. "
             f"tflms.analyze({getattr(model, 'name', 'model')}, batch_size=32)."
         )
-    if not model.optimizer.built:  # optimizer slots are variables: create them outside the trace
-        model.optimizer.build(model.trainable_variables)
+    name = getattr(model, "name", "model")
+    if not model.built:
+        raise ConfigError(
+            f"Model {name!r} is not built yet (a subclassed model makes its weights at its "
+            "first call), so its training step has no variables to trace; nothing was "
+            f"changed. Build it first, e.g. {name}.build(input_shape) or {name}(x[:1]), then "
+            "analyze it; or train with tflms.LMSCallback, which plans the step fit traces "
+            "after Keras builds the model."
+        )
+    optimizer = model.optimizer
+    # optimizer slots are variables: made outside the trace, on a stand-in when the
+    # user's optimizer is not built yet, so that fit later builds the user's own
+    stand_in = optimizer if optimizer.built else _stand_in(optimizer, name)
+    if not stand_in.built:
+        stand_in.build(model.trainable_variables)
     step = tf.function(model.train_step, jit_compile=False)
+    model.optimizer = stand_in
     try:
         return step.get_concrete_function((x_specs, y_specs)).graph
     except (TypeError, ValueError) as err:
         raise UnsupportedGraphError(
-            f"Could not trace the training step of {getattr(model, 'name', 'model')!r} with inputs "
+            f"Could not trace the training step of {name!r} with inputs "
             f"{x_specs} and targets {y_specs}: {err}. Pass x= and y= matching what fit receives."
         ) from err
+    finally:
+        model.optimizer = optimizer
+
+
+def _stand_in(optimizer, name: str):
+    """A copy of an unbuilt optimizer: the same class and settings, none of its state."""
+    import keras
+
+    try:
+        copy = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    except Exception as err:  # noqa: BLE001 - any failure to copy gets the same fix
+        raise ConfigError(
+            f"The optimizer of {name!r} ({type(optimizer).__name__}) is not built, and "
+            f"tflms could not copy it to trace the step without building yours ({err}); "
+            "nothing was changed. Build it as fit would, then analyze: "
+            f"{name}.optimizer.build({name}.trainable_variables)."
+        ) from err
+    return copy
 
 
 def analyze(
