@@ -249,3 +249,34 @@ def test_trim_early_stop_keeps_the_plan_a_full_bisection_finds(monkeypatch):
     assert fast.config == full.config and fast.plan.swaps == full.plan.swaps
     assert len(fast.plan.swaps) == 7  # of the 17 the untrimmed plan swaps
     assert len(fast.candidates) <= len(full.candidates)
+
+
+def test_a_budget_only_a_plan_without_recomputation_meets_is_not_reported_infeasible():
+    """The rescue's last try: the most memory-saving plans with and without each lever.
+
+    On this CNN the plan that swaps every candidate and recomputes and orders
+    peaks above the budget, while the same swaps with order but without
+    recomputation fit; the search used to try the first alone and give up.
+    """
+    from tflms import zoo
+
+    view = tflms.analyze(zoo.cnn(16, (8, 8, 16)), batch_size=16)
+    plain = tflms.simulate(view, accounting="tensors").device_peak_bytes
+    budget = int(plain * 0.55)
+
+    def peak(**options):
+        config = tflms.LMSConfig(swapin_ahead=1, min_tensor_bytes=0, **options)
+        plan = tflms.make_plan(view, config)
+        return max(
+            tflms.simulate(view, plan, accounting="tensors", link=link).device_peak_bytes
+            for link in ("pcie3", "ideal")
+        )
+
+    assert peak(swapout_threshold=1, recompute=True, reorder=True) > budget  # the old last try
+    assert peak(swapout_threshold=2, reorder=True) <= budget  # a plan that fits exists
+    tuned = tflms.autotune(
+        view, budget, safety_margin=0.0, config=tflms.LMSConfig(min_tensor_bytes=0)
+    )
+    assert tuned.lms_needed and tuned.result.device_peak_bytes <= budget
+    instant = tflms.simulate(view, tuned.plan, accounting="tensors", link="ideal")
+    assert instant.device_peak_bytes <= budget

@@ -22,8 +22,9 @@ whose predicted step time is lowest:
    simulator finds no slowdown);
 6. only if nothing fits yet: ``sync_mode`` 1-3, ``serialization`` of the
    levels around the peak, ``min_tensor_bytes=0``, and last the most
-   memory-saving plan (every candidate swapped with the earliest triggers,
-   cheap groups recomputed, memory-aware order);
+   memory-saving plans (every candidate swapped from the lowest thresholds
+   with the latest swap-ins, with and without recomputation and memory-aware
+   order: neither always lowers the peak);
 7. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
    traffic, less overhead - for the best plan, the best plan that re-runs
    dense ops and the best that does not (one swap first, then a bisection).
