@@ -12,7 +12,7 @@ docs/real-anchors.md for how far that model is from real GPUs):
   device's memory;
 * with LMS: the largest size at which *the best of every plan tried* fits
   with instantaneous copies: the most memory-saving plan (``AGGRESSIVE``:
-  every candidate swapped with the earliest triggers, cheap groups
+  every candidate swapped with the latest swap-ins, cheap groups
   recomputed, memory-aware order), the default plan, and the default with
   weight-gradient swaps (``PLANS``); the winner is recorded. There
   ``tflms.autotune`` picks the fastest plan that fits over PCIe3 and over

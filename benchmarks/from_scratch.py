@@ -31,8 +31,8 @@ __all__ = ["SimulateEach", "from_scratch"]
 def from_scratch():
     """Within it, :func:`tflms.autotune` plans and simulates every setting anew."""
 
-    def fresh(view, config, target, *, retime=None, levers=None):
-        return compose_plan(view, config, target, retime=retime)
+    def fresh(view, config, target, *, retime=None, levers=None, order_plain=True):
+        return compose_plan(view, config, target, retime=retime, order_plain=order_plain)
 
     with (
         mock.patch.object(search, "PlanSimulator", SimulateEach),

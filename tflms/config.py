@@ -254,13 +254,14 @@ class LMSConfig:
             "1.0 is the sourced model; fit yours with tflms.cost.gpu_memory.fit_tensor_factor.",
         )
         object.__setattr__(self, "tensor_factor", factor)
-        if factor != 1.0 and self.memory_budget is None:
+        if factor != 1.0 and not isinstance(self.memory_budget, str):
             raise _fail(
                 "tensor_factor",
                 factor,
-                "1.0 unless memory_budget is set",
-                "The factor calibrates the memory model the auto-tuner plans with; set "
-                "memory_budget to your GPU's preset as well (memory_budget='V100-16GB').",
+                "1.0 unless memory_budget names a GPU preset",
+                "The factor calibrates the realistic GPU memory model, which a budget in "
+                "bytes does not use; set memory_budget to your GPU's preset as well "
+                "(memory_budget='V100-16GB').",
             )
         if not isinstance(self.link, str) or self.link.lower() not in LINKS:
             raise _fail("link", self.link, f"one of {sorted(LINKS)}", 'Example: link="nvlink2".')

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import tensorflow as tf
@@ -197,13 +197,16 @@ class Pipeline:
         )
         return finish_view(self.view(graph, *known), splits), splits
 
-    def run(self, graph: tf.Graph, *known: Known) -> Planned:
+    def run(self, graph: tf.Graph, *known: Known, into: Any = None) -> Planned:
         """Analyse, cut, plan, rewrite ``graph`` in place and validate it.
 
         Args:
             graph: a ``tf.Graph`` or ``FuncGraph`` of this process, still
                 being built (for a ``FuncGraph``: before tracing ends).
             *known: the batch sizes the front end knows, most trusted first.
+            into: an object whose ``view``, ``splits`` and ``tuning``
+                attributes are set as soon as each is known (:class:`tflms.LMS`:
+                so that they are there to inspect when a later stage raises).
 
         Returns:
             The :class:`Planned` view, plan, tuning and splits.
@@ -215,6 +218,7 @@ class Pipeline:
             PlanInfeasibleError: with ``memory_budget``, no plan fits.
         """
         view = self.view(graph, *known)
+        _tell(into, view=view, splits=(), tuning=None)
         rewritten = [n for n, d in view.nodes(data=True) if d["tflms"]]
         if rewritten:
             raise AlreadyRewrittenError(
@@ -222,7 +226,9 @@ class Pipeline:
                 f"({len(rewritten)} swap ops, e.g. {rewritten[0]!r}); run LMS once per graph."
             )
         view, splits = self.cut(graph, view, *known)
+        _tell(into, view=view, splits=tuple(splits))
         plan, tuning = self.plan(view)
+        _tell(into, tuning=tuning)
         if plan.empty:  # a plan may recompute or order without swapping: it is applied then
             logger.info(
                 "tflms: nothing to swap, recompute or reorder in %s\n%s",
@@ -233,6 +239,12 @@ class Pipeline:
             apply_plan(graph, plan)
             validate(graph, plan)
         return Planned(view, plan, tuning, tuple(splits))
+
+
+def _tell(into: Any, **facts: Any) -> None:
+    if into is not None:
+        for name, value in facts.items():
+            setattr(into, name, value)
 
 
 def make_plan(
@@ -253,22 +265,8 @@ def make_plan(
 
     Returns:
         The :class:`~tflms.SwapPlan`; possibly empty, in which case
-        ``plan.skipped`` and ``plan.notes`` say why.
-
-    Example:
-        >>> import tensorflow as tf, tflms
-        >>> g = tf.Graph()
-        >>> with g.as_default():
-        ...     x = tf.compat.v1.placeholder(tf.float32, [64, 1024], name="x")
-        ...     h = tf.nn.relu(x * 2.0, name="h")
-        ...     y = tf.matmul(h, tf.ones([1024, 1024]))
-        ...     for i in range(12):
-        ...         y = tf.nn.relu(y * 1.01, name=f"act{i}")
-        ...     out = tf.multiply(y, h, name="out")  # h lives long
-        >>> view = tflms.build_view(g)
-        >>> config = tflms.LMSConfig(swapout_threshold=10, swapin_ahead=4, min_tensor_bytes=0)
-        >>> [s.tensor for s in tflms.make_plan(view, config).swaps]
-        ['h:0']
+        ``plan.skipped`` and ``plan.notes`` say why (an example:
+        :mod:`tflms.compose.levers`).
     """
     config = config or LMSConfig()
     return compose_plan(view, config, config.target() if target is None else target)

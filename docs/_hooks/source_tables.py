@@ -5,7 +5,7 @@ A page asks for one with ``{{ source NAME [ARG ...] }}`` on a line of its own:
 * ``env_table``: every ``DDL_*`` variable of :mod:`ddl_tf.env` with its
   docstring, its ``ddlrun`` option, its Horovod fallback and its default
   (read from ``ddl_tf/ddlrun.py`` and ``DDLConfig.from_env`` with :mod:`ast`);
-* ``lms_config_table``: every field of :class:`tflms.LMSConfig` with its group,
+* ``lms_config_table``: every field of :class:`tflms.LMSConfig` with its
   command-line option, default and docstring;
 * ``hardware_table``: the simulator's device and link presets
   (:mod:`tflms.cost.hardware`);
@@ -160,7 +160,6 @@ def _env_table() -> str:
 
 
 def _lms_config_table() -> str:
-
     from tflms.cli.options import config_fields
 
     rows = [

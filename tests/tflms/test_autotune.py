@@ -258,8 +258,6 @@ def test_a_budget_only_a_plan_without_recomputation_meets_is_not_reported_infeas
     peaks above the budget, while the same swaps with order but without
     recomputation fit; the search used to try the first alone and give up.
     """
-    from tflms import zoo
-
     view = tflms.analyze(zoo.cnn(16, (8, 8, 16)), batch_size=16)
     plain = tflms.simulate(view, accounting="tensors").device_peak_bytes
     budget = int(plain * 0.55)
@@ -280,3 +278,12 @@ def test_a_budget_only_a_plan_without_recomputation_meets_is_not_reported_infeas
     assert tuned.lms_needed and tuned.result.device_peak_bytes <= budget
     instant = tflms.simulate(view, tuned.plan, accounting="tensors", link="ideal")
     assert instant.device_peak_bytes <= budget
+
+
+def test_the_rescue_keeps_a_base_config_that_reruns_dense_ops_valid():
+    """The most-saving plans without recomputation drop ``recompute_dense`` too (it needs
+    ``recompute``): an unreachable budget ends in PlanInfeasibleError, not a ConfigError."""
+    view = tflms.analyze(zoo.cnn(16, (8, 8, 16)), batch_size=16)
+    config = tflms.LMSConfig(min_tensor_bytes=0, recompute=True, recompute_dense=0.25)
+    with pytest.raises(PlanInfeasibleError, match="No swap plan brings"):
+        tflms.autotune(view, 64 << 10, safety_margin=0.0, config=config)

@@ -238,6 +238,7 @@ def test_lms_config_tensor_factor_calibrates_what_the_auto_tuner_plans_with():
         ({"memory_budget": "V100-16GB", "tensor_factor": 0.8}, "a finite number >= 1.0"),
         ({"memory_budget": "V100-16GB", "tensor_factor": "1.5"}, "a finite number >= 1.0"),
         ({"tensor_factor": 1.5}, "set memory_budget"),
+        ({"memory_budget": "12GiB", "tensor_factor": 1.5}, "a budget in bytes does not use"),
     ],
 )
 def test_lms_config_refuses_a_tensor_factor_it_cannot_use(options, match):

@@ -32,3 +32,33 @@ def test_order_edges_never_close_a_cycle_through_identity_n(mlp_view):
     assert plan.order  # ordering found something to do here
     rewritten = apply_to_view(mlp_view, plan)  # raises on a cycle
     tflms.validate(rewritten, plan)
+
+
+def test_a_plan_may_order_without_swapping_or_recomputing():
+    """``reorder=True`` alone: a plan of order edges only, applied like any other."""
+    import networkx as nx
+
+    from tflms.graph.view import TensorInfo, assign_levels
+
+    view = nx.DiGraph(name="fork")
+
+    def op(name, nbytes, *inputs):
+        out = TensorInfo(f"{name}:0", 0, "float32", (nbytes // 4,), nbytes)
+        view.add_node(name, type="Relu", device="", placement="compute", outputs=(out,),
+                      control_flow=False, functions=(), stateful=False, tflms=None)  # fmt: skip
+        for i, src in enumerate(inputs):
+            view.add_edge(src, name, tensors=[(0, i)], control=False)
+
+    op("dy", 1 << 20)
+    for b in "ab":  # two branches of two big temporaries each, then a small result
+        op(f"{b}1", 64 << 20, "dy")
+        op(f"{b}2", 64 << 20, f"{b}1")
+        op(f"{b}3", 4, f"{b}1", f"{b}2")
+    op("join", 4, "a3", "b3")
+    assign_levels(view)
+    plan = tflms.make_plan(view, tflms.LMSConfig(reorder=True, link="ideal"))
+    assert not plan.swaps and not plan.recomputes
+    assert plan.order == (("a3", "b1"),)
+    before = tflms.simulate(view, accounting="tensors", link="ideal").device_peak_bytes
+    after = tflms.simulate(view, plan, accounting="tensors", link="ideal").device_peak_bytes
+    assert after < before

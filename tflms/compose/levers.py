@@ -158,6 +158,7 @@ def compose_plan(
     *,
     retime: float | None = None,
     levers: Levers | None = None,
+    order_plain: bool = True,
 ) -> SwapPlan:
     """Plan recomputations, swaps, retimed triggers and order edges for ``view``.
 
@@ -171,6 +172,10 @@ def compose_plan(
             planner's level-based triggers.
         levers: the memo of earlier calls on the same ``view`` and
             ``target`` (the auto-tuner's); None: nothing is shared.
+        order_plain: with ``reorder``, order the graph even when nothing
+            is swapped or recomputed (a plan of order edges alone); the
+            auto-tuner passes False: it only orders plans that rewrite the
+            step, and judges the plain step by its baseline.
 
     Returns:
         The :class:`~tflms.SwapPlan`; possibly empty, in which case
@@ -183,6 +188,6 @@ def compose_plan(
     plan = levers.swapped(config)
     if retime is not None:
         plan = levers.retimed(plan, retime)
-    if config.reorder and not plan.empty:  # ordered last: the edges depend on the triggers
+    if config.reorder and (order_plain or not plan.empty):  # last: edges depend on triggers
         plan = levers.ordered(plan)
     return dataclasses.replace(plan, config=config)  # shared plans: the setting asked for

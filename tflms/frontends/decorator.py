@@ -41,7 +41,8 @@ from tensorflow.python.util import tf_decorator
 
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
-from tflms.frontends.lms import LMS, resolve_config
+from tflms.frontends.lms import resolve_config
+from tflms.pipeline import Pipeline
 from tflms.plan.swap_plan import SwapPlan
 
 __all__ = ["function", "LMSFunction"]
@@ -54,7 +55,8 @@ class _LMSState:
 
     def __init__(self, config: LMSConfig):
         self.config = config
-        self.lms = LMS(config)  # the target resolved once, the devices at the first trace
+        self.target = config.target()  # resolved once, for every trace
+        self._pipeline: Pipeline | None = None  # made, and the devices checked, at the first trace
         self.plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def wrap(self, fn):
@@ -73,7 +75,10 @@ class _LMSState:
             )
             outputs = body(*args, **kwargs)
             graph = tf.compat.v1.get_default_graph()
-            self.plans[graph] = self.lms.run(graph)
+            if self._pipeline is None:
+                self._pipeline = Pipeline(self.config, self.target)
+            # only the plan is kept (with the graph): views and tunings go with the trace
+            self.plans[graph] = self._pipeline.run(graph).plan
             return outputs
 
         setattr(traced, _STATE_ATTR, self)

@@ -161,9 +161,7 @@ class LMS:
             PlanInfeasibleError: with ``memory_budget``, no plan fits.
         """
         _check_graph(graph)
-        done = self.pipeline.run(graph, (batch_size, batch_source), *known)
-        self.view, self.tuning, self.splits = done.view, done.tuning, done.splits
-        return done.plan
+        return self.pipeline.run(graph, (batch_size, batch_source), *known, into=self).plan
 
 
 def _check_graph(graph) -> None:

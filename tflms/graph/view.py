@@ -128,8 +128,9 @@ class TensorInfo(NamedTuple):
 
 BATCH_RULE = (
     "the batch size unknown first dimensions are sized for: LMSConfig.batch_size when set (the "
-    "user's word wins); else the batch the front end knows (the argument: the batch fit feeds, "
-    "a traced step's static leading dimension, a SavedModel's --batch-size); else the most "
+    "user's word wins, also as the tflms command's --batch-size); else the batch the front "
+    "end knows (the argument: the batch fit feeds, a traced step's static leading "
+    "dimension); else the most "
     "common leading dimension of the graph's inputs (its input signature); else unknown, which "
     "the planners refuse (tensor sizes would be per sample)"
 )
@@ -161,7 +162,7 @@ def resolve_batch(
     if config.batch_size is not None:
         return config.batch_size, "LMSConfig.batch_size"
     for size, source in known:
-        if size is not None:
+        if size:  # None or a zero-length traced dimension says nothing
             return size, source or "argument"
     return None
 

@@ -350,7 +350,9 @@ class LMSCallback(keras.callbacks.Callback):
         self.fit_reports = []
         check_keras_version()
         fit = running_fit(model)
-        fed, source = fit_batch_size(fit)
+        # the batch rule; fit's batch is looked up (it may peek at the data) only when needed
+        configured = resolve_batch(self.config)
+        fed, source = configured or fit_batch_size(fit)
         self.batch_size, self.batch_source = resolve_batch(self.config, (fed, source)) or (
             None,
             source,

@@ -26,6 +26,9 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import weakref
+
 import networkx as nx
 import tensorflow as tf
 
@@ -34,6 +37,8 @@ from tflms.errors import ConfigError, UnsupportedGraphError
 from tflms.graph.view import build_view
 
 __all__ = ["train_step_graph", "analyze", "input_specs", "target_specs", "sparse_labels"]
+
+logger = logging.getLogger(__name__)
 
 
 def sparse_labels(loss) -> bool:
@@ -154,13 +159,23 @@ def train_step_graph(model, *, batch_size: int | None = None, x=None, y=None) ->
         optimizer update - traced in a fresh ``tf.function``.
 
     Raises:
-        ConfigError: the model is not compiled, the batch size is unknown, or
-            inputs/targets cannot be inferred.
+        ConfigError: the model is not compiled or not built (a subclassed
+            model before its first call: nothing is changed then), the batch
+            size is unknown, or inputs/targets cannot be inferred.
     """
     if getattr(model, "optimizer", None) is None:
         raise ConfigError(
             f"Model {getattr(model, 'name', model)!r} is not compiled, so it has no training step. "
             "Call model.compile(optimizer, loss) first."
+        )
+    name = getattr(model, "name", "model")
+    if not model.built:
+        raise ConfigError(
+            f"Model {name!r} is not built yet (a subclassed model makes its weights at its "
+            "first call), so its training step has no variables to trace; nothing was "
+            f"changed. Build it first, e.g. {name}.build(input_shape) or {name}(x[:1]), then "
+            "analyze it; or train with tflms.LMSCallback, which plans the step fit traces "
+            "after Keras builds the model."
         )
     if batch_size is not None and (
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
@@ -173,23 +188,12 @@ def train_step_graph(model, *, batch_size: int | None = None, x=None, y=None) ->
         raise ConfigError(
             f"The batch size of the training step is unknown (the model's inputs leave it open), "
             f"so tensor sizes would be per sample. Pass batch_size=..., e.g. "
-            f"tflms.analyze({getattr(model, 'name', 'model')}, batch_size=32)."
-        )
-    name = getattr(model, "name", "model")
-    if not model.built:
-        raise ConfigError(
-            f"Model {name!r} is not built yet (a subclassed model makes its weights at its "
-            "first call), so its training step has no variables to trace; nothing was "
-            f"changed. Build it first, e.g. {name}.build(input_shape) or {name}(x[:1]), then "
-            "analyze it; or train with tflms.LMSCallback, which plans the step fit traces "
-            "after Keras builds the model."
+            f"tflms.analyze({name}, batch_size=32)."
         )
     optimizer = model.optimizer
     # optimizer slots are variables: made outside the trace, on a stand-in when the
     # user's optimizer is not built yet, so that fit later builds the user's own
-    stand_in = optimizer if optimizer.built else _stand_in(optimizer, name)
-    if not stand_in.built:
-        stand_in.build(model.trainable_variables)
+    stand_in = optimizer if optimizer.built else _stand_in(model, optimizer)
     step = tf.function(model.train_step, jit_compile=False)
     model.optimizer = stand_in
     try:
@@ -203,19 +207,40 @@ def train_step_graph(model, *, batch_size: int | None = None, x=None, y=None) ->
         model.optimizer = optimizer
 
 
-def _stand_in(optimizer, name: str):
-    """A copy of an unbuilt optimizer: the same class and settings, none of its state."""
+_STAND_INS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Built stand-ins by the user's unbuilt optimizer: one per optimizer, not one per analysis."""
+
+
+def _stand_in(model, optimizer):
+    """A built copy of an unbuilt optimizer: the same class and settings, none of its state.
+
+    Made in the model's distribution strategy, on the model's trainable
+    variables, and kept for later analyses of the same optimizer. An optimizer
+    Keras cannot copy (not serializable) is built itself instead, as ``fit``
+    would build it at its first step, with a warning.
+    """
     import keras
 
+    variables = model.trainable_variables
+    key = tuple(id(v) for v in variables)
+    kept = _STAND_INS.get(optimizer)
+    if kept is not None and kept[0] == key:
+        return kept[1]
     try:
-        copy = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
-    except Exception as err:  # noqa: BLE001 - any failure to copy gets the same fix
-        raise ConfigError(
-            f"The optimizer of {name!r} ({type(optimizer).__name__}) is not built, and "
-            f"tflms could not copy it to trace the step without building yours ({err}); "
-            "nothing was changed. Build it as fit would, then analyze: "
-            f"{name}.optimizer.build({name}.trainable_variables)."
-        ) from err
+        with model.distribute_strategy.scope():
+            copy = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+            copy.build(variables)
+    except Exception as err:  # noqa: BLE001 - any failure to copy: build the user's own
+        logger.warning(
+            "tflms: could not copy the unbuilt optimizer of %r (%s: %s) to trace its step; "
+            "building the optimizer itself on the model's trainable variables, as fit would",
+            getattr(model, "name", "model"),
+            type(err).__name__,
+            err,
+        )
+        optimizer.build(variables)
+        return optimizer
+    _STAND_INS[optimizer] = (key, copy)
     return copy
 
 

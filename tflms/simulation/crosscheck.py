@@ -182,7 +182,8 @@ def crosscheck(
     Args:
         graph: a ``tf.Graph``/``FuncGraph``, with or without tflms swap ops
             (rewrite a fresh trace with :func:`tflms.apply_plan` first).
-        batch_size: sizes an unknown batch dimension, for both simulators.
+        batch_size: sizes an unknown batch dimension, for both simulators
+            (``config.batch_size`` wins: :data:`tflms.graph.view.BATCH_RULE`).
         config: an :class:`~tflms.LMSConfig` naming the host device.
         slowdown: slow Grappler's virtual devices down by this factor. Grappler
             keeps whole microseconds, so ops shorter than 1 us start "at once"
@@ -194,6 +195,7 @@ def crosscheck(
         A :class:`CrossCheck`.
     """
     view = build_view(graph, config=config, batch_size=batch_size)
+    batch_size = view.graph["batch_size"]  # by the batch rule (config first): both sides alike
     host = config.host_device if config is not None else "/device:CPU:0"
     peak = _grappler.grappler_peak(
         graph, batch_size=batch_size, host_device=host, slowdown=slowdown

@@ -23,8 +23,8 @@ whose predicted step time is lowest:
 6. only if nothing fits yet: ``sync_mode`` 1-3, ``serialization`` of the
    levels around the peak, ``min_tensor_bytes=0``, and last the most
    memory-saving plans (every candidate swapped from the lowest thresholds
-   with the latest swap-ins, with and without recomputation and memory-aware
-   order: neither always lowers the peak);
+   with the latest swap-ins, with and without recomputation, the two lowest
+   of them also ordered: neither lever always lowers the peak);
 7. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
    traffic, less overhead - for the best plan, the best plan that re-runs
    dense ops and the best that does not (one swap first, then a bisection).
@@ -196,7 +196,8 @@ def autotune(
             (``"V100-16GB"``); default ``config.memory_budget``.
         config: base options (devices, scope/type filters, ...); the searched
             fields (:data:`TUNED_OPTIONS`) start from its values.
-        batch_size: sizes tensors with an unknown batch dimension (graphs only).
+        batch_size: sizes tensors with an unknown batch dimension (graphs
+            only; ``config.batch_size`` wins: :data:`tflms.graph.view.BATCH_RULE`).
         device: device model for time predictions; default the budget's
             preset, else :data:`tflms.cost.target.DEFAULT_DEVICE`.
         link: link preset; default ``config.link``.

@@ -1,11 +1,11 @@
 """The search behind :func:`tflms.autotune`: plan, simulate, keep the best.
 
-:class:`Search` memoizes ``make_plan`` + :func:`tflms.simulate` over option
+:class:`Search` memoizes ``compose_plan`` + :func:`tflms.simulate` over option
 settings and walks them in the order documented in :mod:`tflms.tuning.autotuner`:
 the threshold ladder, ``swapin_ahead`` for the most promising thresholds,
 ``swapin_groupby``, simulated-time triggers, recomputation (cheap, then
 dense over a finite link), ordering, the rescue options (sync modes,
-serialization, ``min_tensor_bytes=0``, the most memory-saving plan) when
+serialization, ``min_tensor_bytes=0``, the most memory-saving plans) when
 nothing fits, and finally the
 fewest swaps that still fit. Every simulated plan is kept as a
 :class:`Candidate` for the report.
@@ -170,7 +170,9 @@ class Search:
         key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
         if key in self._seen:
             return self._seen[key]
-        plan = compose_plan(self.view, cfg, self.target, retime=retime, levers=self.levers)
+        plan = compose_plan(
+            self.view, cfg, self.target, retime=retime, levers=self.levers, order_plain=False
+        )
         result = self.plans.simulate(plan, baseline=self.baseline)
         done = _Evaluated(cfg, plan, result, retime)
         if len(self._seen) % _COLLECT_EVERY == _COLLECT_EVERY - 1:
@@ -386,9 +388,10 @@ class Search:
         when copies are slower than compute, only a synchronous plan frees
         memory in time. Last, the most memory-saving plans the planner makes
         (:data:`MOST_SAVING`: every candidate swapped from thresholds 0, 1
-        and 2 with the latest swap-ins, each with and without recomputation
-        and memory-aware order), so that a step one of those plans fits is
-        never reported infeasible because the ladder above missed it.
+        and 2 with the latest swap-ins, each with and without recomputation,
+        the two lowest peaks of those also with memory-aware order), so that
+        a step one of those plans fits is never reported infeasible because
+        the ladder above missed it.
         """
         most = max(self._seen.values(), key=lambda e: (len(e.plan.swaps), -e.result.step_time_s))
         pool = [current]
@@ -410,8 +413,12 @@ class Search:
         pool.append(
             self.evaluate(retime=current.retime, **_opts(current.config, min_tensor_bytes=0))
         )
-        pool += [self.evaluate(**_opts(self.base, **options)) for options in MOST_SAVING]
-        return self.pick(pool)
+        # the family unordered first; memory-aware order (up to 24 simulated rounds each)
+        # on the two lowest peaks of it only
+        family = [self.evaluate(**_opts(self.base, **options)) for options in MOST_SAVING]
+        lowest = sorted(family, key=lambda e: (e.peak, e.result.step_time_s))[:2]
+        family += [self.evaluate(**_opts(e.config, reorder=True)) for e in lowest]
+        return self.pick(pool + family)
 
     def _trim(self, current: _Evaluated, bar: float) -> _Evaluated:
         """The fewest largest-first swaps of ``current`` that still fit.
@@ -514,18 +521,19 @@ MOST_SAVING = tuple(
         swapin_ahead=1,
         min_tensor_bytes=0,
         recompute=recompute,
-        reorder=reorder,
+        **({} if recompute else {"recompute_dense": 0.0}),  # dense re-runs need recompute
+        reorder=False,
     )
     for threshold in (0, 1, 2)
     for recompute in (False, True)
-    for reorder in (False, True)
 )
 """The most memory-saving plans the planner makes (the rescue's last try): every candidate
-swapped, from the lowest thresholds, with the latest swap-ins, each with and without
-recomputation and memory-aware order. Neither lever lowers every peak - a recomputed group
-or an order edge can keep a tensor alive across the peak: on the zoo's CNN the plan with
-threshold 2 and order but no recomputation peaks 23% below the one with both - so each is
-tried both ways rather than assumed to help."""
+swapped, from the lowest thresholds, with the latest swap-ins, with and without
+recomputation; the two with the lowest peaks are then ordered (memory-aware order).
+Neither lever lowers every peak - a recomputed group or an order edge can keep a tensor
+alive across the peak: on the zoo's CNN the plan with threshold 2 and order but no
+recomputation peaks 23% below the one with both - so each is tried both ways rather than
+assumed to help."""
 
 
 def _compute_bound(done: _Evaluated) -> bool:
