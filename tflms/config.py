@@ -121,6 +121,13 @@ class LMSConfig:
     n_tensors: int | None = None
     """Swap at most this many tensors, largest first. ``None``: no cap."""
 
+    swap: bool = True
+    """Swap tensors to the host. ``False``: no tensor leaves the device, and
+    the other levers work alone - recomputation (``recompute=True``),
+    memory-aware order (``reorder=True``), ``serialization`` - for a host
+    whose pinned memory is scarce, or a CPU step, where a swap frees nothing.
+    With ``memory_budget`` the auto-tuner then searches those levers only."""
+
     swap_weight_gradients: bool = False
     """Also swap weight gradients (outputs of ``Conv*BackpropFilter``,
     ``BiasAddGrad``, ...). Off by default: they are at most the size of the
@@ -266,7 +273,7 @@ class LMSConfig:
         if not isinstance(self.link, str) or self.link.lower() not in LINKS:
             raise _fail("link", self.link, f"one of {sorted(LINKS)}", 'Example: link="nvlink2".')
         object.__setattr__(self, "link", self.link.lower())
-        for name in ("recompute", "reorder", "swap_weight_gradients"):
+        for name in ("swap", "recompute", "reorder", "swap_weight_gradients"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "True or False", "")
         dense = _check_real(

@@ -68,7 +68,7 @@ from tflms.apply.validation import validate
 from tflms.compose.levers import compose_plan
 from tflms.config import LMSConfig
 from tflms.cost.target import Target
-from tflms.errors import AlreadyRewrittenError
+from tflms.errors import AlreadyRewrittenError, ConfigError
 from tflms.graph.view import build_view, require_batch_size, resolve_batch
 from tflms.plan.splits import Split, plan_deferrals, plan_splits
 from tflms.plan.swap_plan import SwapPlan
@@ -115,10 +115,18 @@ class Pipeline:
 
     Raises:
         ConfigError: a device option names no device of this machine
-            (``local``), or the target cannot be resolved from ``config``.
+            (``local``), the target cannot be resolved from ``config``, or
+            ``swap=False`` leaves no lever on (the pipeline would plan nothing).
     """
 
     def __init__(self, config: LMSConfig, target: Target | None = None, *, local: bool = True):
+        levers = config.swap or config.recompute or config.reorder or config.serialization
+        if not levers and config.memory_budget is None:
+            raise ConfigError(
+                "LMSConfig(swap=False) with no other lever plans nothing: set recompute=True "
+                "and/or reorder=True (or a memory_budget, to let the auto-tuner choose them), "
+                "or leave swap on."
+            )
         if local:
             check_local_device("host_device", config.host_device)
             check_local_device("device", config.device)

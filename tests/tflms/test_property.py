@@ -70,6 +70,7 @@ configs = st.builds(
     recompute=st.booleans(),
     recompute_dense=st.sampled_from([0.0, 0.0, 1.0, 10.0]),
     reorder=st.booleans(),
+    swap=st.sampled_from([True, True, True, False]),
     link=st.sampled_from(["ideal", "pcie3"]),
 )
 

@@ -181,3 +181,42 @@ def test_a_budget_over_pcie3_weighs_rerunning_convolutions_and_training_is_bitwi
         assert {"Conv2D", "MatMul"} & _types(lms.view, lms.plan), lms.plan.summary()
     for a, b in zip(*weights, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_swap_off_plans_recomputation_and_order_alone():
+    """``LMSConfig(swap=False)``: nothing leaves the device; the other levers still plan."""
+    view = tflms.build_view(mlp_graph())
+    plan = tflms.make_plan(view, _config(swap=False, recompute_dense=10.0, swapout_threshold=9))
+    assert not plan.swaps and plan.recomputes
+    assert "swapping is off (LMSConfig.swap=False)" in plan.summary()
+    with pytest.raises(ConfigError, match=r"swap=False\) with no other lever plans nothing"):
+        tflms.LMS(swap=False).plan(mlp_graph())
+
+
+def test_a_budget_with_swap_off_is_met_by_recomputation_and_trains_bitwise(devices):
+    """A CPU user's budget in the tensors accounting, with swaps off: the auto-tuner
+    searches recomputation and order only, and training equals plain training."""
+    from tflms import zoo
+
+    batch, steps = 64, 3
+    plain_peak = tflms.simulate(
+        tflms.analyze(zoo.cnn(32, (16, 16, 32, 32)), batch_size=batch), accounting="tensors"
+    ).device_peak_bytes
+    budget = int(plain_peak * 0.9)
+    weights = []
+    for callbacks in ([], "lms"):
+        model = zoo.cnn(32, (16, 16, 32, 32))
+        x, y = zoo.synthetic_data(model, batch * steps)
+        if callbacks:
+            lms = tflms.LMSCallback(memory_budget=budget, safety_margin=0, swap=False)
+            callbacks = [lms]
+        with tf.device(devices.compute):
+            model.fit(x, y, batch_size=batch, shuffle=False, verbose=0, callbacks=callbacks)
+        weights.append(model.get_weights())
+    tuned = lms.tunings[0]
+    assert tuned.lms_needed and tuned.target.accounting == "tensors"
+    assert not lms.plan.swaps and (lms.plan.recomputes or lms.plan.order), lms.plan.summary()
+    assert tuned.result.device_peak_bytes <= budget
+    assert all(c.swaps == 0 for c in tuned.candidates)
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_array_equal(a, b)

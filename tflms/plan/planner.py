@@ -85,6 +85,14 @@ def plan_swaps(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
     config = config or LMSConfig()
     levels = nx.get_node_attributes(view, "level")
     notes = list(_notes(view))
+    if not config.swap:
+        return SwapPlan(
+            graph_name=str(view.graph.get("name", "")),
+            serialization=_serialization_chains(view, config),
+            config=config,
+            notes=(*notes, "no tensor swapped: swapping is off (LMSConfig.swap=False)"),
+            batch_size=view.graph.get("batch_size"),
+        )
     swaps: list[Swap] = []
     skipped: list[tuple[str, str]] = []
     trigger_ok = trigger_filter(view)
