@@ -33,10 +33,13 @@ $(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/numerics/halfkerne
 # test that would push it past that is made cheaper, or marked bench when another test
 # here walks the same path (docs/contributing.md, "What make test leaves to make bench").
 # Two pytest-xdist workers (TEST_WORKERS; 0 runs in this process): each file's tests in one
-# worker, the tests that start MPI jobs one after another in one (tests/harness.py).
+# worker, the tests that start MPI jobs one after another in one (tests/harness.py); then
+# the tests that measure TensorFlow's real allocator or wall-clock time, alone.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not bench and not measures" \
+	  --durations=40 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "measures and not bench" --durations=10 $(PYTEST_ARGS)
 
 # The fast tier: single-process, not slow (under 3 minutes on 2 cores). Property tests
 # draw 100 examples here (the hypothesis profile "quick"), 300 under `make test` ("ci",

@@ -41,6 +41,7 @@ def test_no_heavy_import_before_a_command_runs(argv, code):
     assert last == f"HEAVY - CODE {code}", proc.stdout + proc.stderr
 
 
+@pytest.mark.measures
 def test_the_console_script_answers_help_at_once():
     best = float("inf")
     for _ in range(3):  # the best of three: a loaded machine delays single runs

@@ -237,6 +237,7 @@ JUDGE = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.measures
 def test_two_layer_rnns_at_256_steps_are_simulated_near_the_cpu_allocators_peak():
     """The issue's models: 2-layer LSTM and GRU, 256 steps, batch 32 (measured 4.4-5.3x before).
 

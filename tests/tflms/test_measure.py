@@ -22,6 +22,8 @@ from tflms.errors import ConfigError
 from tflms.simulation.measure import measure_cpu_step, ops_in_start_order
 from tflms.utils.cpu import measurement_env
 
+pytestmark = pytest.mark.measures  # TensorFlow's real allocator: run alone (make test)
+
 REPO = Path(__file__).resolve().parents[2]
 
 MEASURE = textwrap.dedent(
