@@ -844,13 +844,21 @@ def cold_calls(path: str, import_s: float) -> dict:
     """In a fresh process: each numba kernel's first call (compile + run) and second call."""
     replay_args, schedule_args, x = _cold_inputs(path)
     out16, out32 = np.empty(x.size, np.float16), np.empty(x.size, np.float32)
-    result = {"import_numba_s": import_s}
-    for name, fn in (
-        ("replay_region", lambda: replay_region_numba(*replay_args)),
-        ("first_ready", lambda: first_ready_numba(*schedule_args)),
-        ("float32_to_float16", lambda: to_f16(x, out16)),
-        ("float16_to_float32", lambda: to_f32(out16, out32)),
-    ):
+    return {
+        "import_numba_s": import_s,
+        **_first_and_second(
+            ("replay_region", lambda: replay_region_numba(*replay_args)),
+            ("first_ready", lambda: first_ready_numba(*schedule_args)),
+            ("float32_to_float16", lambda: to_f16(x, out16)),
+            ("float16_to_float32", lambda: to_f32(out16, out32)),
+        ),
+    }
+
+
+def _first_and_second(*calls) -> dict:
+    """Each ``(name, call)`` timed twice in a row: its first call, then its second."""
+    result = {}
+    for name, fn in calls:
         t = time.perf_counter()
         fn()
         first = time.perf_counter() - t
@@ -866,20 +874,16 @@ def cold_calls_c(path: str) -> dict:
     out16, out32 = np.empty(x.size, np.float16), np.empty(x.size, np.float32)
     t = time.perf_counter()
     kernels, halfkernels = load_c_extensions()
-    result = {"load_extensions_s": time.perf_counter() - t}
-    for name, fn in (
-        ("replay_region", lambda: kernels.replay_region(*replay_args)),
-        ("first_ready", lambda: kernels.first_ready(*schedule_args)),
-        ("float32_to_float16", lambda: halfkernels.from_float32(0, x, out16)),
-        ("float16_to_float32", lambda: halfkernels.to_float32(0, out16, out32)),
-    ):
-        t = time.perf_counter()
-        fn()
-        first = time.perf_counter() - t
-        t = time.perf_counter()
-        fn()
-        result[name] = {"first_call_s": first, "second_call_s": time.perf_counter() - t}
-    return result
+    loaded = time.perf_counter() - t
+    return {
+        "load_extensions_s": loaded,
+        **_first_and_second(
+            ("replay_region", lambda: kernels.replay_region(*replay_args)),
+            ("first_ready", lambda: kernels.first_ready(*schedule_args)),
+            ("float32_to_float16", lambda: halfkernels.from_float32(0, x, out16)),
+            ("float16_to_float32", lambda: halfkernels.to_float32(0, out16, out32)),
+        ),
+    }
 
 
 def run_cold(snippet: str, inputs: Path, env: dict) -> dict:

@@ -351,12 +351,7 @@ class LMSCallback(keras.callbacks.Callback):
         check_keras_version()
         fit = running_fit(model)
         # the batch rule; fit's batch is looked up (it may peek at the data) only when needed
-        configured = resolve_batch(self.config)
-        fed, source = configured or fit_batch_size(fit)
-        self.batch_size, self.batch_source = resolve_batch(self.config, (fed, source)) or (
-            None,
-            source,
-        )
+        self.batch_size, self.batch_source = resolve_batch(self.config) or fit_batch_size(fit)
         self._session = FitSession(model)
         if fit is not None:
             self._session.guard_hooks(fit.callbacks)
