@@ -66,6 +66,7 @@ from ddl_tf.errors import ConfigError
 from ddl_tf.keras import callbacks, elastic
 from ddl_tf.keras.loss_scale import DistributedLossScaleOptimizer
 from ddl_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from ddl_tf.keras.sharding import ShardedOptimizer
 from ddl_tf.tensorflow import BASICS, allgather_ops, allreduce_ops, broadcast_ops, reducescatter_ops
 from ddl_tf.tensorflow.allreduce_ops import barrier
 from ddl_tf.tensorflow.broadcast_ops import broadcast_global_variables
@@ -94,6 +95,8 @@ __all__ = [
     "reducescatter",
     "barrier",
     "load_model",
+    "save_model",
+    "ShardedOptimizer",
     "Compression",
     "Average",
     "Sum",
@@ -222,3 +225,28 @@ def load_model(
         model.optimizer = DistributedOptimizer(optimizer, compression=compression)
         model.train_function = None  # rebuilt by the next fit() with the wrapped optimizer
     return model
+
+
+def save_model(model: keras.Model, filepath, **kwargs) -> None:
+    """Save ``model`` to ``filepath`` from rank 0; call it on every rank.
+
+    Without sharding only rank 0 does anything (as Horovod scripts write
+    ``if hvd.rank() == 0: model.save(path)``). With
+    ``DistributedOptimizer(sharding=...)`` the optimizer state lives in
+    shards: every rank sends its shard and rank 0 writes the state in the
+    replicated layout, which loads on any number of ranks, sharded or not,
+    and in one process. A ``model.save`` or ``ModelCheckpoint`` on rank 0
+    alone would wait for shards the other ranks never send (the job stops
+    with a collective mismatch or stall error naming the checkpoint).
+
+    Args:
+        model: A compiled Keras model.
+        filepath: A ``.keras`` path (written by rank 0).
+        **kwargs: Passed to ``model.save``.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    sharded = getattr(optimizer, "inner_optimizer", None)
+    if rank() == 0:
+        model.save(filepath, **kwargs)
+    elif isinstance(sharded, ShardedOptimizer):
+        sharded.gather_shards()  # the collective rank 0's save makes

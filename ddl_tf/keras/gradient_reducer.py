@@ -113,6 +113,10 @@ class GradientReducer:
         """
         self._local_vars.add(variable_key(var))
 
+    def has_local_variables(self) -> bool:
+        """Whether any variable was registered with :meth:`register_local_var`."""
+        return bool(self._local_vars)
+
     def reduce(self, grads: list, variables: list, overlap: bool | None = None) -> list:
         """The gradients reduced across ranks, local variables' kept on this rank.
 

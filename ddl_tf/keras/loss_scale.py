@@ -29,6 +29,7 @@ import keras
 
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras.gradient_reducer import GradientReducer, variables_of_apply
+from ddl_tf.keras.sharding import ShardedOptimizer, agree_finite, load_sharded, save_sharded
 
 __all__ = ["DistributedLossScaleOptimizer"]
 
@@ -95,8 +96,47 @@ class DistributedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             trainable_variables: The variables (None: those it was built with).
         """
         variables = variables_of_apply(self, trainable_variables, self._trainable_variables)
-        reduced = self.reducer.reduce(list(grads), variables)
+        inner = self.inner_optimizer
+        if isinstance(inner, ShardedOptimizer):
+            reduced = inner.reduce(self.reducer, list(grads), variables)
+        else:
+            reduced = self.reducer.reduce(list(grads), variables)
         return super().apply(reduced, trainable_variables)
+
+    def check_finite(self, grads):
+        """Whether every reduced gradient is finite, agreed by all ranks under ``sharding="gradients"``.
+
+        Args:
+            grads: The reduced gradients (this rank's own only, under ZeRO-2).
+
+        Returns:
+            A boolean tensor, the same on every rank.
+        """
+        finite = super().check_finite(grads)
+        inner = self.inner_optimizer
+        if isinstance(inner, ShardedOptimizer) and inner.sharding == "gradients":
+            return agree_finite(finite, self.reducer.process_set)
+        return finite
+
+    def save_own_variables(self, store) -> None:
+        """Keras's saving hook; with sharding a collective that writes the replicated layout.
+
+        Args:
+            store: Keras's variable store.
+        """
+        if not isinstance(self.inner_optimizer, ShardedOptimizer):
+            return super().save_own_variables(store)
+        save_sharded(store, self._variables, self.inner_optimizer)
+
+    def load_own_variables(self, store) -> None:
+        """Keras's loading hook; with sharding each rank takes its own variables' state.
+
+        Args:
+            store: Keras's variable store.
+        """
+        if not isinstance(self.inner_optimizer, ShardedOptimizer):
+            return super().load_own_variables(store)
+        load_sharded(store, self._variables, self.inner_optimizer)
 
     def get_config(self) -> dict:
         return {**super().get_config(), "reducer": self.reducer.get_config()}

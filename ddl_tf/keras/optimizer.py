@@ -46,6 +46,7 @@ from ddl_tf.core.process_sets import ProcessSet
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras.gradient_reducer import GradientReducer, variable_key, variables_of_apply
 from ddl_tf.keras.loss_scale import DistributedLossScaleOptimizer
+from ddl_tf.keras.sharding import ShardedOptimizer, check_sharding, load_sharded, save_sharded
 
 __all__ = [
     "DistributedOptimizer",
@@ -89,6 +90,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             only); None: the job's setting (``DDL_OVERLAP``, on by default).
         bucket_bytes: Gradient bytes per bucket; None: the job's setting
             (``DDL_BUCKET_BYTES``).
+        sharding: None (every rank keeps all optimizer state), ``"optimizer"``
+            (ZeRO-1: each rank keeps and updates the state of its share of the
+            variables, then the updated weights are allgathered) or
+            ``"gradients"`` (ZeRO-2: the gradients are also reduce-scattered, so
+            each rank receives its share only). See :mod:`ddl_tf.keras.sharding`.
     """
 
     def __new__(cls, optimizer=None, *args, **kwargs):
@@ -127,6 +133,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         scale_local_gradients: bool = True,
         overlap: bool | None = None,
         bucket_bytes: int | None = None,
+        sharding: str | None = None,
     ) -> None:
         _warn_ignored(device_dense=device_dense, device_sparse=device_sparse)
         _warn_ignored(num_groups=num_groups, groups=groups)
@@ -144,6 +151,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             bucket_bytes=bucket_bytes,
         )
         _check_accumulation(reducer.op, backward_passes_per_step, average_aggregated_gradients)
+        inner = _sharded(inner, sharding, reducer)
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner
         self.reducer = reducer
@@ -278,7 +286,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self._accumulate(grads, variables)
 
     def _reduce_and_apply(self, grads: list, variables: list, overlap: bool | None) -> None:
-        self.inner_optimizer.apply(self.reduce(grads, variables, overlap), variables)
+        inner = self.inner_optimizer
+        if isinstance(inner, ShardedOptimizer):
+            inner.apply(inner.reduce(self.reducer, grads, variables, overlap), variables)
+        else:
+            inner.apply(self.reduce(grads, variables, overlap), variables)
 
     def reduce(self, grads: list, variables: list, overlap: bool | None = None) -> list:
         """The gradients averaged (or summed) across ranks, local variables' kept on this rank.
@@ -316,13 +328,47 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # ------------------------------------------------------------------ config
 
+    @property
+    def sharding(self) -> str | None:
+        """None, ``"optimizer"`` or ``"gradients"``, as passed."""
+        inner = self.inner_optimizer
+        return inner.sharding if isinstance(inner, ShardedOptimizer) else None
+
+    def save_own_variables(self, store) -> None:
+        """Keras's saving hook; with sharding a collective that writes the replicated layout.
+
+        Args:
+            store: Keras's variable store.
+        """
+        inner = self.inner_optimizer
+        if not isinstance(inner, ShardedOptimizer):
+            return super().save_own_variables(store)
+        save_sharded(store, self._variables, inner)
+
+    def load_own_variables(self, store) -> None:
+        """Keras's loading hook; with sharding each rank takes its own variables' state.
+
+        Args:
+            store: Keras's variable store.
+        """
+        inner = self.inner_optimizer
+        if not isinstance(inner, ShardedOptimizer):
+            return super().load_own_variables(store)
+        load_sharded(store, self._variables, inner)
+
     def get_config(self) -> dict:
+        inner = self.inner_optimizer
+        if isinstance(inner, ShardedOptimizer):
+            optimizer = inner.get_config()["optimizer"]
+        else:
+            optimizer = keras.saving.serialize_keras_object(inner)
         return {
             "name": self.name,
-            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "optimizer": optimizer,
             **self.reducer.get_config(),
             "backward_passes_per_step": self.backward_passes_per_step,
             "average_aggregated_gradients": self.average_aggregated_gradients,
+            "sharding": self.sharding,
         }
 
     @classmethod
@@ -373,6 +419,7 @@ def distributed_loss_scale_optimizer(
     passes = given.pop("backward_passes_per_step")
     average_aggregated = given.pop("average_aggregated_gradients")
     name = given.pop("name")
+    sharding = given.pop("sharding")
     if passes != 1:
         raise ConfigError(
             "Mixed precision with backward_passes_per_step > 1 is not supported: the "
@@ -389,6 +436,7 @@ def distributed_loss_scale_optimizer(
     inner = _inner_optimizer(optimizer)
     reducer = GradientReducer(f"Distributed{type(inner).__name__}", **given)
     _check_accumulation(reducer.op, passes, average_aggregated)
+    inner = _sharded(inner, sharding, reducer)
     return DistributedLossScaleOptimizer(inner, name=name, reducer=reducer, **scale)
 
 
@@ -443,6 +491,24 @@ def _inner_optimizer(optimizer: Any) -> Any:
             "custom TensorFlow loops."
         )
     return inner
+
+
+def _sharded(inner: Any, sharding: Any, reducer: GradientReducer) -> Any:
+    """``inner``, wrapped in a :class:`ShardedOptimizer` when ``sharding`` asks for it.
+
+    Raises:
+        ConfigError: A bad ``sharding``, or sharding with Adasum.
+    """
+    if check_sharding(sharding) is None:
+        return inner
+    if reducer.op is ReduceOp.ADASUM:
+        raise ConfigError(
+            "DistributedOptimizer(sharding=...) does not support op=Adasum: Adasum combines "
+            "whole gradients by their directions, so it cannot reduce-scatter them, and a "
+            "sharded update would need Adasum's result on every rank anyway. Use "
+            "op=Average with sharding, or sharding=None with Adasum."
+        )
+    return ShardedOptimizer(inner, sharding, reducer.process_set)
 
 
 def _check_accumulation(op: ReduceOp, passes: Any, average_aggregated: bool) -> None:
@@ -503,8 +569,12 @@ def unwrap_optimizer(optimizer: Any) -> Any:
         optimizer: Any Keras optimizer, possibly wrapped.
 
     Returns:
-        The innermost optimizer.
+        The innermost optimizer (under sharding: built on this rank's variables).
     """
-    while hasattr(optimizer, "inner_optimizer"):
-        optimizer = optimizer.inner_optimizer
-    return optimizer
+    while True:
+        if isinstance(optimizer, ShardedOptimizer):
+            optimizer = optimizer.shard_optimizer()
+        elif hasattr(optimizer, "inner_optimizer"):
+            optimizer = optimizer.inner_optimizer
+        else:
+            return optimizer

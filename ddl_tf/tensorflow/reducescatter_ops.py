@@ -34,7 +34,7 @@ from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.tf_errors import engine_for
 
-__all__ = ["reducescatter", "grouped_reducescatter"]
+__all__ = ["reducescatter", "grouped_reducescatter", "scatter_tensors"]
 
 
 def grouped_reducescatter(
@@ -62,13 +62,27 @@ def grouped_reducescatter(
     Returns:
         This rank's rows of each reduced tensor.
     """
-    engine = engine_for(process_set)
     spec = ReduceSpec.of(
         op,
         compression=compression,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
     )
+    return scatter_tensors(engine_for(process_set), tensors, spec, name)
+
+
+def scatter_tensors(engine: Any, tensors: Sequence, spec: ReduceSpec, name: str | None) -> list:
+    """:func:`grouped_reducescatter` on a resolved engine and :class:`ReduceSpec`.
+
+    Args:
+        engine: The set's engine on this rank (:func:`~ddl_tf.tensorflow.tf_errors.engine_for`).
+        tensors: As for :func:`grouped_reducescatter`.
+        spec: How to reduce them.
+        name: Optional name, compared across ranks.
+
+    Returns:
+        As :func:`grouped_reducescatter`.
+    """
     op = spec.op
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:

@@ -1,0 +1,58 @@
+"""ZeRO-1/2 sharding (``DistributedOptimizer(sharding=...)``) against replicated training, on real ranks."""
+
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).parent / "workers" / "sharded_train.py"
+OPTIMIZERS = ("sgd_momentum", "adam", "adamw", "rmsprop", "adagrad", "lion")
+
+pytestmark = [pytest.mark.parallel, pytest.mark.slow]
+
+
+def test_sharded_training_equals_replicated_and_its_checkpoint_loads_on_other_rank_counts(
+    mpirun, tmp_path
+):
+    outdir = tmp_path / "job"
+    ranks = mpirun(WORKER, np=2, args=("train", outdir), outdir=outdir, timeout=400)
+    rank0, rank1 = ranks.check().rank_outputs
+    for name in OPTIMIZERS:
+        assert rank0[f"{name}_moved"] > 1e-3, f"{name} did not train"
+        for sharding in ("optimizer", "gradients"):
+            key = f"{name}_{sharding}"
+            for rank in (rank0, rank1):  # weights and the optimizer state, bit for bit
+                assert rank[f"{key}_weights"] and rank[f"{key}_state"], (key, rank)
+                assert rank[f"{key}_iterations"] == 6, key  # a rank owning less still counts
+    # each rank keeps about half of AdamW's slots
+    for sharding in ("optimizer", "gradients"):
+        shares = [r[f"bytes_{sharding}"] / r["bytes_replicated"] for r in (rank0, rank1)]
+        assert sum(shares) == pytest.approx(1.0) and max(shares) < 0.55, shares
+    assert rank0["clip_changes_training"], "the clip norm was too loose to test anything"
+    for label in ("clip", "fp16", "mixed"):
+        for sharding in ("optimizer", "gradients"):
+            assert rank0[f"{label}_{sharding}"] and rank1[f"{label}_{sharding}"], label
+    assert rank0["mixed_type"] == "DistributedLossScaleOptimizer"
+    assert rank0["mixed_gradients_state"] and rank0["mixed_optimizer_state"]
+    assert rank0["saved"]
+
+    # the 2-rank checkpoint in one process and on three ranks
+    for np_ in (1, 3):
+        loaded = mpirun(WORKER, np=np_, args=("load", outdir), outdir=outdir, timeout=300)
+        outputs = loaded.check().rank_outputs
+        assert len(outputs) == np_
+        for out in outputs:
+            assert out["sharding"] == "gradients"
+            assert out["own_state_matches"] and out["gathered_matches"], out
+            if np_ == 1:  # one rank: no reduction, the step is the replicated one
+                assert out["step_after_load"], out
+            else:  # three ranks: MPI's reduce-scatter may add them in another order
+                assert out["step_after_load_diff"] < 1e-6, out
+        assert sum(out["own_variables"] for out in outputs) - 2 * (np_ - 1) == 22
+
+
+def test_four_ranks_shard_bitwise_under_zero1(mpirun, tmp_path):
+    result = mpirun(WORKER, np=4, args=("train", tmp_path, "adam"), timeout=300).check()
+    for out in result.rank_outputs:
+        assert out["adam_optimizer_weights"] and out["adam_optimizer_state"], out
+        assert out["adam_gradients_diff"] < 1e-6, out
+        assert out["adam_moved"] > 1e-3

@@ -1,0 +1,199 @@
+"""Sharded optimizer state (ZeRO-1) and gradients (ZeRO-2) against replicated training, on real ranks.
+
+``train``: for each element-wise Keras optimizer, and for each sharding,
+the same model from the same weights trains on the same per-rank data with
+``DistributedOptimizer(opt)`` (replicated) and with
+``DistributedOptimizer(opt, sharding=...)``; the weights and the optimizer
+state (gathered into the replicated layout) must be bitwise equal. Also:
+``global_clipnorm``, ``mixed_float16`` (the loss-scale optimizer), fp16
+compression, a rank's share of the optimizer-state bytes, and a checkpoint
+written by every rank (``hvd.save_model``) for ``load`` to read.
+
+``load`` (any number of ranks): the checkpoint loads into a sharded
+optimizer, each rank's state equals the saved replicated state by name, and
+one more step equals the replicated optimizer's step from the same file.
+"""
+
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+
+import ddl_tf.keras as hvd
+from tests.parallel.workers.common import report
+
+FEATURES, BATCH, STEPS = 12, 8, 6
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.05),
+    "lion": lambda: keras.optimizers.Lion(0.001),
+}
+
+
+def make_model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(32, activation="gelu"),
+            keras.layers.LayerNormalization(),
+            keras.layers.Dense(24, activation="tanh"),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+def data(rank):
+    rng = np.random.default_rng(10 + rank)
+    x = rng.normal(size=(BATCH * STEPS, FEATURES)).astype("float32")
+    y = (np.sin(x[:, :1]) + 0.1 * rng.normal(size=(len(x), 1))).astype("float32")
+    return x, y
+
+
+def train(optimizer, rank, **options):
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(optimizer, **options), loss="mse")
+    x, y = data(rank)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def state_of(optimizer):
+    """The optimizer's variables in the replicated layout (a collective when sharded)."""
+    inner = optimizer.inner_optimizer
+    if isinstance(inner, hvd.ShardedOptimizer):
+        return [np.asarray(v) for v in inner.gathered_values()]
+    return [np.asarray(v) for v in inner.variables]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def worst(a, b):
+    return max(
+        float(np.max(np.abs(np.asarray(x, "float64") - y))) for x, y in zip(a, b, strict=True)
+    )
+
+
+def state_bytes(optimizer):
+    inner = optimizer.inner_optimizer
+    if isinstance(inner, hvd.ShardedOptimizer):
+        inner = inner.shard_optimizer()
+    return int(sum(np.asarray(v).nbytes for v in inner.variables if len(v.shape)))
+
+
+def train_mode(outdir, only=None):
+    rank = hvd.rank()
+    results = {}
+    shardings = ("optimizer", "gradients")
+    for label, make in OPTIMIZERS.items():
+        if only and label not in only:
+            continue
+        replicated = train(make(), rank)
+        for sharding in shardings:
+            sharded = train(make(), rank, sharding=sharding)
+            key = f"{label}_{sharding}"
+            results[f"{key}_weights"] = same(replicated.get_weights(), sharded.get_weights())
+            results[f"{key}_diff"] = worst(replicated.get_weights(), sharded.get_weights())
+            results[f"{key}_state"] = same(
+                state_of(replicated.optimizer), state_of(sharded.optimizer)
+            )
+            results[f"{key}_iterations"] = int(sharded.optimizer.iterations.numpy())
+            if label == "adamw":
+                results["bytes_replicated"] = state_bytes(replicated.optimizer)
+                results[f"bytes_{sharding}"] = state_bytes(sharded.optimizer)
+        results[f"{label}_moved"] = worst(replicated.get_weights(), make_model().get_weights())
+    if only:  # the quick run: sharded against replicated only
+        report(rank, results)
+        return
+
+    # global_clipnorm: the norm of every variable's reduced gradient, not of this rank's
+    clipped = lambda: keras.optimizers.AdamW(0.05, global_clipnorm=0.05)  # noqa: E731
+    replicated = train(clipped(), rank)
+    unclipped = train(keras.optimizers.AdamW(0.05), rank)
+    results["clip_changes_training"] = not same(replicated.get_weights(), unclipped.get_weights())
+    for sharding in shardings:
+        sharded = train(clipped(), rank, sharding=sharding)
+        results[f"clip_{sharding}"] = same(replicated.get_weights(), sharded.get_weights())
+        results[f"clip_{sharding}_diff"] = worst(replicated.get_weights(), sharded.get_weights())
+
+    # fp16 on the wire: the same compressed reduction either way
+    fp16 = hvd.Compression.fp16
+    replicated = train(keras.optimizers.Adam(0.01), rank, compression=fp16)
+    for sharding in shardings:
+        sharded = train(keras.optimizers.Adam(0.01), rank, compression=fp16, sharding=sharding)
+        results[f"fp16_{sharding}"] = same(replicated.get_weights(), sharded.get_weights())
+        results[f"fp16_{sharding}_diff"] = worst(replicated.get_weights(), sharded.get_weights())
+
+    # mixed precision: the loss-scale optimizer, the finiteness agreed by every rank
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        replicated = train(keras.optimizers.Adam(0.01), rank)
+        results["mixed_type"] = type(replicated.optimizer).__name__
+        for sharding in shardings:
+            sharded = train(keras.optimizers.Adam(0.01), rank, sharding=sharding)
+            results[f"mixed_{sharding}"] = same(replicated.get_weights(), sharded.get_weights())
+            results[f"mixed_{sharding}_scale"] = float(sharded.optimizer.dynamic_scale.numpy())
+            results[f"mixed_{sharding}_state"] = same(
+                state_of(replicated.optimizer), state_of(sharded.optimizer)
+            )
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+    # a checkpoint written by every rank (rank 0's file), and the state it must hold
+    model = train(keras.optimizers.AdamW(0.01), rank, sharding="gradients")
+    path = Path(outdir) / "sharded.keras"
+    hvd.save_model(model, path)
+    expected = state_of(train(keras.optimizers.AdamW(0.01), rank).optimizer)
+    if rank == 0:
+        np.savez(Path(outdir) / "expected.npz", *expected)
+        results["saved"] = path.exists()
+    report(rank, results)
+
+
+def load_mode(outdir):
+    rank = hvd.rank()
+    results = {}
+    path = Path(outdir) / "sharded.keras"
+    saved = np.load(Path(outdir) / "expected.npz")
+    expected = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    model = keras.models.load_model(path)
+    optimizer = model.optimizer
+    results["sharding"] = optimizer.sharding
+    inner = optimizer.inner_optimizer
+    layout = inner.replicated_layout()
+    mine = {v.path.rsplit("/", 1)[-1]: np.asarray(v) for v in inner.shard_optimizer().variables}
+    results["own_state_matches"] = all(
+        np.array_equal(mine[p], expected[layout.index(p)]) for p in mine
+    )
+    results["own_variables"] = len(mine)
+    results["gathered_matches"] = same(state_of(optimizer), expected)
+    # one more step from the file, sharded and replicated, must agree
+    x, y = data(rank)
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    plain = keras.models.load_model(path, compile=False)
+    plain.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.AdamW(0.01)), loss="mse")
+    plain.optimizer.build(plain.trainable_variables)
+    for variable, value in zip(plain.optimizer.inner_optimizer.variables, expected, strict=True):
+        variable.assign(value)
+    plain.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    results["step_after_load"] = same(model.get_weights(), plain.get_weights())
+    results["step_after_load_diff"] = worst(model.get_weights(), plain.get_weights())
+    report(rank, results)
+
+
+if __name__ == "__main__":
+    hvd.init()
+    mode, outdir, only = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if mode == "train":
+        train_mode(outdir, only)
+    else:
+        load_mode(outdir)
+    hvd.shutdown()
