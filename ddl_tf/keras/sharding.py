@@ -489,10 +489,18 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
             merged.update(shard)  # rank 0's copy of the shared ones (iterations, ...) wins
         return merged
 
-    def gathered_values(self) -> list[np.ndarray]:
-        """:meth:`gather_shards` in :meth:`replicated_layout` order (a collective)."""
+    def gathered_values(self, keep: bool = False) -> list[np.ndarray]:
+        """:meth:`gather_shards` in :meth:`replicated_layout` order (a collective).
+
+        Args:
+            keep: Keep them for this optimizer's own save, which Keras makes
+                right after its wrapper's.
+        """
         merged = self.gather_shards()
-        return [merged[path] for path in self.replicated_layout()]
+        values = [merged[path] for path in self.replicated_layout()]
+        if keep:
+            self._saved = values
+        return values
 
     def assign_from(self, values: list[np.ndarray]) -> None:
         """Take this rank's variables out of values saved in :meth:`replicated_layout` order.
@@ -555,10 +563,8 @@ def save_sharded(store: Any, own: list, sharded: ShardedOptimizer) -> None:
     """Write a wrapper's own variables, then the shards in the replicated layout (collective)."""
     for i, variable in enumerate(own):
         store[str(i)] = variable.numpy()
-    values = sharded.gathered_values()
-    for k, value in enumerate(values):
+    for k, value in enumerate(sharded.gathered_values(keep=True)):
         store[str(len(own) + k)] = value
-    sharded._saved = values  # Keras saves the sharded optimizer next, at its own path
 
 
 def load_sharded(store: Any, own: list, sharded: ShardedOptimizer) -> None:
