@@ -208,8 +208,9 @@ class FinishedWatch:
     failed and was survived can make it non-zero, and ranks that all failed
     after a membership change can leave it 0 (both measured here). The final
     membership's rank 0 prints :data:`~ddl_tf.env.ELASTIC_FINISHED` when it
-    shuts down cleanly; this watch looks for that line, and for Open MPI's
-    report of a lost daemon.
+    shuts down cleanly; this watch looks for that line, for Open MPI's
+    report of a lost daemon, and for the trace of a defect of Open MPI 5.0's
+    runtime that makes mpirun itself crash (:data:`CONNECT_DEFECT`).
 
     Args:
         report: Called with what :meth:`status` has to say about a job that
@@ -219,11 +220,24 @@ class FinishedWatch:
     DAEMON_LOST = (b"A daemon failed to report back", b"lost communication with a remote daemon")
     """What Open MPI's runtime prints when it loses the daemon of a host (both forms seen)."""
 
+    CONNECT_DEFECT = b"pmix_server_dyn.c"
+    """The file a ``PMIX ERROR`` line names when PRRTE 3.0 (Open MPI 5.0's runtime) misreads
+    the data of a connect between ranks on several hosts (every ``MPI_Comm_spawn`` onto
+    another host than mpirun's). Its ``connect_release`` unpacks the collective's reply
+    without the control block in front of it and then destructs an info entry past the end
+    of a one-entry array, which corrupts mpirun's heap: mpirun later dies of SIGSEGV or
+    SIGABRT, at exit or (rarely) while the job runs (measured in docs/elastic.md). PRRTE 4
+    rewrote the function; Open MPI 5.0.x ships PRRTE 3.0."""
+
+    CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)
+    """Signals that end mpirun on its own (ddlrun forwards only :data:`FORWARDED_SIGNALS`)."""
+
     def __init__(self, report: Callable[[str], None]) -> None:
         self.report = report
         self.finished = threading.Event()
         self.daemon_lost = False
         self.lost_host = ""
+        self.connect_defect = False
 
     def __call__(self, stream, sink=None) -> None:
         sink = sink if sink is not None else sys.stdout
@@ -232,24 +246,65 @@ class FinishedWatch:
                 self.finished.set()
             if any(text in line for text in self.DAEMON_LOST):
                 self.daemon_lost = True
+            if b"PMIX ERROR" in line and self.CONNECT_DEFECT in line:
+                self.connect_defect = True
             if self.daemon_lost and not self.lost_host and b"Remote host:" in line:
                 self.lost_host = line.split(b":", 1)[1].strip().decode(errors="replace")
             sink.buffer.write(line)
             sink.flush()
 
     def status(self, code: int) -> int:
-        """ddlrun's exit code from mpirun's ``code`` and whether the finished line came."""
+        """ddlrun's exit code from mpirun's ``code`` and whether the finished line came.
+
+        A finished job whose mpirun then crashed of the PRRTE defect
+        (:data:`CONNECT_DEFECT`) ends 0 with a warning: the finished line means
+        every rank of the final membership had passed ddl_tf's collective
+        shutdown, and mpirun was still alive to pass that line on. Any other
+        crash of mpirun keeps its status (``128 + signal``).
+        """
+        crash = self._crash_signal(code)
         if self.finished.is_set():
+            if crash is not None and self.connect_defect:
+                self.report(
+                    f"ddlrun: warning: mpirun died of {crash.name} after the elastic job "
+                    "finished (every rank of the final membership had finished and shut down; "
+                    "nothing of the training was lost), so ddlrun exits 0. This is a defect of "
+                    "Open MPI 5.0's runtime (PRRTE 3.0: connect_release in pmix_server_dyn.c, "
+                    "the PMIX ERROR above, open-mpi/ompi#13521): growing a job onto another "
+                    "host corrupts mpirun's memory (PRRTE 4 rewrote that function)."
+                )
+                return 0
             return code if code >= 128 else 0
         if self.daemon_lost:
+            why = (
+                "the node died, or its runtime process was killed or cut off"
+                if not self.connect_defect
+                else "its runtime process may have crashed of a defect of Open MPI 5.0's runtime "
+                "that growing a job onto another host sets off: PRRTE 3.0's connect_release, "
+                "the PMIX ERROR in pmix_server_dyn.c above, open-mpi/ompi#13521"
+            )
             self.report(
                 f"ddlrun: Open MPI lost its daemon on host {self.lost_host or '(see above)'} "
-                "(the node died, or its runtime process was killed or cut off). An elastic job "
+                f"({why}). An elastic job "
                 "survives the loss of ranks, but Open MPI 5.0's runtime (PRRTE) ends the whole "
                 "job when one of its daemons is lost, so the job stopped. Restart it; keep "
                 "checkpoints on rank 0 (e.g. keras.callbacks.ModelCheckpoint) to resume from."
             )
             return code or 1
+        if crash is not None:
+            cause = (
+                "a defect of Open MPI 5.0's runtime (PRRTE 3.0: connect_release in "
+                "pmix_server_dyn.c, the PMIX ERROR above, open-mpi/ompi#13521) that growing a "
+                "job onto another host sets off"
+                if self.connect_defect
+                else "Open MPI's runtime crashed"
+            )
+            self.report(
+                f"ddlrun: mpirun died of {crash.name} before the elastic job finished ({cause}); "
+                "the job stopped. Restart it; keep checkpoints on rank 0 (e.g. "
+                "keras.callbacks.ModelCheckpoint) to resume from."
+            )
+            return code
         if code >= 128:  # a signal stopped the job (ddlrun's, forwarded)
             return code
         self.report(
@@ -257,6 +312,12 @@ class FinishedWatch:
             f"left; mpirun's status {code}): see the ranks' errors above"
         )
         return code or 1
+
+    def _crash_signal(self, code: int) -> signal.Signals | None:
+        """The signal in ``code`` (``128 + N``) if it is one mpirun dies of by itself."""
+        if code > 128 and code - 128 in self.CRASH_SIGNALS:
+            return signal.Signals(code - 128)
+        return None
 
 
 def exit_code(code: int, *, report: Callable[[str], None]) -> int:

@@ -88,6 +88,44 @@ def test_the_elastic_watch_reads_the_finished_line_and_a_lost_daemon():
     assert done.status(5) == 0 and done.status(143) == 143
 
 
+_DEFECT = (
+    b"[node0:30259] PMIX ERROR: PMIX_ERROR in file /openmpi-5.0.11/3rd-party/prrte/src/prted/"
+    b"pmix/pmix_server_dyn.c at line 1113\n"
+)
+
+
+def _watched(*lines: bytes) -> tuple[supervise.FinishedWatch, list[str]]:
+    """A watch that read ``lines`` of mpirun's output, and the list it reports into."""
+    said: list[str] = []
+    watch = supervise.FinishedWatch(said.append)
+    reader, writer = os.pipe()
+    with os.fdopen(writer, "wb") as out:
+        out.write(b"".join(lines))
+    with os.fdopen(reader, "rb") as stream:
+        watch(stream, _Sink())
+    return watch, said
+
+
+@pytest.mark.parametrize("crash", [signal.SIGSEGV, signal.SIGABRT])
+def test_mpirun_crashing_of_the_prrte_defect_after_the_job_finished_ends_0_with_a_warning(crash):
+    watch, said = _watched(_DEFECT, b"ddl_tf: elastic job finished on 4 rank(s) (node0, node2)\n")
+    assert watch.status(128 + crash) == 0
+    assert len(said) == 1 and f"mpirun died of {crash.name} after" in said[0]
+    assert "pmix_server_dyn.c" in said[0] and "warning" in said[0]
+
+
+def test_mpirun_crashing_before_the_job_finished_or_for_another_cause_keeps_its_status():
+    lost, said = _watched(_DEFECT)  # crashed during the job: its work is lost
+    assert lost.status(128 + signal.SIGSEGV) == 139
+    assert len(said) == 1 and "before the elastic job finished" in said[0]
+    assert "pmix_server_dyn.c" in said[0] and "Restart it" in said[0]
+    finished = b"ddl_tf: elastic job finished on 2 rank(s) (a)\n"
+    other, said = _watched(finished)  # no trace of the defect: the crash is not explained
+    assert other.status(128 + signal.SIGSEGV) == 139 and said == []
+    stopped, said = _watched(_DEFECT, finished)
+    assert stopped.status(128 + signal.SIGTERM) == 143 and said == []  # ddlrun's own stop
+
+
 class _Sink:
     def __init__(self) -> None:
         import io

@@ -252,21 +252,26 @@ rehearsal = pytest.mark.skipif(
 )
 
 
-MPIRUN_CRASHED = 128 + 11
-"""ddlrun's status when mpirun itself died of SIGSEGV."""
+MPIRUN_CRASHED = (128 + signal.SIGSEGV, 128 + signal.SIGABRT)
+"""ddlrun's status when mpirun itself died of SIGSEGV or SIGABRT before the job finished."""
 
 
 def _run_growing(tmp_path: Path, **kwargs) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """:func:`_run` for a job that grows onto a new virtual node, once more if mpirun crashed.
 
-    Open MPI 5.0.11's mpirun (PRRTE) crashed with SIGSEGV in 1 of 11 runs of
-    the replacement test here, after starting a daemon on the added node
-    (docs/elastic.md); a second crash in a row fails the test.
+    Growing onto another host sets off a defect of Open MPI 5.0.11's runtime
+    (PRRTE 3.0's ``connect_release``, a ``PMIX ERROR`` naming
+    ``pmix_server_dyn.c``) that corrupts mpirun's heap (docs/elastic.md).
+    Measured under load (a CPU burner on the second core): 11 crashes in 75
+    runs of the replacement test; 5 after the job finished (ddlrun then exits
+    0 with a warning), 6 during the growth, losing the job (mpirun 4 times,
+    the new node's daemon twice: ddlrun reports a lost daemon). Only a job
+    lost to the defect is run again, once; a second one in a row fails.
     """
     done, records = _run(tmp_path / "1", **kwargs)
-    if done.returncode == MPIRUN_CRASHED and "elastic job finished" not in done.stdout:
+    lost = done.returncode in MPIRUN_CRASHED or "Open MPI lost its daemon" in done.stderr
+    if lost and "elastic job finished" not in done.stdout and "pmix_server_dyn.c" in done.stderr:
         done, records = _run(tmp_path / "2", **kwargs)
-        tmp_path = tmp_path / "2"
     return done, records
 
 
