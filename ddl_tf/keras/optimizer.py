@@ -46,7 +46,13 @@ from ddl_tf.core.process_sets import ProcessSet
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras.gradient_reducer import GradientReducer, variable_key, variables_of_apply
 from ddl_tf.keras.loss_scale import DistributedLossScaleOptimizer
-from ddl_tf.keras.sharding import ShardedOptimizer, check_sharding, load_sharded, save_sharded
+from ddl_tf.keras.sharding import (
+    ShardedOptimizer,
+    check_sharding,
+    from_wrapper_config,
+    load_sharded,
+    save_sharded,
+)
 
 __all__ = [
     "DistributedOptimizer",
@@ -382,11 +388,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         Returns:
             A new :class:`DistributedOptimizer`.
         """
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("optimizer"), custom_objects=custom_objects
-        )
-        return cls(inner, **config)
+        return from_wrapper_config(cls, config, custom_objects)
 
 
 def distributed_loss_scale_optimizer(

@@ -70,7 +70,16 @@ from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.allreduce_ops import reduce_tensors
 from ddl_tf.tensorflow.reducescatter_ops import scatter_tensors
 
-__all__ = ["SHARDINGS", "ShardPlan", "ShardedOptimizer", "check_sharding"]
+__all__ = [
+    "SHARDINGS",
+    "ShardPlan",
+    "ShardedOptimizer",
+    "check_same_variables",
+    "check_sharding",
+    "first_difference",
+    "from_wrapper_config",
+    "variable_signature",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +251,9 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
                 same list, in the same order, on every rank).
 
         Raises:
-            ConfigError: In an elastic job (shards are not moved when its ranks change).
+            ConfigError: In an elastic job (shards are not moved when its ranks
+                change); or the sharing ranks were given different variables
+                (count, shapes or dtypes), on every one of them.
         """
         if basics.is_initialized() and basics.job().elastic:
             raise ConfigError(
@@ -252,6 +263,8 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
             )
         engine = member_engine(self.process_set)
         size, rank = (1, 0) if engine is None else (engine.size, engine.rank)
+        if size > 1:
+            check_same_variables(engine, list(var_list), f"{self.name}_variables")
         self._all = list(var_list)
         self._index = {variable_key(v): i for i, v in enumerate(self._all)}
         self.plan = ShardPlan.balance(self._all, size, rank)
@@ -540,11 +553,100 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
         Returns:
             A new :class:`ShardedOptimizer`.
         """
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("optimizer"), custom_objects=custom_objects
+        return from_wrapper_config(cls, config, custom_objects)
+
+
+def from_wrapper_config(cls: type, config: dict, custom_objects=None) -> Any:
+    """``cls(inner, **rest)`` from a wrapping optimizer's config, whose ``"optimizer"`` is the inner one's.
+
+    Args:
+        cls: The wrapping optimizer's class.
+        config: Its ``get_config()``.
+        custom_objects: Passed on to deserialize the inner optimizer.
+    """
+    config = dict(config)
+    inner = keras.saving.deserialize_keras_object(
+        config.pop("optimizer"), custom_objects=custom_objects
+    )
+    return cls(inner, **config)
+
+
+def variable_signature(variables: list) -> list[tuple[str, tuple[int, ...], str]]:
+    """``(path, shape, dtype)`` of each variable, as :func:`check_same_variables` compares them.
+
+    Args:
+        variables: Keras (or TensorFlow) variables.
+
+    Returns:
+        One tuple per variable, in order (the path only names it in errors).
+    """
+    return [
+        (
+            str(getattr(v, "path", None) or getattr(v, "name", "?")),
+            tuple(int(d) for d in v.shape),
+            keras.backend.standardize_dtype(v.dtype),
         )
-        return cls(inner, **config)
+        for v in variables
+    ]
+
+
+def check_same_variables(engine: Any, variables: list, name: str) -> None:
+    """Refuse, on every sharing rank, variable lists that differ in count, shape or dtype.
+
+    The owner plan is computed on each rank from its own list; lists that
+    differ would give each rank another plan, and the reduce-scatter and the
+    weight allgather would then move the wrong bytes or wait forever. One
+    ``allgather_object`` of the lists' signatures (small: a few bytes per
+    variable) lets every rank see the same difference and raise the same error.
+
+    Args:
+        engine: The engine of the ranks that share the variables.
+        variables: This rank's variables, in the optimizer's order.
+        name: The collective's name (the same on every rank).
+
+    Raises:
+        ConfigError: Some rank's list differs from rank 0's (the error names the
+            first difference and the fix).
+    """
+    everyone = engine.allgather_object(variable_signature(variables), name=name)
+    problem = first_difference(everyone)
+    if problem is not None:
+        raise ConfigError(
+            "DistributedOptimizer(sharding=...) was built on different variables on different "
+            f"ranks: {problem}. Sharding assigns each variable to one rank from the variable "
+            "list, which must be the same (count, order, shapes, dtypes) on every rank that "
+            "shares it. Build the same model on every rank (no layer sizes or layers that "
+            "depend on the rank), or use sharding=None, which does not need it."
+        )
+
+
+def first_difference(signatures: list[list[tuple[str, tuple[int, ...], str]]]) -> str | None:
+    """The first way a rank's signature differs from rank 0's, in words; None when all agree.
+
+    Example:
+        >>> a = [("dense/kernel", (4, 8), "float32"), ("dense/bias", (8,), "float32")]
+        >>> b = [("dense/kernel", (4, 9), "float32"), ("dense/bias", (9,), "float32")]
+        >>> first_difference([a, a]) is None
+        True
+        >>> first_difference([a, b])
+        "variable #0 is 'dense/kernel' float32 (4, 8) on rank 0 but 'dense/kernel' float32 (4, 9) on rank 1"
+    """
+    ours = signatures[0]
+    for rank, theirs in enumerate(signatures[1:], start=1):
+        for k, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+            if a[1:] != b[1:]:
+                return (
+                    f"variable #{k} is {a[0]!r} {a[2]} {a[1]} on rank 0 but "
+                    f"{b[0]!r} {b[2]} {b[1]} on rank {rank}"
+                )
+        if len(ours) != len(theirs):
+            extra, where = (ours, 0) if len(ours) > len(theirs) else (theirs, rank)
+            return (
+                f"rank 0 has {len(ours)} trainable variables but rank {rank} has "
+                f"{len(theirs)} (the first one only rank {where} has: "
+                f"{extra[min(len(ours), len(theirs))][0]!r})"
+            )
+    return None
 
 
 class _Held:

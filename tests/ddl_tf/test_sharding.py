@@ -9,7 +9,7 @@ import pytest
 
 import ddl_tf.keras as hvd
 from ddl_tf.errors import ConfigError
-from ddl_tf.keras.sharding import ShardPlan
+from ddl_tf.keras.sharding import ShardPlan, first_difference, variable_signature
 
 
 @pytest.fixture
@@ -102,3 +102,20 @@ def test_a_sharded_optimizer_refuses_variables_it_was_not_built_with(ddl):
     optimizer.apply([keras.ops.ones(1)], [a])
     with pytest.raises(ConfigError, match="built on other variables"):
         optimizer.apply([keras.ops.ones(1)], [b])
+
+
+def test_variable_lists_that_differ_between_ranks_are_named_by_their_first_difference():
+    keras.utils.set_random_seed(0)
+    a = variable_signature(_model().trainable_variables)
+    assert first_difference([a, a, a]) is None
+    shorter = first_difference([a, a, a[:3]])
+    assert shorter == (
+        "rank 0 has 4 trainable variables but rank 2 has 3 "
+        f"(the first one only rank 0 has: {a[3][0]!r})"
+    )
+    longer = [*a, ("extra/bias", (2,), "float32")]
+    assert "rank 1 has 5 (the first one only rank 1 has: 'extra/bias')" in first_difference(
+        [a, longer]
+    )
+    half = [(path, shape, "float16") for path, shape, _ in a]
+    assert first_difference([a, half]).startswith(f"variable #0 is {a[0][0]!r} float32")

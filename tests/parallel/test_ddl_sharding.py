@@ -56,3 +56,18 @@ def test_four_ranks_shard_bitwise_under_zero1(mpirun, tmp_path):
         assert out["adam_optimizer_weights"] and out["adam_optimizer_state"], out
         assert out["adam_gradients_diff"] < 1e-6, out
         assert out["adam_moved"] > 1e-3
+
+
+def test_ranks_with_different_variables_are_refused_on_every_rank_not_left_hanging(
+    mpirun, tmp_path
+):
+    result = mpirun(WORKER, np=2, args=("differ", tmp_path), timeout=120).check()
+    rank0, rank1 = result.rank_outputs
+    assert rank0 == rank1, "every rank raises the same error"
+    assert "variable #4 is 'sequential/dense_1/kernel' float32 (32, 24) on rank 0" in rank0["wider"]
+    assert "float32 (32, 25) on rank 1" in rank0["wider"]
+    assert "variable #8" in rank0["deeper"] and "(16, 8) on rank 1" in rank0["deeper"]
+    for label in ("wider", "deeper"):
+        assert "Build the same model on every rank" in rank0[label], rank0[label]
+    assert rank0["then_trains"]
+    assert result.elapsed < 90, result.elapsed

@@ -9,6 +9,11 @@ state (gathered into the replicated layout) must be bitwise equal. Also:
 compression, a rank's share of the optimizer-state bytes, and a checkpoint
 written by every rank (``hvd.save_model``) for ``load`` to read.
 
+``differ`` (2 ranks): rank 1 builds a model with one layer wider, then one
+layer more, than rank 0's; every rank must raise ``ConfigError`` at the
+optimizer's build, naming the difference, and the next (same) model must
+still train.
+
 ``load`` (any number of ranks): the checkpoint loads into a sharded
 optimizer, each rank's state equals the saved replicated state by name, and
 one more step equals the replicated optimizer's step from the same file.
@@ -21,6 +26,7 @@ import keras
 import numpy as np
 
 import ddl_tf.keras as hvd
+from ddl_tf.errors import ConfigError
 from tests.parallel.workers.common import report
 
 FEATURES, BATCH, STEPS = 12, 8, 6
@@ -35,15 +41,17 @@ OPTIMIZERS = {
 }
 
 
-def make_model():
+def make_model(wider=0, deeper=False):
     keras.utils.set_random_seed(0)
+    extra = [keras.layers.Dense(8, activation="relu")] if deeper else []
     return keras.Sequential(
         [
             keras.Input((FEATURES,)),
             keras.layers.Dense(32, activation="gelu"),
             keras.layers.LayerNormalization(),
-            keras.layers.Dense(24, activation="tanh"),
+            keras.layers.Dense(24 + wider, activation="tanh"),
             keras.layers.Dense(16, activation="relu"),
+            *extra,
             keras.layers.Dense(1),
         ]
     )
@@ -56,8 +64,8 @@ def data(rank):
     return x, y
 
 
-def train(optimizer, rank, **options):
-    model = make_model()
+def train(optimizer, rank, model=None, **options):
+    model = model or make_model()
     model.compile(optimizer=hvd.DistributedOptimizer(optimizer, **options), loss="mse")
     x, y = data(rank)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
@@ -158,6 +166,25 @@ def train_mode(outdir, only=None):
     report(rank, results)
 
 
+def differ_mode():
+    """Ranks that build different variables: refused on every rank, and the engine still works."""
+    rank = hvd.rank()
+    results = {}
+    cases = {
+        "wider": ("gradients", make_model(wider=rank)),
+        "deeper": ("optimizer", make_model(deeper=rank == 1)),
+    }
+    for label, (sharding, model) in cases.items():
+        try:
+            train(keras.optimizers.Adam(0.01), rank, model=model, sharding=sharding)
+            results[label] = "trained"
+        except ConfigError as err:
+            results[label] = str(err)
+    model = train(keras.optimizers.Adam(0.01), rank, sharding="gradients")
+    results["then_trains"] = worst(model.get_weights(), make_model().get_weights()) > 1e-3
+    report(rank, results)
+
+
 def load_mode(outdir):
     rank = hvd.rank()
     results = {}
@@ -194,6 +221,8 @@ if __name__ == "__main__":
     mode, outdir, only = sys.argv[1], sys.argv[2], sys.argv[3:]
     if mode == "train":
         train_mode(outdir, only)
+    elif mode == "differ":
+        differ_mode()
     else:
         load_mode(outdir)
     hvd.shutdown()
