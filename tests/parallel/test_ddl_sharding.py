@@ -70,4 +70,21 @@ def test_ranks_with_different_variables_are_refused_on_every_rank_not_left_hangi
     for label in ("wider", "deeper"):
         assert "Build the same model on every rank" in rank0[label], rank0[label]
     assert rank0["then_trains"]
-    assert result.elapsed < 90, result.elapsed
+
+
+def test_sharding_over_a_process_set_equals_replicated_and_leaves_the_others_alone(
+    mpirun, tmp_path
+):
+    result = mpirun(WORKER, np=3, args=("set", tmp_path), timeout=180).check()
+    outputs = result.rank_outputs
+    assert [out["included"] for out in outputs] == [True, True, False]
+    for out in outputs:  # bit for bit, in and out of the set
+        for key in ("adam_optimizer", "adam_gradients", "clip_gradients"):
+            assert out[f"{key}_weights"] and out[f"{key}_state"], (key, out)
+            assert out[f"{key}_iterations"] == 6, key
+    rank0, rank1, rank2 = outputs
+    assert rank0["adam_weights"] == rank1["adam_weights"] != rank2["adam_weights"]
+    for sharding in ("optimizer", "gradients"):  # the set's two ranks split the state
+        assert rank0[f"share_{sharding}"] + rank1[f"share_{sharding}"] == pytest.approx(1.0)
+        assert max(rank0[f"share_{sharding}"], rank1[f"share_{sharding}"]) < 0.6
+        assert rank2[f"share_{sharding}"] == 1.0  # alone: it keeps everything

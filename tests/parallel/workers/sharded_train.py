@@ -14,6 +14,10 @@ layer more, than rank 0's; every rank must raise ``ConfigError`` at the
 optimizer's build, naming the difference, and the next (same) model must
 still train.
 
+``set`` (3 ranks, a process set of ranks 0 and 1): sharded against replicated
+``DistributedOptimizer(process_set=...)``, both shardings, and ZeRO-2 with a
+global clip norm; the set's ranks share the variables, rank 2 owns all and trains alone.
+
 ``load`` (any number of ranks): the checkpoint loads into a sharded
 optimizer, each rank's state equals the saved replicated state by name, and
 one more step equals the replicated optimizer's step from the same file.
@@ -185,6 +189,32 @@ def differ_mode():
     report(rank, results)
 
 
+def set_mode(pair):
+    """Sharding over a process set: the set's ranks share the variables, the others train alone."""
+    rank = hvd.rank()
+    results = {"included": pair.included()}
+    runs = {  # the clip norm's squares are gathered over the set under "gradients" only
+        "adam": (lambda: keras.optimizers.Adam(0.01), ("optimizer", "gradients")),
+        "clip": (lambda: keras.optimizers.AdamW(0.05, global_clipnorm=0.05), ("gradients",)),
+    }
+    for label, (make, shardings) in runs.items():
+        replicated = train(make(), rank, process_set=pair)
+        results[f"{label}_weights"] = [w.tolist() for w in replicated.get_weights()[-2:]]
+        for sharding in shardings:
+            sharded = train(make(), rank, process_set=pair, sharding=sharding)
+            key = f"{label}_{sharding}"
+            results[f"{key}_weights"] = same(replicated.get_weights(), sharded.get_weights())
+            results[f"{key}_diff"] = worst(replicated.get_weights(), sharded.get_weights())
+            results[f"{key}_state"] = same(
+                state_of(replicated.optimizer), state_of(sharded.optimizer)
+            )
+            results[f"{key}_iterations"] = int(sharded.optimizer.iterations.numpy())
+            if label == "adam":
+                share = state_bytes(sharded.optimizer) / state_bytes(replicated.optimizer)
+                results[f"share_{sharding}"] = share
+    report(rank, results)
+
+
 def load_mode(outdir):
     rank = hvd.rank()
     results = {}
@@ -217,9 +247,12 @@ def load_mode(outdir):
 
 
 if __name__ == "__main__":
-    hvd.init()
     mode, outdir, only = sys.argv[1], sys.argv[2], sys.argv[3:]
-    if mode == "train":
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair] if mode == "set" else None)
+    if mode == "set":
+        set_mode(pair)
+    elif mode == "train":
         train_mode(outdir, only)
     elif mode == "differ":
         differ_mode()
