@@ -64,7 +64,7 @@ from ddl_tf.core import basics
 from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet, member_engine
-from ddl_tf.errors import ConfigError
+from ddl_tf.errors import CollectiveMismatchError, ConfigError, StallError
 from ddl_tf.keras.gradient_reducer import GradientReducer, variable_key, variables_of_apply
 from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.allreduce_ops import reduce_tensors
@@ -82,6 +82,17 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+SAVE_ON_EVERY_RANK = (
+    "Saving a model whose DistributedOptimizer has sharding=... gathers the optimizer "
+    "state from every rank, but another rank did not save with this one: a save on rank 0 "
+    "alone (`if hvd.rank() == 0: model.save(path)`, or ModelCheckpoint in rank 0's "
+    "callbacks only) waits for shards the others never send. Call hvd.save_model(model, "
+    "path) on every rank (rank 0 writes the file); in place of ModelCheckpoint, give every "
+    "rank a callback that calls it, e.g. keras.callbacks.LambdaCallback(on_epoch_end=lambda "
+    "epoch, logs: hvd.save_model(model, path))."
+)
+"""The fix named when a sharded save meets ranks that did not save."""
 
 SHARDINGS = ("optimizer", "gradients")
 """The values of ``DistributedOptimizer(sharding=...)`` besides None (replicated)."""
@@ -485,8 +496,16 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
     def gather_shards(self) -> dict[str, np.ndarray]:
         """Every rank's optimizer variables by path (a collective over the sharing ranks).
 
+        The collective's name says what it is and what every rank must call,
+        so that a rank that meets it in a mismatch or stall message (rank 0
+        saving alone, the others training on or shutting down) learns the fix.
+
         Raises:
             ConfigError: The optimizer was never built.
+            CollectiveMismatchError: Another rank issued another collective
+                (it did not save): the message leads with the fix.
+            StallError: Another rank did not come within
+                ``DDL_STALL_SHUTDOWN_SECONDS``: the message leads with the fix.
         """
         if self.plan is None:
             raise ConfigError(
@@ -497,8 +516,13 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
         engine = member_engine(self.process_set)
         if engine is None:
             return mine
+        name = f"{self.name}_checkpoint (a sharded save: hvd.save_model(model, path) on every rank)"
+        try:
+            shards = engine.allgather_object(mine, name=name)
+        except (CollectiveMismatchError, StallError) as err:
+            raise type(err)(SAVE_ON_EVERY_RANK + f" What the ranks did: {err}") from err
         merged: dict[str, np.ndarray] = {}
-        for shard in reversed(engine.allgather_object(mine, name=f"{self.name}_checkpoint")):
+        for shard in reversed(shards):
             merged.update(shard)  # rank 0's copy of the shared ones (iterations, ...) wins
         return merged
 

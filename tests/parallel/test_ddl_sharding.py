@@ -88,3 +88,23 @@ def test_sharding_over_a_process_set_equals_replicated_and_leaves_the_others_alo
         assert rank0[f"share_{sharding}"] + rank1[f"share_{sharding}"] == pytest.approx(1.0)
         assert max(rank0[f"share_{sharding}"], rank1[f"share_{sharding}"]) < 0.6
         assert rank2[f"share_{sharding}"] == 1.0  # alone: it keeps everything
+
+
+@pytest.mark.parametrize("then", ["callback", "end"])
+def test_a_save_on_rank_0_alone_fails_at_once_naming_hvd_save_model(mpirun, tmp_path, then):
+    env = {"DDL_LOG_LEVEL": "error"}  # log lines carry their rank
+    result = mpirun(WORKER, np=2, args=("save0", tmp_path, then), timeout=120, env=env)
+    assert result.returncode != 0, result.describe()
+    rank0, rank1 = result.rank_outputs
+    assert rank0["error"] == "CollectiveMismatchError", rank0
+    assert rank0["message"].startswith("Saving a model whose DistributedOptimizer has sharding")
+    assert "hvd.save_model(model, path) on every rank" in rank0["message"]
+    assert rank1["error"] is not None, rank1  # the other rank fails too, it does not hang
+    # rank 1 learns what rank 0 was doing (the checkpoint collective names the fix): in its
+    # error at shutdown; inside fit in its log (TensorFlow's error points there)
+    _, _, logged = result.stderr.partition("[ddl_tf rank 1] ERROR")
+    seen = rank1["message"] if then == "end" else logged[:1000]
+    assert (
+        "'ShardedAdam_checkpoint (a sharded save: hvd.save_model(model, path) on every rank)'"
+        in seen
+    ), seen

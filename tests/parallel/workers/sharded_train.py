@@ -18,6 +18,12 @@ still train.
 ``DistributedOptimizer(process_set=...)``, both shardings, and ZeRO-2 with a
 global clip norm; the set's ranks share the variables, rank 2 owns all and trains alone.
 
+``save0 callback|end`` (2 ranks): Horovod's habit of saving on rank 0 only,
+with sharding: a ``ModelCheckpoint`` in rank 0's callbacks (rank 1 trains
+on into the next epoch), or ``if rank == 0: model.save(path)`` before
+``shutdown`` (rank 1 shuts down). Each rank reports the error it got, then
+lets it end the job.
+
 ``load`` (any number of ranks): the checkpoint loads into a sharded
 optimizer, each rank's state equals the saved replicated state by name, and
 one more step equals the replicated optimizer's step from the same file.
@@ -215,6 +221,33 @@ def set_mode(pair):
     report(rank, results)
 
 
+def save0_mode(outdir, then):
+    """Save on rank 0 alone with sharding: every rank must fail at once, rank 0 naming the fix."""
+    rank = hvd.rank()
+    path = Path(outdir) / "rank0.keras"
+    model = make_model()
+    model.compile(
+        optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), sharding="gradients"),
+        loss="mse",
+    )
+    x, y = data(rank)
+    try:
+        if then == "callback":
+            callbacks = [keras.callbacks.ModelCheckpoint(path)] if rank == 0 else []
+            model.fit(
+                x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=callbacks
+            )
+        else:
+            model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+            if rank == 0:
+                model.save(path)
+            hvd.shutdown()
+    except Exception as err:
+        report(rank, {"error": type(err).__name__, "message": str(err)})
+        raise
+    report(rank, {"error": None})
+
+
 def load_mode(outdir):
     rank = hvd.rank()
     results = {}
@@ -254,6 +287,8 @@ if __name__ == "__main__":
         set_mode(pair)
     elif mode == "train":
         train_mode(outdir, only)
+    elif mode == "save0":
+        save0_mode(outdir, only[0])
     elif mode == "differ":
         differ_mode()
     else:
