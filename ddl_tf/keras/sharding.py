@@ -13,9 +13,12 @@ rank holds the whole model again (Rajbhandari et al., "ZeRO", 2020):
   Each rank keeps about ``1/N`` of the optimizer state.
 - ``sharding="gradients"`` (ZeRO-2): the gradients are reduce-scattered
   instead: rank ``r`` receives the reduced gradients of its own variables
-  only (one fused reduce-scatter after the backward pass), so the reduced
-  gradients of other ranks' variables never exist on it. The bytes on the
-  wire are those of one allreduce (a reduce-scatter and an allgather).
+  only, so the reduced gradients of other ranks' variables never exist on
+  it. Inside a graph the reduce-scatters run in buckets, in the order
+  backprop produces the gradients, overlapping the backward pass as the
+  allreduce's buckets do (each bucket balanced between its owners:
+  :func:`balanced_buckets`); eagerly, one fused reduce-scatter. The bytes on
+  the wire are those of one allreduce (a reduce-scatter and an allgather).
 
 Ownership is by whole variable (largest first onto the least-loaded rank,
 the same on every rank), so any Keras optimizer shards, element-wise or
@@ -68,6 +71,7 @@ from ddl_tf.errors import CollectiveMismatchError, ConfigError, StallError
 from ddl_tf.keras.gradient_reducer import GradientReducer, variable_key, variables_of_apply
 from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.allreduce_ops import reduce_tensors
+from ddl_tf.tensorflow.overlap import Bucketing, production_order, resolve
 from ddl_tf.tensorflow.reducescatter_ops import scatter_tensors
 
 __all__ = [
@@ -361,23 +365,33 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
         self._with_gradient = {p for p, g in by_position.items() if g is not None}
         out: list = [None] * len(variables)
         slot_of = {p: k for k, p in enumerate(positions)}
-        for dtype in sorted(set(plan.dtypes)):
-            rows = []
-            width = max(sum(plan.sizes[i] for i in plan.of(r, dtype)) for r in range(plan.size))
-            if width == 0:
+        bucketing = reducer.bucketing
+        if overlap is not None and overlap != bucketing.overlap:
+            bucketing = resolve(overlap, bucketing.bucket_bytes)
+        name = f"{reducer.name}_reducescatter"
+        for label, members in scatter_groups(plan, by_position, bucketing, name):
+            tensors, segments = [], []
+            for dtype in sorted({plan.dtypes[i] for i in members}):
+                rows = [
+                    [i for i in members if plan.owners[i] == r and plan.dtypes[i] == dtype]
+                    for r in range(plan.size)
+                ]
+                width = max(sum(plan.sizes[i] for i in row) for row in rows)
+                if width == 0:
+                    continue
+                parts = [[_flat(by_position.get(i), self._all[i]) for i in row] for row in rows]
+                tensors.append(tf.stack([_padded(p, width, dtype) for p in parts]))
+                segments.append(rows[plan.rank])
+            if not tensors:
                 continue
-            for r in range(plan.size):
-                parts = [_flat(by_position.get(i), self._all[i]) for i in plan.of(r, dtype)]
-                rows.append(_padded(parts, width, dtype))
-            mine = scatter_tensors(
-                engine, [tf.stack(rows)], reducer.spec, f"{reducer.name}_reducescatter_{dtype}"
-            )[0]
-            start = 0
-            for i in plan.of(plan.rank, dtype):
-                n = plan.sizes[i]
-                if i in slot_of:
-                    out[slot_of[i]] = tf.reshape(mine[0, start : start + n], self._all[i].shape)
-                start += n
+            received = scatter_tensors(engine, tensors, reducer.spec, label)
+            for segment, mine in zip(segments, received, strict=True):
+                start = 0
+                for i in segment:
+                    n = plan.sizes[i]
+                    if i in slot_of:
+                        out[slot_of[i]] = tf.reshape(mine[0, start : start + n], self._all[i].shape)
+                    start += n
         return out
 
     def apply(self, grads, trainable_variables=None) -> None:
@@ -710,6 +724,92 @@ def agree_finite(finite, process_set: ProcessSet | None):
     spec = ReduceSpec.of(ReduceOp.MIN)
     lowest = reduce_tensors(engine, [flag], spec, "ddl_sharded_finite")[0]
     return ops.greater(lowest[0], 0.5)
+
+
+def scatter_groups(
+    plan: ShardPlan, by_position: dict, bucketing: Bucketing, name: str
+) -> list[tuple[str, list[int]]]:
+    """The variables (plan indices) of each ZeRO-2 reduce-scatter, in the order to issue them.
+
+    Inside a graph with overlap on, the gradients are cut into buckets of at
+    least ``bucketing.bucket_bytes`` in the order backprop produces them
+    (:func:`~ddl_tf.tensorflow.overlap.production_order`, the same on every
+    rank), as the allreduce's buckets are, each balanced between the owners
+    (:func:`balanced_buckets`): each bucket's reduce-scatter then depends on
+    its own gradients only and starts while backprop goes on.
+    Eagerly, or with overlap off, one group holds every variable (one
+    reduce-scatter after the backward pass). A variable without a gradient
+    (the same on every rank) is in no group: its owner gets None and leaves
+    it alone, as replicated training does.
+
+    Args:
+        plan: The owner plan.
+        by_position: Each variable's gradient (or None) by plan index.
+        bucketing: The reducer's bucketing (overlap, bucket size).
+        name: The collectives' base name; bucket ``k`` is ``f"{name}_b{k}"``.
+
+    Returns:
+        ``(collective name, plan indices)`` per reduce-scatter.
+    """
+    present = [i for i in range(len(plan.sizes)) if by_position.get(i) is not None]
+    if not present:
+        return []
+    if not bucketing.overlap or tf.executing_eagerly():
+        return [(name, present)]
+    order = production_order([by_position[i] for i in present])
+    nbytes = [plan.sizes[i] * np.dtype(plan.dtypes[i]).itemsize for i in present]
+    owners = [plan.owners[i] for i in present]
+    buckets = balanced_buckets(order, nbytes, owners, plan.size, bucketing.bucket_bytes)
+    return [(f"{name}_b{k}", sorted(present[j] for j in b)) for k, b in enumerate(buckets)]
+
+
+def balanced_buckets(
+    order: list[int],
+    nbytes: list[int],
+    owners: list[int],
+    size: int,
+    bucket_bytes: int,
+    waste: float = 0.125,
+) -> list[list[int]]:
+    """Cut gradients, in production order, into buckets whose owners' segments are about equal.
+
+    A bucket's reduce-scatter sends ``size`` rows as wide as its largest
+    owner's segment, so a bucket that one rank owns alone would send ``size``
+    times its bytes. A bucket therefore closes once it holds ``bucket_bytes``
+    *and* its padding is at most ``waste`` of its bytes; whole variables of
+    one size, dealt to the ranks in turn, close after one per rank. The last
+    bucket takes what is left (at worst, everything: one fused reduce-scatter).
+
+    Args:
+        order: Gradient indices, earliest produced first.
+        nbytes: Bytes of each gradient.
+        owners: The owning rank of each gradient.
+        size: The number of ranks.
+        bucket_bytes: Least bytes of a bucket (0: as soon as it is balanced).
+        waste: Largest share of padding in a closed bucket.
+
+    Returns:
+        The buckets (gradient indices, in ``order``), in the order to issue them.
+
+    Example:
+        >>> balanced_buckets([0, 1, 2, 3], [40, 40, 40, 40], [0, 1, 1, 0], 2, 16)
+        [[0, 1], [2, 3]]
+        >>> balanced_buckets([0, 1, 2, 3], [40, 40, 40, 40], [0, 0, 1, 1], 2, 16)
+        [[0, 1, 2, 3]]
+    """
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    load = [0] * size
+    for i in order:
+        current.append(i)
+        load[owners[i]] += nbytes[i]
+        total = sum(load)
+        if total >= bucket_bytes and size * max(load) - total <= waste * total:
+            buckets.append(current)
+            current, load = [], [0] * size
+    if current:
+        buckets.append(current)
+    return buckets
 
 
 def _slot_key(variable: Any) -> str:

@@ -119,3 +119,32 @@ def test_variable_lists_that_differ_between_ranks_are_named_by_their_first_diffe
     )
     half = [(path, shape, "float16") for path, shape, _ in a]
     assert first_difference([a, half]).startswith(f"variable #0 is {a[0][0]!r} float32")
+
+
+class _WithUnused(keras.layers.Layer):
+    """A Dense whose second kernel gets no gradient (a branch the loss does not use)."""
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], 2), initializer="ones")
+        self.unused = self.add_weight(shape=(3,), initializer="ones")
+
+    def call(self, x):
+        return x @ self.kernel
+
+
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+def test_a_variable_without_gradient_is_left_alone_as_keras_leaves_it(ddl, sharding):
+    x, y = _data()
+    weights = {}
+    for label, wrap in (("plain", lambda o: o), ("sharded", None)):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((6,)), _WithUnused()])
+        optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+        if wrap is None:
+            optimizer = hvd.DistributedOptimizer(optimizer, sharding=sharding)
+        model.compile(optimizer=optimizer, loss="mse")
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+        weights[label] = model.get_weights()
+    np.testing.assert_array_equal(weights["plain"][1], np.ones(3, "float32"))
+    for a, b in zip(weights["plain"], weights["sharded"], strict=True):
+        np.testing.assert_array_equal(a, b)

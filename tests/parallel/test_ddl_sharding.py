@@ -28,6 +28,10 @@ def test_sharded_training_equals_replicated_and_its_checkpoint_loads_on_other_ra
         shares = [r[f"bytes_{sharding}"] / r["bytes_replicated"] for r in (rank0, rank1)]
         assert sum(shares) == pytest.approx(1.0) and max(shares) < 0.55, shares
     assert rank0["clip_changes_training"], "the clip norm was too loose to test anything"
+    # ZeRO-2 in buckets: one reduce-scatter per bucket, still bit for bit
+    assert rank0["buckets_scatters_per_step"] >= 2, rank0["buckets_scatters_per_step"]
+    assert rank0["buckets_weights"] and rank0["buckets_state"], rank0
+    assert rank1["buckets_weights"] and rank1["buckets_state"], rank1
     for label in ("clip", "fp16", "mixed"):
         for sharding in ("optimizer", "gradients"):
             assert rank0[f"{label}_{sharding}"] and rank1[f"{label}_{sharding}"], label

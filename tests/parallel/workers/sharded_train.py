@@ -67,6 +67,13 @@ def make_model(wider=0, deeper=False):
     )
 
 
+def make_stack():
+    """Five equal hidden layers: whole variables of one size, dealt to the ranks in turn."""
+    keras.utils.set_random_seed(0)
+    hidden = [keras.layers.Dense(16, activation="tanh") for _ in range(5)]
+    return keras.Sequential([keras.Input((FEATURES,)), *hidden, keras.layers.Dense(1)])
+
+
 def data(rank):
     rng = np.random.default_rng(10 + rank)
     x = rng.normal(size=(BATCH * STEPS, FEATURES)).astype("float32")
@@ -131,6 +138,20 @@ def train_mode(outdir, only=None):
     if only:  # the quick run: sharded against replicated only
         report(rank, results)
         return
+
+    # ZeRO-2 in buckets of >= 1 KiB balanced between the owners: equal layers, several buckets
+    replicated = train(keras.optimizers.Adam(0.01), rank, model=make_stack())
+    hvd.collective_stats(reset=True)
+    sharded = train(
+        keras.optimizers.Adam(0.01),
+        rank,
+        model=make_stack(),
+        sharding="gradients",
+        bucket_bytes=1024,
+    )
+    results["buckets_scatters_per_step"] = hvd.collective_stats()["reducescatter"]["calls"] / STEPS
+    results["buckets_weights"] = same(replicated.get_weights(), sharded.get_weights())
+    results["buckets_state"] = same(state_of(replicated.optimizer), state_of(sharded.optimizer))
 
     # global_clipnorm: the norm of every variable's reduced gradient, not of this rank's
     clipped = lambda: keras.optimizers.AdamW(0.05, global_clipnorm=0.05)  # noqa: E731
