@@ -192,8 +192,25 @@ class LMSConfig:
     this are drawn in their layer rather than all as the step starts.
     ``None`` (the default) changes nothing."""
 
+    offload_optimizer: bool = False
+    """Keep the optimizer's state (slots, ``iterations``) on ``host_device`` and
+    run its update there (:class:`tflms.keras.OffloadedOptimizer`): each
+    gradient goes to the host as backprop produces it and each updated weight
+    comes back. ``LMSCallback`` moves a compiled model's optimizer there when
+    ``fit`` starts; wrap the optimizer yourself before ``compile`` when its
+    state does not fit the device even once (``fit`` builds it there first).
+    In custom loops use ``OffloadedOptimizer`` directly: a traced function
+    cannot move an optimizer."""
+
     def __post_init__(self) -> None:
         check_device_string("host_device", self.host_device, owner="LMSConfig.")
+        if not isinstance(self.offload_optimizer, bool):
+            raise _fail(
+                "offload_optimizer",
+                self.offload_optimizer,
+                "True or False",
+                "True keeps the optimizer's state on host_device.",
+            )
         if self.device is not None:
             check_device_string("device", self.device, owner="LMSConfig.")
             if same_device(self.device, self.host_device):

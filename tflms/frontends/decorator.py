@@ -127,6 +127,13 @@ class LMSFunction(polymorphic_function.Function):
         state = _state_of(python_function)
         if state is None:  # a new LMS function (not TensorFlow binding one to an instance)
             state = _LMSState(resolve_config(config, {}))
+            if state.config.offload_optimizer:
+                raise ConfigError(
+                    "tflms.function cannot move an optimizer (it only sees the traced graph), "
+                    "so LMSConfig(offload_optimizer=True) means nothing here. Create the "
+                    "optimizer as tflms.keras.OffloadedOptimizer(keras.optimizers.AdamW(...)) "
+                    "in your loop instead; the plan then sees its state on the host."
+                )
             python_function = state.wrap(python_function)
         self._lms_state = state
         super().__init__(python_function, name, **function_kwargs)

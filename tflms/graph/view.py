@@ -58,7 +58,7 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError, UnsupportedGraphError
 from tflms.graph import cudnn_rnn, loops
 from tflms.graph.graph_def import graph_from_function_def
-from tflms.utils.devices import DeviceMatcher, default_compute_type
+from tflms.utils.devices import DeviceMatcher, canonical, default_compute_type
 from tflms.utils.gc_pause import gc_paused
 
 __all__ = [
@@ -204,6 +204,29 @@ def build_view(
         return _build(graph, config, batch_size, batch_source)
 
 
+def _captured_devices(graph: tf.Graph) -> dict[str, str]:
+    """The device of each variable a function graph captures, by its placeholder's name.
+
+    A traced step reads variables through placeholders with no device of
+    their own; the variable lives where its handle was made (an optimizer
+    built on the host keeps its slots there, :mod:`tflms.keras.offload`).
+    """
+    devices = {}
+    for external, internal in getattr(graph, "captures", ()):
+        if internal.dtype == tf.resource and getattr(external, "device", ""):
+            devices[internal.op.name] = external.device
+    if len({canonical(d) for d in devices.values()}) < 2:
+        return {}  # one device holds every variable (a CPU-only run): they are the step's
+    return devices
+
+
+def _placement(matcher: DeviceMatcher, device: str, captured: str | None) -> str:
+    """An op's placement; a captured variable's is its handle's when that is the host."""
+    if captured is not None and matcher.placement(captured) == "host":
+        return "host"
+    return matcher.placement(device)
+
+
 def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.DiGraph:
     matcher = DeviceMatcher(compute=config.device, host=config.host_device)
     ops = graph.get_operations()
@@ -222,6 +245,7 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
     view = nx.DiGraph(name=getattr(graph, "name", "graph"))
     unknown_dims: list[str] = []
     unsized_batch: list[str] = []
+    captured = _captured_devices(graph)
     control_flow_ops: list[str] = []
     edges: dict[tuple[str, str], dict] = {}
     for op, node_def in zip(ops, node_defs, strict=True):
@@ -237,7 +261,7 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
             name,
             type=node_def.op,
             device=node_def.device,
-            placement=matcher.placement(node_def.device),
+            placement=_placement(matcher, node_def.device, captured.get(name)),
             outputs=outputs,
             control_flow=in_cf,
             functions=_called_functions(node_def) if node_def.op in _CALLS_FUNCTIONS else (),

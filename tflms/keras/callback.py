@@ -32,6 +32,7 @@ from tflms.frontends.fit_report import FitReport, fit_report, visible_gpu_preset
 from tflms.frontends.lms import LMS, resolve_config
 from tflms.graph.view import resolve_batch
 from tflms.keras.compat import check_keras_version, running_fit
+from tflms.keras.offload import check_host, is_offloaded, offload_state
 from tflms.keras.session import FitSession, check_xla, fit_batch_size, leading_dim
 from tflms.plan.swap_plan import SwapPlan
 
@@ -349,6 +350,8 @@ class LMSCallback(keras.callbacks.Callback):
         self.traces = []
         self.fit_reports = []
         check_keras_version()
+        if self.config.offload_optimizer:
+            self._offload(model)
         fit = running_fit(model)
         # the batch rule; fit's batch is looked up (it may peek at the data) only when needed
         self.batch_size, self.batch_source = resolve_batch(self.config) or fit_batch_size(fit)
@@ -389,6 +392,22 @@ class LMSCallback(keras.callbacks.Callback):
             )
 
     # -------------------------------------------------------------- internals
+    def _offload(self, model) -> None:
+        """Put the optimizer's state on the host device (``offload_optimizer=True``)."""
+        host = self.config.host_device
+        if is_offloaded(model.optimizer):
+            offloaded = offload_state(model, host)  # the one already there
+            check_host(offloaded, host)
+            return
+        offload_state(model, host)
+        logger.warning(
+            "LMSCallback moved the optimizer's state to %s. fit had built it on the device "
+            "first, so it had to fit there once; to never put it there, compile with "
+            "optimizer=tflms.keras.OffloadedOptimizer(your_optimizer, host_device=%r).",
+            host,
+            host,
+        )
+
     def _add_trace(self, trace: Trace) -> None:
         self.traces.append(trace)
         if self.config.memory_budget is None and trace.view is not None:

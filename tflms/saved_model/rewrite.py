@@ -215,6 +215,12 @@ def analyze_model(
         PlanInfeasibleError: with ``memory_budget``, no plan fits.
     """
     config = config or LMSConfig()
+    if config.offload_optimizer:
+        raise ConfigError(
+            "offload_optimizer=True moves a training optimizer's state; a SavedModel's "
+            "signatures have no optimizer to move. Drop --offload-optimizer here, or train "
+            "with LMSCallback(offload_optimizer=True)."
+        )
     if config.max_op_bytes is not None:
         raise ConfigError(
             f"max_op_bytes={config.max_op_bytes} (the split of ops larger than a plan can hold) "

@@ -1,0 +1,144 @@
+"""Optimizer state on the host (``LMSConfig(offload_optimizer=True)``, ``OffloadedOptimizer``).
+
+The test stand-in for a GPU is a second logical CPU device (tests/harness.py):
+the weights live on the "device" (``CPU:1``), the optimizer state on the
+host (``CPU:0``). Both run the same CPU kernels, so training must be bit for
+bit that of plain training.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflms
+from tflms.errors import ConfigError
+from tflms.keras import OffloadedOptimizer, offload_state
+from tflms.utils.devices import same_device
+
+BATCH = 8
+
+
+def _model(devices, seed=3):
+    keras.utils.set_random_seed(seed)
+    with tf.device(devices.compute):  # the weights live on the device
+        model = keras.Sequential(
+            [
+                keras.Input((16,)),
+                keras.layers.Dense(64, activation="gelu"),
+                keras.layers.LayerNormalization(),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(4),
+            ]
+        )
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(BATCH * 6, 16)).astype("float32"), rng.normal(
+        size=(BATCH * 6, 4)
+    ).astype("float32")
+
+
+def _fit(model, devices, callbacks=()):
+    x, y = _data()
+    with tf.device(devices.compute):
+        model.fit(
+            x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=list(callbacks)
+        )
+
+
+def _slot_devices(optimizer):
+    return {v.value.device for v in optimizer.variables if len(v.shape)}
+
+
+def _same_weights(a, b):
+    return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: keras.optimizers.AdamW(0.01), lambda: keras.optimizers.RMSprop(0.01)]
+)
+def test_an_offloaded_optimizer_keeps_its_state_on_the_host_and_trains_bitwise(devices, make):
+    plain = _model(devices)
+    plain.compile(optimizer=make(), loss="mse")
+    _fit(plain, devices)
+    model = _model(devices)
+    model.compile(optimizer=OffloadedOptimizer(make(), host_device=devices.host), loss="mse")
+    _fit(model, devices)
+    assert _same_weights(plain, model)
+    assert all(same_device(d, devices.host) for d in _slot_devices(model.optimizer))
+    assert all(same_device(v.value.device, devices.compute) for v in model.trainable_variables)
+    assert int(model.optimizer.iterations.numpy()) == int(plain.optimizer.iterations.numpy()) == 12
+
+
+def test_lms_callback_moves_a_built_optimizer_to_the_host_and_the_plan_sees_it_gone(
+    devices, caplog
+):
+    plain = _model(devices)
+    plain.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    _fit(plain, devices)
+    options = dict(batch_size=BATCH, device=devices.compute, host_device=devices.host)
+    kept = tflms.LMSCallback(**options)
+    model = _model(devices)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    _fit(model, devices, [kept])
+    moved = tflms.LMSCallback(**options, offload_optimizer=True)
+    offloaded = _model(devices)
+    offloaded.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    with caplog.at_level("WARNING", logger="tflms"):
+        _fit(offloaded, devices, [moved])
+    assert "moved the optimizer's state" in caplog.text  # fit had built it on the device
+    assert isinstance(offloaded.optimizer, OffloadedOptimizer)
+    assert all(same_device(d, devices.host) for d in _slot_devices(offloaded.optimizer))
+    assert _same_weights(plain, offloaded) and _same_weights(plain, model)
+    # the simulator counts each variable where it lives: Adam's two slots per weight left
+    weights = sum(v.numpy().nbytes for v in offloaded.trainable_variables)
+    on_device = kept.simulate().variable_bytes
+    offloaded_on_device = moved.simulate().variable_bytes
+    assert on_device - offloaded_on_device >= 2 * weights
+    assert offloaded_on_device >= weights
+
+
+def test_mixed_precision_keeps_the_loss_scale_on_the_device_and_trains_bitwise(devices):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        plain = _model(devices)
+        plain.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        _fit(plain, devices)
+        model = _model(devices)
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        offload_state(model, devices.host)
+        _fit(model, devices)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(model.optimizer.inner_optimizer, OffloadedOptimizer)
+    assert _same_weights(plain, model)
+    assert float(model.optimizer.dynamic_scale.numpy()) == float(
+        plain.optimizer.dynamic_scale.numpy()
+    )
+
+
+def test_a_saved_offloaded_model_loads_with_its_state(devices, tmp_path):
+    model = _model(devices)
+    model.compile(optimizer=OffloadedOptimizer(keras.optimizers.AdamW(0.01)), loss="mse")
+    _fit(model, devices)
+    path = tmp_path / "offloaded.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded.optimizer, OffloadedOptimizer)
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_what_cannot_offload_is_refused_with_the_fix(devices):
+    built = keras.optimizers.Adam()
+    built.build([keras.Variable(np.zeros(2, "float32"))])
+    with pytest.raises(ConfigError, match="offload_state"):
+        OffloadedOptimizer(built)
+    with pytest.raises(ConfigError, match="OffloadedOptimizer"):
+        tflms.function(lambda: None, config=tflms.LMSConfig(offload_optimizer=True))
+    with pytest.raises(ConfigError, match="offload_optimizer must be True or False"):
+        tflms.LMSConfig(offload_optimizer="yes")

@@ -1,0 +1,293 @@
+"""Optimizer state on the host: ``OffloadedOptimizer`` keeps a Keras optimizer's slots there and updates there.
+
+With AdamW in float32 a parameter costs 16 resident bytes on the GPU:
+weight, gradient and two slots. Half of it is optimizer state that only the
+update reads. :class:`OffloadedOptimizer` wraps any Keras 3 optimizer, as
+ZeRO-Offload does for PyTorch:
+
+- its variables (slots, ``iterations``, ...) are created on ``host_device``;
+- its update runs there. Each gradient is copied to the host as backprop
+  produces it, since the update of a variable depends on that gradient
+  alone (TensorFlow's executor starts a copy as soon as its input exists, so
+  the copies overlap the rest of the backward pass). The updated weight is
+  written back into the device variable before the next step reads it.
+
+The device keeps the weights, the gradients and the activations. The
+simulator (:mod:`tflms.simulation`) counts a variable where it lives, so
+the plan and the summary see the state gone from the device.
+
+On a GPU the update runs CPU kernels, whose float rounding may differ from
+the GPU kernels' in the last bits; on this project's CPU test stand-in (two
+logical CPU devices) both runs use the same kernels and train bit for bit
+alike (``tests/tflms/test_offload.py``).
+
+Example:
+    >>> import keras
+    >>> from tflms.keras import OffloadedOptimizer
+    >>> opt = OffloadedOptimizer(keras.optimizers.Adam(0.1))
+    >>> w = keras.Variable([1.0, 2.0])
+    >>> opt.apply([keras.ops.convert_to_tensor([1.0, 1.0])], [w])
+    >>> [round(float(x), 3) for x in w.numpy()], opt.variables[2].value.device[-5:]
+    ([0.9, 1.9], 'CPU:0')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tflms.errors import ConfigError
+from tflms.utils.devices import check_device_string, same_device
+
+__all__ = ["OffloadedOptimizer", "offload_state", "is_offloaded"]
+
+DEFAULT_HOST = "/device:CPU:0"
+
+
+@keras.saving.register_keras_serializable(package="tflms", name="OffloadedOptimizer")
+class OffloadedOptimizer(keras.optimizers.Optimizer):
+    """Keep ``optimizer``'s variables on ``host_device`` and run its update there.
+
+    Args:
+        optimizer: The Keras optimizer doing the updates (not yet built: its
+            variables are made on the host when this one is built).
+        host_device: Where the optimizer's variables live and its update runs.
+        name: Optimizer name; defaults to ``"Offloaded" + inner class name``.
+
+    Raises:
+        ConfigError: ``optimizer`` is not a Keras 3 optimizer, is already built
+            (its variables exist on another device: use :func:`offload_state`),
+            or ``host_device`` is not a device string.
+    """
+
+    def __init__(
+        self,
+        optimizer: keras.optimizers.Optimizer,
+        host_device: str = DEFAULT_HOST,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ConfigError(
+                "OffloadedOptimizer wraps a Keras 3 optimizer. Received "
+                f"{type(optimizer).__name__}; pass e.g. keras.optimizers.AdamW(3e-4)."
+            )
+        if optimizer.built:
+            raise ConfigError(
+                f"OffloadedOptimizer got a built {type(optimizer).__name__}: its variables "
+                "already exist on the device it was built on. Wrap the optimizer before "
+                "compile/fit builds it, or move a built one with tflms.keras.offload_state(model)."
+            )
+        check_device_string("host_device", host_device, owner="OffloadedOptimizer.")
+        super().__init__(learning_rate=0.0, name=name or f"Offloaded{type(optimizer).__name__}")
+        self.inner_optimizer = optimizer
+        self.host_device = host_device
+
+    def build(self, var_list) -> None:
+        """Build the inner optimizer on ``host_device``.
+
+        Args:
+            var_list: The trainable variables the optimizer will update.
+        """
+        if not self.inner_optimizer.built:
+            host = self.host_device
+
+            def on_host(next_creator, **kwargs):
+                # Keras makes each slot next to its weight (colocate_with): not here
+                kwargs.pop("colocate_with", None)
+                with tf.device(host):
+                    return next_creator(**kwargs)
+
+            with tf.variable_creator_scope(on_host):
+                with keras.name_scope(self.inner_optimizer.name, caller=self.inner_optimizer):
+                    self.inner_optimizer.build(var_list)
+            self.inner_optimizer.built = True
+        super().build(var_list)
+
+    @property
+    def variables(self) -> list:
+        return self.inner_optimizer.variables
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value) -> None:
+        """Set the inner optimizer's learning rate.
+
+        Args:
+            value: A float, a schedule or a variable, as Keras accepts.
+        """
+        self.inner_optimizer.learning_rate = value
+
+    def scale_loss(self, loss):
+        """The loss as the inner optimizer scales it.
+
+        Args:
+            loss: The loss tensor.
+
+        Returns:
+            The scaled loss.
+        """
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list) -> None:
+        """Let the inner optimizer finalize the variables (e.g. EMA weights).
+
+        Args:
+            var_list: The model's trainable variables.
+        """
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def apply(self, grads, trainable_variables=None) -> None:
+        """Run the inner optimizer's update on the host (each weight is written back where it lives).
+
+        Args:
+            grads: One gradient per variable.
+            trainable_variables: The variables, in the same order; None: those
+                it was built with.
+        """
+        _build_once(self, trainable_variables)
+        with tf.device(self.host_device):
+            self.inner_optimizer.apply(grads, trainable_variables)
+
+    def save_own_variables(self, store) -> None:
+        """Nothing: Keras saves the inner optimizer's variables at its own path.
+
+        Args:
+            store: Keras's variable store.
+        """
+
+    def load_own_variables(self, store) -> None:
+        """Nothing: Keras loads the inner optimizer's variables at its own path.
+
+        Args:
+            store: Keras's variable store.
+        """
+
+    def get_config(self) -> dict:
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "host_device": self.host_device,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict, custom_objects=None) -> OffloadedOptimizer:
+        """Rebuild from :meth:`get_config` (a saved model is loaded).
+
+        Args:
+            config: The dictionary :meth:`get_config` returned.
+            custom_objects: Passed on to deserialize the inner optimizer.
+
+        Returns:
+            A new :class:`OffloadedOptimizer`.
+        """
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+
+def _build_once(optimizer: Any, variables: Any) -> None:
+    """Build ``optimizer`` on ``variables`` at its first ``apply``, as Keras's own ``apply`` does.
+
+    Raises:
+        ConfigError: It was never built and no variables are given.
+    """
+    if optimizer.built:
+        return
+    if variables is None:
+        raise ConfigError(
+            "OffloadedOptimizer.apply() got gradients without variables before it was "
+            "built. Pass the variables or call optimizer.build(variables) first."
+        )
+    with keras.name_scope(optimizer.name, caller=optimizer):
+        optimizer.build(list(variables))
+    optimizer.built = True
+
+
+def is_offloaded(optimizer: Any) -> bool:
+    """Whether ``optimizer`` (or the optimizer a loss-scale wrapper holds) keeps its state on the host."""
+    while optimizer is not None:
+        if isinstance(optimizer, OffloadedOptimizer):
+            return True
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return False
+
+
+def offload_state(model: keras.Model, host_device: str = DEFAULT_HOST) -> OffloadedOptimizer:
+    """Move a compiled model's optimizer state to ``host_device`` (the update runs there from now on).
+
+    The optimizer is replaced by an :class:`OffloadedOptimizer` around a
+    fresh copy of it (same class and settings), built on the host and given
+    the old one's values. Under ``mixed_float16`` the loss-scale optimizer
+    stays on the device and gets the offloaded one as its inner optimizer.
+    When Keras already built the state on the device (``fit`` builds it
+    before any callback runs), it had to fit there once: wrap the optimizer
+    in :class:`OffloadedOptimizer` before ``compile`` so that it never does.
+
+    Args:
+        model: A compiled Keras model.
+        host_device: Where the optimizer state goes.
+
+    Returns:
+        The new :class:`OffloadedOptimizer` (already in the model).
+
+    Raises:
+        ConfigError: The model has no optimizer, or its optimizer wraps
+            another one in a way this cannot see through.
+    """
+    holder, optimizer = model, getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise ConfigError(
+            "offload_state needs a compiled model; compile it with an optimizer first."
+        )
+    if is_offloaded(optimizer):
+        return _find_offloaded(optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        holder, optimizer = optimizer, optimizer.inner_optimizer
+    if hasattr(optimizer, "inner_optimizer"):
+        raise ConfigError(
+            f"offload_state cannot see inside {type(optimizer).__name__} (it wraps "
+            f"{type(optimizer.inner_optimizer).__name__}); wrap the innermost optimizer in "
+            "tflms.keras.OffloadedOptimizer before compile instead."
+        )
+    with tf.device(host_device):  # its step counter and learning rate too
+        fresh = type(optimizer).from_config(optimizer.get_config())
+    offloaded = OffloadedOptimizer(fresh, host_device=host_device)
+    if optimizer.built:
+        offloaded.build(model.trainable_variables)  # what fit built the old one with
+        for target, source in zip(offloaded.variables, optimizer.variables, strict=True):
+            target.assign(source)
+    if holder is model:
+        model.optimizer = offloaded
+    else:
+        holder.inner_optimizer = offloaded
+    return offloaded
+
+
+def _find_offloaded(optimizer: Any) -> OffloadedOptimizer:
+    while not isinstance(optimizer, OffloadedOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+def check_host(offloaded: OffloadedOptimizer, host_device: str) -> None:
+    """Refuse an optimizer offloaded to another device than the config's host.
+
+    Raises:
+        ConfigError: The devices differ.
+    """
+    if not same_device(offloaded.host_device, host_device):
+        raise ConfigError(
+            f"the optimizer's state lives on {offloaded.host_device}, but LMSConfig.host_device "
+            f"is {host_device}; give both the same host device."
+        )
