@@ -60,6 +60,7 @@ from ddl_tf.core.process_sets import (
     ProcessSet,
     add_process_set,
     global_process_set,
+    member_engine,
     remove_process_set,
 )
 from ddl_tf.errors import ConfigError
@@ -235,7 +236,8 @@ def save_model(model: keras.Model, filepath, **kwargs) -> None:
     ``DistributedOptimizer(sharding=...)`` the optimizer state lives in
     shards: every rank sends its shard and rank 0 writes the state in the
     replicated layout, which loads on any number of ranks, sharded or not,
-    and in one process. A ``model.save`` or ``ModelCheckpoint`` on rank 0
+    and in one process (sharded over a ``process_set``: the set's first rank
+    writes, and ranks outside the set write nothing). A ``model.save`` or ``ModelCheckpoint`` on rank 0
     alone would wait for shards the other ranks never send (the job stops
     with a collective mismatch or stall error naming the checkpoint).
 
@@ -246,7 +248,16 @@ def save_model(model: keras.Model, filepath, **kwargs) -> None:
     """
     optimizer = getattr(model, "optimizer", None)
     sharded = getattr(optimizer, "inner_optimizer", None)
-    if rank() == 0:
+    if not isinstance(sharded, ShardedOptimizer):
+        if rank() == 0:
+            model.save(filepath, **kwargs)
+        return
+    # the first rank of the ranks that share the state writes; a rank outside a
+    # process set trains alone and writes nothing
+    engine = member_engine(sharded.process_set)
+    if engine is None:
+        return
+    if engine.rank == 0:
         model.save(filepath, **kwargs)
-    elif isinstance(sharded, ShardedOptimizer):
-        sharded.gather_shards()  # the collective rank 0's save makes
+    else:
+        sharded.gather_shards()  # the collective the writer's save makes

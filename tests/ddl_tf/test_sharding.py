@@ -9,7 +9,7 @@ import pytest
 
 import ddl_tf.keras as hvd
 from ddl_tf.errors import ConfigError
-from ddl_tf.keras.sharding import ShardPlan, first_difference, variable_signature
+from ddl_tf.keras.shard_plan import ShardPlan, first_difference, variable_signature
 
 
 @pytest.fixture
