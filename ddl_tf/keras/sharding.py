@@ -147,8 +147,9 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
         self.sharding = sharding
         self.process_set = process_set
         # Keras would clip each rank's own variables by their own norm: clip here, globally
-        self.global_clipnorm_of_all = optimizer.global_clipnorm
-        optimizer.global_clipnorm = None
+        innermost = _innermost(optimizer)
+        self.global_clipnorm_of_all = innermost.global_clipnorm
+        innermost.global_clipnorm = None
         self.plan: ShardPlan | None = None
         self._all: list = []
         self._index: dict = {}
@@ -500,9 +501,8 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
     def get_config(self) -> dict:
         inner = self._shard.optimizer
         config = keras.saving.serialize_keras_object(inner)
-        if self.global_clipnorm_of_all:
-            config = dict(config)
-            config["config"] = {**config["config"], "global_clipnorm": self.global_clipnorm_of_all}
+        if self.global_clipnorm_of_all:  # back where the user set it, the innermost optimizer
+            config = _with_clipnorm(config, self.global_clipnorm_of_all)
         return {"name": self.name, "optimizer": config, "sharding": self.sharding}
 
     @classmethod
@@ -590,6 +590,23 @@ def _padded(parts: list, width: int, dtype: str) -> tf.Tensor:
     return tf.concat([*parts, tf.zeros([width - used], dtype)], 0)
 
 
+def _innermost(optimizer: Any) -> Any:
+    while hasattr(optimizer, "inner_optimizer"):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+def _with_clipnorm(config: dict, clipnorm: float) -> dict:
+    """A serialized optimizer with ``global_clipnorm`` set on its innermost optimizer."""
+    inner = config["config"].get("optimizer")
+    if isinstance(inner, dict) and "config" in inner:
+        return {
+            **config,
+            "config": {**config["config"], "optimizer": _with_clipnorm(inner, clipnorm)},
+        }
+    return {**config, "config": {**config["config"], "global_clipnorm": clipnorm}}
+
+
 def _refuse_unshardable(optimizer: Any) -> None:
     """Refuse the options whose meaning would change when each rank updates a part.
 
@@ -597,13 +614,22 @@ def _refuse_unshardable(optimizer: Any) -> None:
         ConfigError: ``use_ema``; ``global_clipnorm`` with gradient accumulation
             or ``loss_scale_factor``; a wrapped optimizer.
     """
-    if not isinstance(optimizer, keras.optimizers.Optimizer) or hasattr(
-        optimizer, "inner_optimizer"
-    ):
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ConfigError(
-            "sharding wraps a plain Keras optimizer (keras.optimizers.AdamW(...), ...). "
+            "sharding wraps a Keras optimizer (keras.optimizers.AdamW(...), ...). "
             f"Received {type(optimizer).__name__}."
         )
+    wrapper = optimizer
+    while hasattr(wrapper, "inner_optimizer"):
+        if not getattr(wrapper, "per_variable_update", False):
+            raise ConfigError(
+                f"sharding cannot wrap {type(wrapper).__name__}: it wraps another optimizer and "
+                "does not say that its update of a variable needs that variable's gradient "
+                "alone (per_variable_update = True, as tflms.keras.OffloadedOptimizer does). "
+                "Pass the plain optimizer, e.g. keras.optimizers.AdamW(...)."
+            )
+        wrapper = wrapper.inner_optimizer
+    optimizer = wrapper
     if getattr(optimizer, "use_ema", False):
         raise ConfigError(
             "DistributedOptimizer(sharding=...) does not support use_ema=True: each rank would "

@@ -148,3 +148,19 @@ def test_a_variable_without_gradient_is_left_alone_as_keras_leaves_it(ddl, shard
     np.testing.assert_array_equal(weights["plain"][1], np.ones(3, "float32"))
     for a, b in zip(weights["plain"], weights["sharded"], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_sharding_wraps_only_wrappers_that_update_each_variable_alone(ddl):
+    class Wrapping(keras.optimizers.Optimizer):
+        def __init__(self, inner):
+            super().__init__(learning_rate=0.0)
+            self.inner_optimizer = inner
+
+    with pytest.raises(ConfigError, match="per_variable_update"):
+        hvd.DistributedOptimizer(Wrapping(keras.optimizers.SGD()), sharding="optimizer")
+    from tflms.keras import OffloadedOptimizer
+
+    clipped = OffloadedOptimizer(keras.optimizers.AdamW(global_clipnorm=1.0))
+    sharded = hvd.DistributedOptimizer(clipped, sharding="gradients")
+    config = sharded.get_config()["optimizer"]["config"]["optimizer"]["config"]
+    assert config["global_clipnorm"] == 1.0  # saved where the user set it

@@ -112,3 +112,14 @@ def test_a_save_on_rank_0_alone_fails_at_once_naming_hvd_save_model(mpirun, tmp_
         "'ShardedAdam_checkpoint (a sharded save: hvd.save_model(model, path) on every rank)'"
         in seen
     ), seen
+
+
+def test_sharding_and_offload_together_keep_each_ranks_share_on_its_host(mpirun, tmp_path):
+    result = mpirun(WORKER, np=2, args=("offload", tmp_path), timeout=180).check()
+    rank0, rank1 = result.rank_outputs
+    for sharding in ("optimizer", "gradients"):
+        for out in (rank0, rank1):  # with global_clipnorm, bit for bit as replicated
+            assert out[f"{sharding}_weights"] and out[f"{sharding}_state"], (sharding, out)
+            assert out[f"{sharding}_slots_on_host"] and out[f"{sharding}_weights_on_device"]
+        shares = [rank0[f"{sharding}_share"], rank1[f"{sharding}_share"]]
+        assert sum(shares) == pytest.approx(1.0) and max(shares) < 0.6, shares

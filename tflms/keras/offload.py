@@ -62,6 +62,10 @@ class OffloadedOptimizer(keras.optimizers.Optimizer):
             or ``host_device`` is not a device string.
     """
 
+    per_variable_update = True
+    """Its update of a variable needs that variable's gradient alone (what
+    ``ddl_tf``'s sharding asks of an optimizer it shards)."""
+
     def __init__(
         self,
         optimizer: keras.optimizers.Optimizer,

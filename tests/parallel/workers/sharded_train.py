@@ -34,6 +34,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import ddl_tf.keras as hvd
 from ddl_tf.errors import ConfigError
@@ -300,8 +301,47 @@ def load_mode(outdir):
     report(rank, results)
 
 
+def offload_mode():
+    """Sharding and offload together: each rank's share of the state on its host device.
+
+    Two logical CPU devices per rank stand in for a GPU (``CPU:1``, the
+    weights) and its host (``CPU:0``, this rank's share of AdamW's slots).
+    """
+    from tflms.keras import OffloadedOptimizer
+
+    rank = hvd.rank()
+    results = {}
+    clipped = lambda: keras.optimizers.AdamW(0.01, global_clipnorm=0.05)  # noqa: E731
+    with tf.device("/device:CPU:1"):
+        replicated = train(clipped(), rank, model=make_model())
+        for sharding in ("optimizer", "gradients"):
+            offloaded = OffloadedOptimizer(clipped(), host_device="/device:CPU:0")
+            model = train(offloaded, rank, model=make_model(), sharding=sharding)
+            shard = model.optimizer.inner_optimizer.shard_optimizer()
+            slots = [v for v in shard.variables if len(v.shape)]
+            results[f"{sharding}_weights"] = same(replicated.get_weights(), model.get_weights())
+            results[f"{sharding}_state"] = same(
+                state_of(replicated.optimizer), state_of(model.optimizer)
+            )
+            results[f"{sharding}_slots_on_host"] = all(
+                v.value.device.endswith("CPU:0") for v in slots
+            )
+            results[f"{sharding}_weights_on_device"] = all(
+                v.value.device.endswith("CPU:1") for v in model.trainable_variables
+            )
+            results[f"{sharding}_share"] = state_bytes(model.optimizer) / state_bytes(
+                replicated.optimizer
+            )
+    report(rank, results)
+
+
 if __name__ == "__main__":
     mode, outdir, only = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if mode == "offload":  # a device and its host: two logical CPUs, before TensorFlow starts
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+        )
     pair = hvd.ProcessSet([0, 1])
     hvd.init(process_sets=[pair] if mode == "set" else None)
     if mode == "set":
@@ -312,6 +352,8 @@ if __name__ == "__main__":
         save0_mode(outdir, only[0])
     elif mode == "differ":
         differ_mode()
+    elif mode == "offload":
+        offload_mode()
     else:
         load_mode(outdir)
     hvd.shutdown()
