@@ -142,3 +142,34 @@ def test_what_cannot_offload_is_refused_with_the_fix(devices):
         tflms.function(lambda: None, config=tflms.LMSConfig(offload_optimizer=True))
     with pytest.raises(ConfigError, match="offload_optimizer must be True or False"):
         tflms.LMSConfig(offload_optimizer="yes")
+
+
+def test_lms_callback_offloads_under_ddl_tfs_distributed_optimizer(devices):
+    import ddl_tf.keras as hvd
+
+    hvd.init()
+    try:
+        plain = _model(devices)
+        plain.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+        _fit(plain, devices)
+        model = _model(devices)
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+        callback = tflms.LMSCallback(
+            batch_size=BATCH,
+            device=devices.compute,
+            host_device=devices.host,
+            offload_optimizer=True,
+        )
+        _fit(model, devices, [callback])
+        assert isinstance(model.optimizer, hvd.DistributedOptimizer)  # it still reduces
+        assert isinstance(model.optimizer.inner_optimizer, OffloadedOptimizer)
+        assert _same_weights(plain, model)
+        sharded = _model(devices)
+        sharded.compile(
+            optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), sharding="optimizer"),
+            loss="mse",
+        )
+        with pytest.raises(ConfigError, match="sharded across ranks"):
+            _fit(sharded, devices, [callback])
+    finally:
+        hvd.shutdown()

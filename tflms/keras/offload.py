@@ -218,25 +218,36 @@ def _build_once(optimizer: Any, variables: Any) -> None:
     optimizer.built = True
 
 
+def _inner(optimizer: Any) -> Any:
+    """The optimizer ``optimizer`` wraps (a loss-scale, distributed or sharded wrapper), or None."""
+    if hasattr(optimizer, "shard_optimizer"):  # ddl_tf's sharding keeps it out of Keras's walk
+        return optimizer.shard_optimizer()
+    return getattr(optimizer, "inner_optimizer", None)
+
+
 def is_offloaded(optimizer: Any) -> bool:
-    """Whether ``optimizer`` (or the optimizer a loss-scale wrapper holds) keeps its state on the host."""
-    while optimizer is not None:
-        if isinstance(optimizer, OffloadedOptimizer):
-            return True
-        optimizer = getattr(optimizer, "inner_optimizer", None)
-    return False
+    """Whether ``optimizer``, or one it wraps (loss scale, ddl_tf), keeps its state on the host."""
+    return _find_offloaded(optimizer) is not None
+
+
+def _find_offloaded(optimizer: Any) -> OffloadedOptimizer | None:
+    while optimizer is not None and not isinstance(optimizer, OffloadedOptimizer):
+        optimizer = _inner(optimizer)
+    return optimizer
 
 
 def offload_state(model: keras.Model, host_device: str = DEFAULT_HOST) -> OffloadedOptimizer:
     """Move a compiled model's optimizer state to ``host_device`` (the update runs there from now on).
 
-    The optimizer is replaced by an :class:`OffloadedOptimizer` around a
-    fresh copy of it (same class and settings), built on the host and given
-    the old one's values. Under ``mixed_float16`` the loss-scale optimizer
-    stays on the device and gets the offloaded one as its inner optimizer.
-    When Keras already built the state on the device (``fit`` builds it
-    before any callback runs), it had to fit there once: wrap the optimizer
-    in :class:`OffloadedOptimizer` before ``compile`` so that it never does.
+    The innermost optimizer (the one with the state) is replaced by an
+    :class:`OffloadedOptimizer` around a fresh copy of it (same class and
+    settings), built on the host and given the old one's values. Wrappers
+    stay where they are, on the device: under ``mixed_float16`` the
+    loss-scale optimizer, and ddl_tf's ``DistributedOptimizer``, which then
+    reduces the gradients before the host update. When Keras already built
+    the state on the device (``fit`` builds it before any callback runs), it
+    had to fit there once: wrap the optimizer in :class:`OffloadedOptimizer`
+    before ``compile`` so that it never does.
 
     Args:
         model: A compiled Keras model.
@@ -246,24 +257,26 @@ def offload_state(model: keras.Model, host_device: str = DEFAULT_HOST) -> Offloa
         The new :class:`OffloadedOptimizer` (already in the model).
 
     Raises:
-        ConfigError: The model has no optimizer, or its optimizer wraps
-            another one in a way this cannot see through.
+        ConfigError: The model has no optimizer, or its state is sharded
+            across ranks (``DistributedOptimizer(sharding=...)``: wrap the
+            optimizer in :class:`OffloadedOptimizer` before sharding it).
     """
     holder, optimizer = model, getattr(model, "optimizer", None)
     if optimizer is None:
         raise ConfigError(
             "offload_state needs a compiled model; compile it with an optimizer first."
         )
-    if is_offloaded(optimizer):
-        return _find_offloaded(optimizer)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    found = _find_offloaded(optimizer)
+    if found is not None:
+        return found
+    while hasattr(optimizer, "inner_optimizer") or hasattr(optimizer, "shard_optimizer"):
+        if hasattr(optimizer, "shard_optimizer"):
+            raise ConfigError(
+                "the optimizer's state is sharded across ranks (DistributedOptimizer(sharding="
+                "...)), so it cannot be moved whole. Wrap the optimizer before sharding it: "
+                "hvd.DistributedOptimizer(tflms.keras.OffloadedOptimizer(opt), sharding=...)."
+            )
         holder, optimizer = optimizer, optimizer.inner_optimizer
-    if hasattr(optimizer, "inner_optimizer"):
-        raise ConfigError(
-            f"offload_state cannot see inside {type(optimizer).__name__} (it wraps "
-            f"{type(optimizer.inner_optimizer).__name__}); wrap the innermost optimizer in "
-            "tflms.keras.OffloadedOptimizer before compile instead."
-        )
     with tf.device(host_device):  # its step counter and learning rate too
         fresh = type(optimizer).from_config(optimizer.get_config())
     offloaded = OffloadedOptimizer(fresh, host_device=host_device)
@@ -276,12 +289,6 @@ def offload_state(model: keras.Model, host_device: str = DEFAULT_HOST) -> Offloa
     else:
         holder.inner_optimizer = offloaded
     return offloaded
-
-
-def _find_offloaded(optimizer: Any) -> OffloadedOptimizer:
-    while not isinstance(optimizer, OffloadedOptimizer):
-        optimizer = optimizer.inner_optimizer
-    return optimizer
 
 
 def check_host(offloaded: OffloadedOptimizer, host_device: str) -> None:
