@@ -173,3 +173,31 @@ def test_lms_callback_offloads_under_ddl_tfs_distributed_optimizer(devices):
             _fit(sharded, devices, [callback])
     finally:
         hvd.shutdown()
+
+
+def test_the_simulator_times_the_gradients_crossing_to_the_host_update(devices):
+    model = _model(devices)
+    model.compile(
+        optimizer=OffloadedOptimizer(keras.optimizers.Adam(0.01), host_device=devices.host),
+        loss="mse",
+    )
+    callback = tflms.LMSCallback(
+        batch_size=BATCH,
+        device=devices.compute,
+        host_device=devices.host,
+        swap=False,
+        recompute=True,
+    )
+    _fit(model, devices, [callback])
+    from tflms.simulation.schedule import compile_view, relinked
+
+    slow = compile_view(callback.view, device="V100-16GB", link="pcie3")
+    fast = compile_view(callback.view, device="V100-16GB", link="nvlink2")
+    crossing = [i for i, b in enumerate(slow.crossing) if b]
+    weights = sum(v.numpy().nbytes for v in model.trainable_variables)
+    # every gradient goes to the host once, and every updated weight comes back
+    assert sum(slow.crossing) >= 2 * weights
+    assert {slow.lanes[i] for i in crossing} <= {"host", "compute"}
+    assert sum(slow.durations[i] for i in crossing) > sum(fast.durations[i] for i in crossing)
+    again = relinked(slow, callback.view, "nvlink2")  # what the plan simulator reuses
+    assert again.durations == pytest.approx(fast.durations, rel=1e-12)

@@ -103,6 +103,10 @@ class CompiledGraph:
         device, link: the models used for the durations.
         scratch: bytes each op holds while it runs besides its outputs (a
             loop's iterations in flight, :mod:`tflms.graph.loops`).
+        crossing: bytes each op (not a copy) reads from the other memory
+            space, host or device: TensorFlow copies them over the link
+            before the op runs (an optimizer's update on the host reads each
+            gradient so, :mod:`tflms.keras.offload`); timed into the op.
         derived: values computed once from the ops, their outputs and data
             edges (not the timing or the control edges), by :meth:`derive`:
             shared by :func:`relinked` copies, which change only times.
@@ -123,6 +127,7 @@ class CompiledGraph:
     device: DeviceModel
     link: LinkModel
     scratch: list = field(default_factory=list)
+    crossing: list = field(default_factory=list)
     derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -257,6 +262,7 @@ def compile_view(
     copy: list = [None] * n
     durations = [0.0] * n
     flops = [0.0] * n
+    crossing = [0] * n
     for i, node in enumerate(nodes):
         kind = _copy_kind(node, inputs[i], spaces) if node["type"] == "Identity" else None
         if kind is not None:
@@ -274,6 +280,12 @@ def compile_view(
         durations[i], flops[i] = _op_time(node, nodes, inputs[i], lanes[i], device, link)
         if costs is not None and key is not None:
             costs[key] = (durations[i], flops[i])
+    for i in range(n):
+        space = spaces[i]
+        if copy[i] is None and space is not None:
+            crossing[i] = _crossing_bytes(inputs[i], space, spaces, outputs)
+            if crossing[i]:
+                durations[i] += link.seconds(crossing[i])
     return CompiledGraph(
         names=names,
         types=[node["type"] for node in nodes],
@@ -290,7 +302,21 @@ def compile_view(
         device=device,
         link=link,
         scratch=[node["loop"].scratch_bytes if "loop" in node else 0 for node in nodes],
+        crossing=crossing,
     )
+
+
+def _crossing_bytes(inputs_of_op, space: str, spaces, outputs) -> int:
+    """Bytes an op reads from the other memory space (data, not variable handles)."""
+    total = 0
+    for p, k, _ in inputs_of_op:
+        source = spaces[p]
+        if source is None or source == space or k >= len(outputs[p]):
+            continue
+        tensor = outputs[p][k]
+        if tensor.dtype != "resource":
+            total += tensor.bytes
+    return total
 
 
 def _op_time(node: dict, nodes, inputs, lane: str, device, link) -> tuple[float, float]:
@@ -324,6 +350,7 @@ def relinked(graph: CompiledGraph, view: nx.DiGraph, link: str | LinkModel) -> C
     link = get_link(link)
     durations, flops = list(graph.durations), list(graph.flops)
     nodes = [view.nodes[name] for name in graph.names]
+    crossing = graph.crossing or [0] * len(graph)
     for i, node in enumerate(nodes):
         if graph.copy[i] is not None:
             durations[i] = link.seconds(sum(t.bytes for t in node["outputs"]))
@@ -331,6 +358,9 @@ def relinked(graph: CompiledGraph, view: nx.DiGraph, link: str | LinkModel) -> C
             durations[i], flops[i] = _op_time(
                 node, nodes, graph.inputs[i], graph.lanes[i], graph.device, link
             )
+            durations[i] += link.seconds(crossing[i]) if crossing[i] else 0.0
+        elif crossing[i]:
+            durations[i] += link.seconds(crossing[i]) - graph.link.seconds(crossing[i])
     return dataclasses.replace(graph, durations=durations, flops=flops, link=link)
 
 
