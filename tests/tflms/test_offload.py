@@ -99,6 +99,8 @@ def test_lms_callback_moves_a_built_optimizer_to_the_host_and_the_plan_sees_it_g
     offloaded_on_device = moved.simulate().variable_bytes
     assert on_device - offloaded_on_device >= 2 * weights
     assert offloaded_on_device >= weights
+    # ... and counts them on the host, which holds them all step long
+    assert moved.simulate().host_peak_bytes >= 2 * weights > kept.simulate().host_peak_bytes
 
 
 def test_mixed_precision_keeps_the_loss_scale_on_the_device_and_trains_bitwise(devices):

@@ -150,19 +150,21 @@ def variable_bytes(graph: CompiledGraph) -> int:
     return sum(variable_sizes(graph))
 
 
-def variable_sizes(graph: CompiledGraph) -> list[int]:
-    """The size of each variable on the device, in graph order (see :func:`variable_bytes`).
+def variable_sizes(graph: CompiledGraph, space: str = "device") -> list[int]:
+    """The size of each variable in ``space``, in graph order (see :func:`variable_bytes`).
 
     Args:
         graph: The compiled step graph.
+        space: ``"device"``, or ``"host"`` for variables kept on the host (an
+            offloaded optimizer's state, :mod:`tflms.keras.offload`).
 
     Returns:
-        Bytes per device variable handle, in graph order; 0 for a variable
-        neither read nor assigned in the graph.
+        Bytes per variable handle in that space, in graph order; 0 for a
+        variable neither read nor assigned in the graph.
     """
     sizes = []
     for i, out in enumerate(graph.outputs):
-        if graph.spaces[i] != "device" or graph.types[i] not in _HANDLE_TYPES:
+        if graph.spaces[i] != space or graph.types[i] not in _HANDLE_TYPES:
             continue
         if not out or out[0].dtype != "resource":
             continue
@@ -426,6 +428,9 @@ def trace_memory(
                 times.append(t)
                 device.append(bfc.in_use if bfc is not None else used["device"])
                 host.append(used["host"])
+    if realistic:  # the host holds its resident variables all step long (pinned: never paged)
+        on_host = sum(graph.derive("host variable sizes", lambda g: variable_sizes(g, "host")))
+        host = [h + on_host for h in host]
     dev_point = max(range(len(device)), key=device.__getitem__, default=0)
     host_point = max(range(len(host)), key=host.__getitem__, default=0)
     at_peak: list[tuple[int, str, int, int]] = []  # (-bytes, tensor, buffer, op): largest first

@@ -83,7 +83,9 @@ class SimulationResult:
             ``"grappler"`` (see :mod:`tflms.simulation.memory`).
         allocator: ``"exact"`` or ``"bfc"`` (see :mod:`tflms.simulation.allocator`).
         device_peak_bytes: peak device memory, resident variables included.
-        host_peak_bytes: peak host memory of swapped tensors and host ops.
+        host_peak_bytes: peak host memory of swapped tensors and host ops,
+            and (under ``"realistic"`` accounting) of the variables kept on
+            the host (an offloaded optimizer's state).
         peak_op: the op whose outputs were allocated at the device peak.
         peak_op_type: its type; peak_time_s: when it started.
         variable_bytes: resident variables and optimizer slots on the device.
