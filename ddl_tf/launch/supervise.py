@@ -107,6 +107,7 @@ def run_job(
     *,
     report: Callable[[str], None],
     watch: Callable[[IO[bytes], Any], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> int:
     """Run mpirun and wait; a stop signal ends the whole job within seconds.
 
@@ -125,6 +126,9 @@ def run_job(
         watch: ``watch(stream, sink)``, if given, reads mpirun's standard output
             and error (a thread each) instead of them going straight to
             ddlrun's, and passes them on to ``sink``.
+        stop: If given and set while the job runs (the job cannot go on, as
+            ``watch`` read in its output), the job gets :data:`STOP_GRACE_S`
+            to end by itself; then every process of its session is killed.
 
     Returns:
         ``128 + N`` after ddlrun received signal N; else, without ``watch``,
@@ -160,13 +164,14 @@ def run_job(
                 code = proc.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
-                if received and stopped_at is None:
+                if (received or (stop is not None and stop.is_set())) and stopped_at is None:
                     stopped_at = time.monotonic()
                 if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
                     kill_session(proc.pid)
                     code = proc.wait()
                     break
-        if received:  # mpirun may return before its local ranks are gone: wait for them
+        if received or stopped_at is not None or (stop is not None and stop.is_set()):
+            # mpirun may return before its local ranks are gone: wait for them
             deadline = (stopped_at or time.monotonic()) + STOP_GRACE_S
             psutil.wait_procs(
                 session_processes(proc.pid), timeout=max(0.0, deadline - time.monotonic())
@@ -198,7 +203,8 @@ def run_elastic(
         ddlrun's exit code (see :meth:`FinishedWatch.status`).
     """
     finished = FinishedWatch(report)
-    return finished.status(run_job(command, child_env, report=report, watch=finished))
+    code = run_job(command, child_env, report=report, watch=finished, stop=finished.spawn_failed)
+    return finished.status(code)
 
 
 class FinishedWatch:
@@ -210,7 +216,10 @@ class FinishedWatch:
     membership's rank 0 prints :data:`~ddl_tf.env.ELASTIC_FINISHED` when it
     shuts down cleanly; this watch looks for that line, for Open MPI's
     report of a lost daemon, and for the trace of a defect of Open MPI 5.0's
-    runtime that makes mpirun itself crash (:data:`CONNECT_DEFECT`).
+    runtime that makes mpirun itself crash (:data:`CONNECT_DEFECT`), and for
+    the ranks' report that ranks spawned onto a new host never connected
+    (:data:`SPAWN_FAILED`: the job cannot go on, and those ranks may keep
+    mpirun alive, so :func:`run_elastic` stops it).
 
     Args:
         report: Called with what :meth:`status` has to say about a job that
@@ -229,6 +238,10 @@ class FinishedWatch:
     SIGABRT, at exit or (rarely) while the job runs (measured in docs/elastic.md). PRRTE 4
     rewrote the function; Open MPI 5.0.x ships PRRTE 3.0."""
 
+    SPAWN_FAILED = b"did not connect within"
+    """What a growing job's ranks print (:mod:`ddl_tf.membership.reform`) before they end,
+    when the ranks they spawned never connected (``DDL_ELASTIC_SPAWN_TIMEOUT``)."""
+
     CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)
     """Signals that end mpirun on its own (ddlrun forwards only :data:`FORWARDED_SIGNALS`)."""
 
@@ -238,6 +251,7 @@ class FinishedWatch:
         self.daemon_lost = False
         self.lost_host = ""
         self.connect_defect = False
+        self.spawn_failed = threading.Event()
 
     def __call__(self, stream, sink=None) -> None:
         sink = sink if sink is not None else sys.stdout
@@ -248,6 +262,8 @@ class FinishedWatch:
                 self.daemon_lost = True
             if b"PMIX ERROR" in line and self.CONNECT_DEFECT in line:
                 self.connect_defect = True
+            if self.SPAWN_FAILED in line and b"ends the elastic job" in line:
+                self.spawn_failed.set()
             if self.daemon_lost and not self.lost_host and b"Remote host:" in line:
                 self.lost_host = line.split(b":", 1)[1].strip().decode(errors="replace")
             sink.buffer.write(line)
@@ -291,6 +307,16 @@ class FinishedWatch:
                 "checkpoints on rank 0 (e.g. keras.callbacks.ModelCheckpoint) to resume from."
             )
             return code or 1
+        if self.spawn_failed.is_set():
+            self.report(
+                "ddlrun: the elastic job stopped: the ranks it spawned onto a new host never "
+                "connected within DDL_ELASTIC_SPAWN_TIMEOUT (see the ranks' errors above), and "
+                "ddlrun ended what was left of the job, those ranks included. Check that the "
+                "program starts on that host (same path, same Python environment), or raise "
+                "DDL_ELASTIC_SPAWN_TIMEOUT if it starts slowly; keep checkpoints on rank 0 to "
+                "resume from."
+            )
+            return 1
         if crash is not None:
             cause = (
                 "a defect of Open MPI 5.0's runtime (PRRTE 3.0: connect_release in "

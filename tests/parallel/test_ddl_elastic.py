@@ -112,6 +112,18 @@ def test_a_discovered_host_joins_at_a_commit_and_gets_the_state(tmp_path):
     weights = [r["weights"] for r in results.values()]
     assert all(np.array_equal(weights[0], w) for w in weights[1:]), "newcomers out of step"
     assert "added=(('127.0.0.1', 2),)" in done.stderr
+    # issue 45 (c): Horovod's state.epoch comes back wrong after a scale-up with fit. Here the
+    # newcomers and the survivors train the same (epoch, batch) steps at 4 ranks, and every
+    # rank ends after the 3 requested epochs, with state.epoch 3
+    at_four = {
+        rank: [(e, b) for _, size, e, b in r["steps"] if size == 4] for rank, r in results.items()
+    }
+    assert at_four[0] and at_four[0][-1] == (2, 15), at_four[0][-3:]
+    assert all(steps == at_four[0] for steps in at_four.values()), "ranks disagree on epoch/batch"
+    assert all(r["state"] == [3, 0] for r in results.values()), [
+        r["state"] for r in results.values()
+    ]
+    assert all(e < 3 for r in results.values() for _, _, e, _ in r["steps"]), "trained past epoch 3"
 
 
 def test_a_discovery_script_that_turns_to_garbage_ends_the_job_after_the_timeout(tmp_path):

@@ -153,6 +153,7 @@ result = {
     "host": os.environ.get("HOROVOD_HOSTNAME"),
     "weights": weights.tolist(),
     "steps": steps_log,
+    "state": None if state is None else [state.epoch, state.batch],
 }
 (out / f"rank{launch_rank}.json").write_text(json.dumps(result))
 print(f"rank {hvd.rank()} (launched as {launch_rank}) finished at size {hvd.size()}", flush=True)

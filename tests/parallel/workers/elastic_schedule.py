@@ -14,7 +14,16 @@ Arguments as in Horovod's script: ``--logfile``, ``--epochs``,
 ``--discovery-schedule`` (JSON ``[[epoch or null, [host:slots, ...]], ...]``),
 ``--discovery-wait``, ``--exit-schedule`` (JSON ``{"(epoch, batch)": [ranks at
 launch]}``), ``--exit-mode`` (``exception`` or ``kill``), plus ``--out``: a
-folder for each final rank's weights.
+folder for each final rank's weights. Ours only:
+
+* ``--process-set``: every rank adds the process set of ranks 0 and 1 after
+  ``init()`` (dynamic sets) and again in a reset callback, as docs/elastic.md
+  says; each step also allreduces over it, and each record holds the average of
+  rank + 1 over the set (``set_sum``: 1.5). Before adding it again, the callback uses
+  the old set once and writes the error it raises to ``--out``/``stale_set.txt``;
+* ``--newcomers-fail HOST:MODE``: ranks on ``HOST`` never join: before
+  ``init()`` they exit with status 1 (``exit``) or sleep (``hang``), so the
+  ranks that spawned them wait for a connection that never comes.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ import numpy as np
 
 from ddl_tf.core import basics
 from ddl_tf.core.collectives.reduce_spec import ReduceSpec
+from ddl_tf.core.process_sets import ProcessSet, add_process_set, engine_for
+from ddl_tf.errors import ConfigError
 from ddl_tf.membership.reform import membership
 from ddl_tf.membership.state import ObjectState, run
 
@@ -44,9 +55,19 @@ parser.add_argument("--discovery-schedule", default="[]")
 parser.add_argument("--discovery-wait", type=float, default=20.0)
 parser.add_argument("--exit-schedule", default="{}")
 parser.add_argument("--exit-mode", default="exception", choices=("exception", "kill"))
+parser.add_argument("--process-set", action="store_true")
+parser.add_argument("--newcomers-fail", default="")
 args = parser.parse_args()
 
-basics.init()
+if args.newcomers_fail:
+    bad_host, mode = args.newcomers_fail.split(":")
+    if os.environ.get("HOROVOD_HOSTNAME") == bad_host:
+        if mode == "exit":
+            os._exit(1)
+        time.sleep(600)  # bounded: the test's own timeout ends the job long before
+        os._exit(1)
+
+basics.init(process_sets="dynamic" if args.process_set else None)
 hostname = os.environ.get("HOROVOD_HOSTNAME")
 start_rank = int(os.environ.get("HOROVOD_RANK", "0"))
 schedule = json.loads(args.discovery_schedule)
@@ -56,10 +77,44 @@ exits = json.loads(args.exit_schedule)
 
 
 def check_exit(epoch: int, batch: int) -> None:
+    """Fail here if scheduled; once only (a newcomer can get the failed rank's number again)."""
     if start_rank in exits.get(str((epoch, batch)), []):
+        fired = Path(args.out, f"exited.{epoch}.{batch}.{start_rank}")
+        if fired.exists():
+            return
+        fired.touch()
         if args.exit_mode == "exception":
             raise RuntimeError(f"scheduled exit at epoch {epoch} batch {batch} (rank {start_rank})")
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+pair: ProcessSet | None = None
+
+
+def add_pair() -> None:
+    """Register the process set of ranks 0 and 1 (collective over the job)."""
+    global pair
+    pair = add_process_set(ProcessSet([0, 1]))
+
+
+def readd_pair() -> None:
+    """Reset callback: use the set of the old membership once (it must be refused), add it again."""
+    assert pair is not None
+    try:
+        engine_for(pair)
+    except ConfigError as err:
+        Path(args.out, "stale_set.txt").write_text(str(err))
+    else:
+        raise AssertionError(f"{pair!r} of the old membership was still usable after a reset")
+    add_pair()
+
+
+def set_sum() -> float | None:
+    """The average of rank + 1 over the pair (1.5 on its members), None without ``--process-set``."""
+    if pair is None or not pair.included():
+        return None
+    (mean,) = engine_for(pair).allreduce([np.full(1, basics.rank() + 1.0)], ReduceSpec())
+    return float(mean[0])
 
 
 def step(state) -> None:
@@ -67,9 +122,10 @@ def step(state) -> None:
     target = np.arange(4.0) + basics.rank()
     (grad,) = basics.engine().allreduce([state.weights - target], ReduceSpec())
     state.weights = state.weights - 0.1 * grad
+    set_sum()
 
 
-def log_state(state) -> None:
+def log_state(state, pair_sum: float | None) -> None:
     record = {
         "epoch": state.epoch,
         "batch": state.batch,
@@ -79,6 +135,7 @@ def log_state(state) -> None:
         "rank": basics.rank(),
         "size": basics.size(),
         "rendezvous": state.rendezvous,
+        "set_sum": pair_sum,
     }
     with open(args.logfile, "a") as log:
         log.write(json.dumps(record) + "\n")
@@ -95,8 +152,9 @@ def train(state) -> None:
             if state.batch % args.batches_per_commit == 0:
                 state.commits += 1
                 state.commit()
+        pair_sum = set_sum()  # on every rank: a collective of the pair
         if basics.rank() == 0:
-            log_state(state)
+            log_state(state, pair_sum)
             now = hosts_by_epoch.get(state.epoch, default_hosts)
             upcoming = hosts_by_epoch.get(state.epoch + 1, default_hosts)
             if args.discovery_wait > 0 and now != upcoming:
@@ -116,5 +174,8 @@ def train(state) -> None:
 
 
 state = ObjectState(epoch=0, batch=0, commits=0, rendezvous=0, weights=np.zeros(4))
+if args.process_set:
+    add_pair()
+    state.register_reset_callbacks([readd_pair])
 train(state)
 Path(args.out, f"weights.{basics.rank()}.json").write_text(json.dumps(state.weights.tolist()))
