@@ -19,11 +19,9 @@ reaches. Measured here, in one process:
 * ``simulated_seconds``: the same update graph timed by the simulator's
   roofline on a host model with this CPU's measured elementwise bandwidth
   (memory efficiency 1);
-* ``memory_efficiency``: simulated over measured time: the fraction of the
-  elementwise bandwidth the update's ops reach together.
-  :data:`tflms.cost.hardware.HOST` uses it (rounded to two digits; a test
-  checks that the two agree), so the stated server's update takes the
-  roofline time at that fraction of its 100 GB/s.
+* ``memory_efficiency``: simulated over measured time: above 1, the
+  roofline at this CPU's elementwise bandwidth predicts the update slower
+  than it runs (its time model for the host errs on the slow side).
 
 Writes ``benchmarks/results/cpu_optimizer.json``. Measured on this machine's
 CPU, not simulated (except ``simulated_seconds``, which says so).
