@@ -191,14 +191,19 @@ def replace_job(new: Job | None) -> None:
 
     The caller has abandoned or closed the old job; its process sets are
     dropped (their ranks meant other processes) and the global set now means
-    ``new``'s ranks. ``None`` leaves the process uninitialized (a rank that
-    leaves the job).
+    ``new``'s ranks. Sets may then be added again (in a reset callback) when
+    the old job could add them or had some: also those given to
+    ``init(process_sets=[...])``, which could not be added after ``init()``
+    otherwise. ``None`` leaves the process uninitialized (a rank that leaves
+    the job).
     """
     with current.lock:
-        old = current.install(new)
+        old = current.get()
+        had_sets = old is not None and (old.dynamic_sets or bool(old.process_sets))
+        current.install(new)  # unregisters the old job's sets
         if new is not None:
             _label_log_lines(new.rank)
-            new.dynamic_sets = old.dynamic_sets if old is not None else False
+            new.dynamic_sets = had_sets
 
 
 def shutdown() -> None:

@@ -254,12 +254,15 @@ def test_survivors_below_min_np_wait_for_discovery_and_grow_back(tmp_path):
     assert len(weights) == 4 and len(set(map(tuple, weights))) == 1, "replicas differ"
 
 
-@pytest.mark.parametrize("change", ["failure", "growth"])
+@pytest.mark.parametrize("change", ["failure", "growth", "static"])
 def test_process_sets_are_refused_after_a_reset_and_work_once_added_again(tmp_path, change):
     """Issue 45 (b): a set of the old membership is refused with a message naming the fix,
     and the set added again in a reset callback (newcomers add it after init) runs collectives.
+    A set given to ``init(process_sets=[...])`` (no dynamic sets) may be added again too
+    (``static``: newcomers give it to their ``init``).
     """
-    if change == "failure":
+    flags = ("--static-set",) if change == "static" else ("--process-set",)
+    if change in ("failure", "static"):
         kwargs: dict = {"schedule": [(None, ["localhost:3", "127.0.0.1:1"])], "np_": 4}
         kwargs["exits"] = {str((1, 0)): [3]}
         expected = [(0, 4, 1), (0, 3, 2), (0, 3, 2)]
@@ -267,7 +270,7 @@ def test_process_sets_are_refused_after_a_reset_and_work_once_added_again(tmp_pa
         kwargs = {"schedule": [(0, ["localhost:3"]), (None, ["localhost:3", "127.0.0.1:1"])]}
         kwargs.update(np_=3, min_np=3)
         expected = [(0, 3, 1), (0, 4, 2), (0, 4, 2)]
-    done, records = _run(tmp_path, script_args=("--process-set",), **kwargs)
+    done, records = _run(tmp_path, script_args=flags, **kwargs)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _shape(records) == expected
     assert [r["set_sum"] for r in records] == [1.5, 1.5, 1.5], "the pair's allreduce"

@@ -56,6 +56,7 @@ parser.add_argument("--discovery-wait", type=float, default=20.0)
 parser.add_argument("--exit-schedule", default="{}")
 parser.add_argument("--exit-mode", default="exception", choices=("exception", "kill"))
 parser.add_argument("--process-set", action="store_true")
+parser.add_argument("--static-set", action="store_true", help="the pair given to init() instead")
 parser.add_argument("--newcomers-fail", default="")
 args = parser.parse_args()
 
@@ -67,7 +68,8 @@ if args.newcomers_fail:
         time.sleep(600)  # bounded: the test's own timeout ends the job long before
         os._exit(1)
 
-basics.init(process_sets="dynamic" if args.process_set else None)
+static_pair = ProcessSet([0, 1]) if args.static_set else None
+basics.init(process_sets=[static_pair] if static_pair else "dynamic" if args.process_set else None)
 hostname = os.environ.get("HOROVOD_HOSTNAME")
 start_rank = int(os.environ.get("HOROVOD_RANK", "0"))
 schedule = json.loads(args.discovery_schedule)
@@ -88,7 +90,7 @@ def check_exit(epoch: int, batch: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-pair: ProcessSet | None = None
+pair: ProcessSet | None = static_pair
 
 
 def add_pair() -> None:
@@ -176,6 +178,7 @@ def train(state) -> None:
 state = ObjectState(epoch=0, batch=0, commits=0, rendezvous=0, weights=np.zeros(4))
 if args.process_set:
     add_pair()
+if args.process_set or args.static_set:
     state.register_reset_callbacks([readd_pair])
 train(state)
 Path(args.out, f"weights.{basics.rank()}.json").write_text(json.dumps(state.weights.tolist()))
