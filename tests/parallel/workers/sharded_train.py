@@ -108,6 +108,16 @@ def worst(a, b):
     )
 
 
+def compare(key, replicated, sharded):
+    """Weights, gathered state and step count of a sharded run against the replicated one."""
+    return {
+        f"{key}_weights": same(replicated.get_weights(), sharded.get_weights()),
+        f"{key}_diff": worst(replicated.get_weights(), sharded.get_weights()),
+        f"{key}_state": same(state_of(replicated.optimizer), state_of(sharded.optimizer)),
+        f"{key}_iterations": int(sharded.optimizer.iterations.numpy()),
+    }
+
+
 def state_bytes(optimizer):
     inner = optimizer.inner_optimizer
     if isinstance(inner, hvd.ShardedOptimizer):
@@ -126,12 +136,7 @@ def train_mode(outdir, only=None):
         for sharding in shardings:
             sharded = train(make(), rank, sharding=sharding)
             key = f"{label}_{sharding}"
-            results[f"{key}_weights"] = same(replicated.get_weights(), sharded.get_weights())
-            results[f"{key}_diff"] = worst(replicated.get_weights(), sharded.get_weights())
-            results[f"{key}_state"] = same(
-                state_of(replicated.optimizer), state_of(sharded.optimizer)
-            )
-            results[f"{key}_iterations"] = int(sharded.optimizer.iterations.numpy())
+            results.update(compare(key, replicated, sharded))
             if label == "adamw":
                 results["bytes_replicated"] = state_bytes(replicated.optimizer)
                 results[f"bytes_{sharding}"] = state_bytes(sharded.optimizer)
@@ -231,12 +236,7 @@ def set_mode(pair):
         for sharding in shardings:
             sharded = train(make(), rank, process_set=pair, sharding=sharding)
             key = f"{label}_{sharding}"
-            results[f"{key}_weights"] = same(replicated.get_weights(), sharded.get_weights())
-            results[f"{key}_diff"] = worst(replicated.get_weights(), sharded.get_weights())
-            results[f"{key}_state"] = same(
-                state_of(replicated.optimizer), state_of(sharded.optimizer)
-            )
-            results[f"{key}_iterations"] = int(sharded.optimizer.iterations.numpy())
+            results.update(compare(key, replicated, sharded))
             if label == "adam":
                 share = state_bytes(sharded.optimizer) / state_bytes(replicated.optimizer)
                 results[f"share_{sharding}"] = share
