@@ -197,20 +197,29 @@ class LMSConfig:
     run its update there (:class:`tflms.keras.OffloadedOptimizer`): each
     gradient goes to the host as backprop produces it and each updated weight
     comes back. ``LMSCallback`` moves a compiled model's optimizer there when
-    ``fit`` starts; wrap the optimizer yourself before ``compile`` when its
-    state does not fit the device even once (``fit`` builds it there first).
+    ``fit`` starts, before its first step builds the state (a model trained
+    before has it on the device already: wrap the optimizer yourself before
+    ``compile`` when that state does not fit the device even once).
     In custom loops use ``OffloadedOptimizer`` directly: a traced function
     cannot move an optimizer."""
 
+    offload_weights: bool = False
+    """Stream the weights from ``host_device`` (:mod:`tflms.plan.streams`):
+    each weight the model keeps there comes to the device ahead of its
+    forward use and again ahead of its backward use (swap-ins with
+    triggers), and each copy is freed after its last use, so the device holds
+    only the layers at work. Build the model's weights on the host
+    (``with tflms.keras.weights_on_host(): model = ...``); implies
+    ``offload_optimizer`` (the update runs next to the weights)."""
+
     def __post_init__(self) -> None:
         check_device_string("host_device", self.host_device, owner="LMSConfig.")
-        if not isinstance(self.offload_optimizer, bool):
-            raise _fail(
-                "offload_optimizer",
-                self.offload_optimizer,
-                "True or False",
-                "True keeps the optimizer's state on host_device.",
-            )
+        for name, what in (
+            ("offload_optimizer", "keeps the optimizer's state on host_device"),
+            ("offload_weights", "streams the weights kept on host_device"),
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(name, getattr(self, name), "True or False", f"True {what}.")
         if self.device is not None:
             check_device_string("device", self.device, owner="LMSConfig.")
             if same_device(self.device, self.host_device):

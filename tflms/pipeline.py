@@ -120,11 +120,17 @@ class Pipeline:
     """
 
     def __init__(self, config: LMSConfig, target: Target | None = None, *, local: bool = True):
-        levers = config.swap or config.recompute or config.reorder or config.serialization
+        levers = (
+            config.swap
+            or config.recompute
+            or config.reorder
+            or config.serialization
+            or config.offload_weights
+        )
         if not levers and config.memory_budget is None:
             raise ConfigError(
-                "LMSConfig(swap=False) with no other lever plans nothing: set recompute=True "
-                "and/or reorder=True (or a memory_budget, to let the auto-tuner choose them), "
+                "LMSConfig(swap=False) with no other lever plans nothing: set recompute=True, "
+                "reorder=True and/or offload_weights=True (or a memory_budget, to let the auto-tuner choose them), "
                 "or leave swap on."
             )
         if local:

@@ -53,6 +53,7 @@ from tflms.config import LMSConfig
 from tflms.cost.target import Target
 from tflms.plan.planner import plan_swaps
 from tflms.plan.recompute import plan_recomputes
+from tflms.plan.streams import plan_stream_clones
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.units import format_bytes
 
@@ -91,11 +92,14 @@ class Levers:
 
     def recomputed(self, config: LMSConfig):
         """``(recompute groups, the view they rewrite)`` for ``config``."""
-        if not config.recompute:
+        if not (config.recompute or config.offload_weights):
             return (), self.view
         key = config.replace(**_SWAPS_ONLY)
         if key not in self.staged:
-            recomputes = plan_recomputes(self.view, config, self.target)
+            recomputes = plan_recomputes(self.view, config, self.target) if config.recompute else ()
+            if config.offload_weights:  # the views of streamed weights, re-run from a copy
+                taken = {op for r in recomputes for op in r.ops}
+                recomputes += plan_stream_clones(self.view, config, self.target, taken)
             staged = (
                 apply_to_view(self.view, SwapPlan(recomputes=recomputes, config=config))
                 if recomputes

@@ -262,6 +262,8 @@ def _live(graph: _Graph, schedule, memory, min_fraction: float):
         if buffer.bytes < min_fraction * memory.device_peak:
             continue
         op, _, k = buffer.tensor.rpartition(":")
+        if not k.isdigit():  # a loop's iterations, TensorFlow's copy across the link
+            continue
         producer = index.get(op)
         readers = g.consumers.get((producer, int(k)), []) if producer is not None else []
         if readers:

@@ -58,7 +58,7 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError, UnsupportedGraphError
 from tflms.graph import cudnn_rnn, loops
 from tflms.graph.graph_def import graph_from_function_def
-from tflms.utils.devices import DeviceMatcher, canonical, default_compute_type
+from tflms.utils.devices import DeviceMatcher, canonical, default_compute_type, same_device
 from tflms.utils.gc_pause import gc_paused
 
 __all__ = [
@@ -204,17 +204,20 @@ def build_view(
         return _build(graph, config, batch_size, batch_source)
 
 
-def _captured_devices(graph: tf.Graph) -> dict[str, str]:
+def _captured_devices(graph: tf.Graph, matcher: DeviceMatcher) -> dict[str, str]:
     """The device of each variable a function graph captures, by its placeholder's name.
 
     A traced step reads variables through placeholders with no device of
     their own; the variable lives where its handle was made (an optimizer
-    built on the host keeps its slots there, :mod:`tflms.keras.offload`).
+    built on the host keeps its slots there, :mod:`tflms.keras.offload`; a
+    model built under :func:`tflms.keras.weights_on_host` its weights).
     """
     devices = {}
     for external, internal in getattr(graph, "captures", ()):
         if internal.dtype == tf.resource and getattr(external, "device", ""):
             devices[internal.op.name] = external.device
+    if matcher.compute is not None and not same_device(matcher.compute, matcher.host):
+        return devices  # the step runs elsewhere: what lives on the host is the host's
     if len({canonical(d) for d in devices.values()}) < 2:
         return {}  # one device holds every variable (a CPU-only run): they are the step's
     return devices
@@ -225,6 +228,20 @@ def _placement(matcher: DeviceMatcher, device: str, captured: str | None) -> str
     if captured is not None and matcher.placement(captured) == "host":
         return "host"
     return matcher.placement(device)
+
+
+def _colocate_with_resources(view: nx.DiGraph, host_handles: set[str]) -> None:
+    """Place the ops reading a host variable's handle on the host, as TensorFlow's placer does.
+
+    An op taking a resource input runs on the resource's device whatever its
+    own device string says (soft placement in functions): the reads of a
+    weight kept on the host are host ops, whose outputs cross to the device.
+    """
+    for handle in host_handles:
+        for consumer, data in view.succ[handle].items():
+            node = view.nodes[consumer]
+            if data["tensors"] and not node["control_flow"] and not node["functions"]:
+                node["placement"] = "host"  # (a call or a loop may read several devices)
 
 
 def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.DiGraph:
@@ -245,7 +262,7 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
     view = nx.DiGraph(name=getattr(graph, "name", "graph"))
     unknown_dims: list[str] = []
     unsized_batch: list[str] = []
-    captured = _captured_devices(graph)
+    captured = _captured_devices(graph, matcher)
     control_flow_ops: list[str] = []
     edges: dict[tuple[str, str], dict] = {}
     for op, node_def in zip(ops, node_defs, strict=True):
@@ -281,6 +298,9 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
             edge["tensors"].append((int(index), in_idx))
             in_idx += 1
     view.add_edges_from((u, v, data) for (u, v), data in edges.items())
+    _colocate_with_resources(
+        view, {n for n in captured if n in view and view.nodes[n]["placement"] == "host"}
+    )
     unbounded_loops = _size_lists(view, graph, ops, batch, graph_def.library)
 
     view.graph.update(

@@ -32,9 +32,10 @@ from tflms.frontends.fit_report import FitReport, fit_report, visible_gpu_preset
 from tflms.frontends.lms import LMS, resolve_config
 from tflms.graph.view import resolve_batch
 from tflms.keras.compat import check_keras_version, running_fit
-from tflms.keras.offload import check_host, is_offloaded, offload_state
+from tflms.keras.offload import check_host, check_weights_on_host, is_offloaded, offload_state
 from tflms.keras.session import FitSession, check_xla, fit_batch_size, leading_dim
 from tflms.plan.swap_plan import SwapPlan
+from tflms.utils.devices import same_device
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -350,8 +351,10 @@ class LMSCallback(keras.callbacks.Callback):
         self.traces = []
         self.fit_reports = []
         check_keras_version()
-        if self.config.offload_optimizer:
-            self._offload(model)
+        if self.config.offload_weights:
+            check_weights_on_host(model, self.config.host_device)
+        if self.config.offload_optimizer or self.config.offload_weights:
+            self._offload(model)  # the weights' update runs next to them
         fit = running_fit(model)
         # the batch rule; fit's batch is looked up (it may peek at the data) only when needed
         self.batch_size, self.batch_source = resolve_batch(self.config) or fit_batch_size(fit)
@@ -393,16 +396,21 @@ class LMSCallback(keras.callbacks.Callback):
 
     # -------------------------------------------------------------- internals
     def _offload(self, model) -> None:
-        """Put the optimizer's state on the host device (``offload_optimizer=True``)."""
+        """Put the optimizer's state and update on the host (``offload_optimizer``/``_weights``)."""
         host = self.config.host_device
         if is_offloaded(model.optimizer):
             offloaded = offload_state(model, host)  # the one already there
             check_host(offloaded, host)
             return
+        state = [v for v in model.optimizer.variables if len(v.shape)]
+        built_on_device = any(not same_device(v.value.device, host) for v in state)
         offload_state(model, host)
+        if not built_on_device:  # its slots were made next to weights kept on the host
+            logger.info("LMSCallback runs the optimizer's update on %s, next to its state.", host)
+            return
         logger.warning(
-            "LMSCallback moved the optimizer's state to %s. fit had built it on the device "
-            "first, so it had to fit there once; to never put it there, compile with "
+            "LMSCallback moved the optimizer's state to %s. It had been built on the device "
+            "(an earlier fit), so it had to fit there once; to never put it there, compile with "
             "optimizer=tflms.keras.OffloadedOptimizer(your_optimizer, host_device=%r).",
             host,
             host,

@@ -33,6 +33,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -41,7 +43,13 @@ import tensorflow as tf
 from tflms.errors import ConfigError
 from tflms.utils.devices import check_device_string, same_device
 
-__all__ = ["OffloadedOptimizer", "offload_state", "is_offloaded"]
+__all__ = [
+    "OffloadedOptimizer",
+    "offload_state",
+    "is_offloaded",
+    "weights_on_host",
+    "check_weights_on_host",
+]
 
 DEFAULT_HOST = "/device:CPU:0"
 
@@ -301,4 +309,64 @@ def check_host(offloaded: OffloadedOptimizer, host_device: str) -> None:
         raise ConfigError(
             f"the optimizer's state lives on {offloaded.host_device}, but LMSConfig.host_device "
             f"is {host_device}; give both the same host device."
+        )
+
+
+@contextlib.contextmanager
+def weights_on_host(host_device: str = DEFAULT_HOST) -> Iterator[None]:
+    """Create the weights of the models built inside on ``host_device``.
+
+    With ``LMSConfig(offload_weights=True)`` tflms streams them to the device
+    ahead of each use (:mod:`tflms.plan.streams`). Build the model inside,
+    with its weights: a model that creates them lazily (a subclassed model, a
+    ``Sequential`` without an ``Input``) must be built here too, with
+    ``model.build(input_shape)`` or a call on one batch. Keras makes each
+    optimizer slot next to its weight, so an optimizer built later keeps its
+    state on the host as well.
+
+    Args:
+        host_device: Where the weights live.
+
+    Yields:
+        Nothing; a ``tf.device`` scope is open inside.
+
+    Example:
+        >>> import keras
+        >>> with weights_on_host("/device:CPU:0"):
+        ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        >>> model.weights[0].value.device[-5:]
+        'CPU:0'
+    """
+    check_device_string("host_device", host_device, owner="weights_on_host.")
+    with tf.device(host_device):
+        yield
+
+
+def check_weights_on_host(model: keras.Model, host_device: str) -> None:
+    """Refuse ``offload_weights`` for a model whose weights are not all on ``host_device``.
+
+    Args:
+        model: The model to be trained.
+        host_device: Where its weights must live.
+
+    Raises:
+        ConfigError: The model has no weights yet, or some live elsewhere
+            (naming the first and the way to build them on the host).
+    """
+    weights = model.weights
+    if not weights:
+        raise ConfigError(
+            "offload_weights=True needs the model's weights built on the host, but the model "
+            "has none yet (it builds them lazily). Build it inside "
+            f"tflms.keras.weights_on_host({host_device!r}): model.build(input_shape) or a call "
+            "on one batch."
+        )
+    elsewhere = [w for w in weights if not same_device(w.value.device, host_device)]
+    if elsewhere:
+        raise ConfigError(
+            f"offload_weights=True streams weights kept on {host_device}, but {len(elsewhere)} "
+            f"of the model's {len(weights)} weights live elsewhere ({elsewhere[0].path} on "
+            f"{elsewhere[0].value.device}). A variable cannot move once made: build the model "
+            f"inside `with tflms.keras.weights_on_host({host_device!r}):` and load its weights "
+            "there (model.load_weights) when it was trained before."
         )

@@ -66,6 +66,9 @@ class Swap:
         swap_ins: one entry per consumer group.
         wait_for_swapout: ops given a control edge from the swap-out
             (sync modes 1 and 3: the producer's other consumers).
+        streamed: the tensor lives on the host already (a weight kept there,
+            :mod:`tflms.plan.streams`): every device reader, forward ones
+            included, reads a swap-in, and the swap-out copies nothing.
     """
 
     tensor: str
@@ -77,6 +80,7 @@ class Swap:
     device: str
     swap_ins: tuple[SwapIn, ...]
     wait_for_swapout: tuple[str, ...] = ()
+    streamed: bool = False
 
     @property
     def swapout_name(self) -> str:

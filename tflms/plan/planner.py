@@ -29,6 +29,8 @@ How a plan is made (TFLMS v2's rules, automatic, no optimizer scope needed):
    the consumer's other inputs (synchronous fallback, recorded in the plan).
 5. ``sync_mode`` and ``serialization`` add the control edges of TFLMS v2.
 6. ``n_tensors`` keeps the largest swaps.
+7. With ``offload_weights``, the weights kept on the host are streamed
+   (:mod:`tflms.plan.streams`): swaps whose every reader reads a swap-in.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from tflms.plan.candidates import (
     tensor_ok,
     veto,
 )
+from tflms.plan.streams import plan_streams
 from tflms.plan.swap_plan import Swap, SwapPlan
 from tflms.plan.triggers import group_consumers, plan_swap_in, trigger_filter
 from tflms.utils.units import format_bytes
@@ -85,16 +88,23 @@ def plan_swaps(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
     config = config or LMSConfig()
     levels = nx.get_node_attributes(view, "level")
     notes = list(_notes(view))
+    streams, skipped = plan_streams(view, config) if config.offload_weights else ([], [])
+    if config.offload_weights and not streams:
+        notes.append(
+            "offload_weights: no device op reads a weight kept on the host (build the model "
+            "inside tflms.keras.weights_on_host(host_device))"
+        )
     if not config.swap:
         return SwapPlan(
+            swaps=tuple(streams),
             graph_name=str(view.graph.get("name", "")),
             serialization=_serialization_chains(view, config),
             config=config,
+            skipped=tuple(sorted(skipped)),
             notes=(*notes, "no tensor swapped: swapping is off (LMSConfig.swap=False)"),
             batch_size=view.graph.get("batch_size"),
         )
     swaps: list[Swap] = []
-    skipped: list[tuple[str, str]] = []
     trigger_ok = trigger_filter(view)
     any_size = config.replace(min_tensor_bytes=0)
     small: list[int] = []  # bytes of the tensors only min_tensor_bytes kept out
@@ -126,6 +136,7 @@ def plan_swaps(view: nx.DiGraph, config: LMSConfig | None = None) -> SwapPlan:
         swaps = swaps[: config.n_tensors]
     if config.sync_mode in (1, 3):
         swaps = [_with_swapout_waits(view, s) for s in swaps]
+    swaps += streams  # every weight kept on the host, whatever the caps on swaps
 
     plan = SwapPlan(
         swaps=tuple(swaps),

@@ -92,6 +92,7 @@ from tflms.plan.triggers import find_trigger, trigger_filter
 
 __all__ = [
     "plan_recomputes",
+    "make_group",
     "cheap",
     "worth_rerunning",
     "veto",
@@ -215,7 +216,7 @@ def plan_recomputes(view: nx.DiGraph, config: LMSConfig, target: Target) -> tupl
                 absorbed = _feeding_groups(view, group, owner)
                 merged = set(group).union(*(planned[g].ops for g in absorbed))
                 if absorbed and len(merged) <= MAX_CHAIN_OPS:
-                    entry = _make_group(
+                    entry = make_group(
                         view, _by_level(merged, levels), levels, config, trigger_ok, memo
                     )
                     if entry is not None:
@@ -225,7 +226,7 @@ def plan_recomputes(view: nx.DiGraph, config: LMSConfig, target: Target) -> tupl
                         continue
             if any(op in owner for op in group):
                 continue
-            entry = _make_group(view, group, levels, config, trigger_ok, memo)
+            entry = make_group(view, group, levels, config, trigger_ok, memo)
             if entry is not None:
                 _claim(planned, owner, entry)
     groups = sorted(planned.values(), key=lambda g: (-g.bytes, g.ops))
@@ -299,7 +300,20 @@ def _at_hand(view, src, k, earliest, config) -> bool:
     return any(levels[c]["level"] >= earliest for c, _ in tensor_consumers(view, src, k))
 
 
-def _make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | None:
+def make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | None:
+    """The recomputation of ``group`` for its far consumers, or None (vetoed, no trigger).
+
+    Args:
+        view: The analysis view.
+        group: The ops to clone, in topological order.
+        levels: Op levels of the view.
+        config: ``swapout_threshold`` (far) and ``swapin_ahead`` (trigger).
+        trigger_ok: Which ops may trigger (:func:`~tflms.plan.triggers.trigger_filter`).
+        memo: ``{op: (eligible, seconds)}`` for every op of the group.
+
+    Returns:
+        The :class:`~tflms.plan.entries.Recompute`, or None.
+    """
     members = set(group)
     rerouted: dict[tuple[str, int], list[tuple[str, int]]] = {}
     for op in group:

@@ -137,6 +137,13 @@ class SwapPlan:
         lines = [
             head + (f", batch size {self.batch_size}" if self.batch_size else ", per-sample sizes")
         ]
+        streams = [s for s in self.swaps if s.streamed]
+        if streams:
+            lines.append(
+                f"  {len(streams)} of them are weights streamed from the host "
+                f"({format_bytes(sum(s.bytes for s in streams))}, "
+                f"{sum(len(s.swap_ins) for s in streams)} copies in per step)"
+            )
         fallbacks = sum(1 for s in self.swaps for si in s.swap_ins if si.fallback)
         if fallbacks:
             lines.append(f"  {fallbacks} swap-ins are synchronous (no trigger found)")
@@ -166,7 +173,7 @@ class SwapPlan:
             (
                 s.bytes,
                 s.tensor,
-                "swap",
+                "stream" if s.streamed else "swap",
                 f"L{s.producer_level} -> "
                 + ", ".join(f"L{si.consumer_level}" for si in s.swap_ins),
             )

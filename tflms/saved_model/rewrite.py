@@ -215,11 +215,11 @@ def analyze_model(
         PlanInfeasibleError: with ``memory_budget``, no plan fits.
     """
     config = config or LMSConfig()
-    if config.offload_optimizer:
+    if config.offload_optimizer or config.offload_weights:
         raise ConfigError(
-            "offload_optimizer=True moves a training optimizer's state; a SavedModel's "
-            "signatures have no optimizer to move. Drop --offload-optimizer here, or train "
-            "with LMSCallback(offload_optimizer=True)."
+            "offload_optimizer and offload_weights keep a training model's state on the host, "
+            "and a SavedModel's variables live where its loader puts them. Drop them here, or "
+            "train with LMSCallback(offload_optimizer=True) / LMSCallback(offload_weights=True)."
         )
     if config.max_op_bytes is not None:
         raise ConfigError(

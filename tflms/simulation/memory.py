@@ -314,8 +314,8 @@ def trace_memory(
         for k, info in enumerate(outputs[i]):
             if info.bytes <= 0:
                 continue
-            if realistic and space == "device" and op_type == "ReadVariableOp":
-                continue  # aliases the resident variable
+            if realistic and op_type == "ReadVariableOp":
+                continue  # aliases the resident variable (on the device or the host)
             if realistic and copy[i] is None:
                 if op_type in ALIAS_OPS:
                     source = _alias_source(graph, i, k)
@@ -345,8 +345,11 @@ def trace_memory(
     for b, producer in enumerate(b_producer):
         t_alloc = alloc[producer]
         t_free, last = end[producer], producer
+        here = b_space[b]
         for i, k in b_tensors[b]:
             for c in consumers_of((i, k), ()):
+                if realistic and copy[c] is None and spaces[c] not in (None, here):
+                    continue  # read from the other space: TensorFlow's copy (_crossings) is
                 if end[c] > t_free or (end[c] == t_free and position[c] > position[last]):
                     t_free, last = end[c], c
             if end[i] > t_free:
@@ -361,6 +364,21 @@ def trace_memory(
         free_key.append(f_key)
         events.append((*a_key, b, 1))
         events.append((*f_key, b, -1))
+    crossing_names: dict[int, str] = {}
+    if realistic:  # TensorFlow's own copy of a tensor read across the link (no tflms op)
+        for producer, name, space, nbytes, last in _crossings(graph, end, position):
+            b = len(b_space)
+            crossing_names[b] = f"{name} (TensorFlow's copy on the {space})"
+            b_space.append(space)
+            b_bytes.append(nbytes)
+            b_producer.append(producer)
+            b_tensors.append([])
+            a_key = (end[producer], 1, position[producer])
+            f_key = (end[last], 0 if end[last] > end[producer] else 2, position[last])
+            alloc_key.append(a_key)
+            free_key.append(f_key)
+            events.append((*a_key, b, 1))
+            events.append((*f_key, b, -1))
     held: list[tuple[int, str, int]] = []  # (op, space, bytes) held while the op runs
     if graph.scratch and any(graph.scratch):  # a loop's iterations in flight
         held += [
@@ -439,7 +457,9 @@ def trace_memory(
         peak_key = (t_peak, 1, position[ops[dev_point]])
         for b in range(len(b_space)):
             if b_space[b] == "device" and alloc_key[b] <= peak_key < free_key[b]:
-                if not b_tensors[b]:  # a loop's scratch
+                if b in crossing_names:
+                    i, name = b_producer[b], crossing_names[b]
+                elif not b_tensors[b]:  # a loop's scratch
                     i = b_producer[b]
                     name = f"{graph.names[i]} (iterations in flight)"
                 else:
@@ -465,6 +485,45 @@ def trace_memory(
         terms=terms,
         allocator_limit=limit,
     )
+
+
+def _crossings(graph: CompiledGraph, end, position):
+    """TensorFlow's copies of tensors that ops of the other memory space read directly.
+
+    An op reading a tensor from the other space (no tflms copy in between:
+    the host update reading a gradient, a device op reading a weight kept on
+    the host that is not streamed) gets it through TensorFlow's own
+    ``_Send``/``_Recv`` pair: one copy per tensor and space, made as soon as
+    the tensor exists (a ``_Recv`` has no inputs to wait for) and freed after
+    the last reader in that space.
+
+    The tensor's own buffer is freed when the copy is made (its readers in
+    its own space aside): the ``_Send`` is the reader the other space's ops
+    wait for.
+
+    Yields:
+        ``(producer, tensor name, space of the copy, bytes, last reader)`` per copy.
+    """
+    spaces, copy = graph.spaces, graph.copy
+    for (i, k), readers in graph.consumers.items():
+        source = spaces[i]
+        if source is None or k >= len(graph.outputs[i]):
+            continue
+        tensor = graph.outputs[i][k]
+        if tensor.dtype == "resource" or tensor.bytes <= 0:
+            continue
+        last: dict[str, int] = {}
+        for c in readers:
+            space = spaces[c]
+            if space is None or space == source or copy[c] is not None:
+                continue
+            if space not in last or (end[c], position[c]) > (
+                end[last[space]],
+                position[last[space]],
+            ):
+                last[space] = c
+        for space, c in last.items():
+            yield i, tensor.name, space, tensor.bytes, c
 
 
 def _workspaces(graph: CompiledGraph, limit: int) -> list[int]:

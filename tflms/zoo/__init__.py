@@ -49,6 +49,7 @@ __getattr__, __dir__, _exported = lazy_exports(
         "lstm": "tflms.zoo.sequence",
         "bert": "tflms.zoo.language",
         "gpt2": "tflms.zoo.language",
+        "GPT2_SIZES": "tflms.zoo.language",
         "lstm_lm": "tflms.zoo.language",
         "synthetic_data": "tflms.zoo.data",
     },

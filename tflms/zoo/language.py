@@ -11,7 +11,8 @@ parameter, so a test trains the same architecture at a few thousand weights.
            768, 12 heads, MLP 3072, vocabulary 30522, 512 positions, dropout 0.1,
            LayerNorm epsilon 1e-12; trained as a masked LM over every position
            (the token-level loss of its pre-training, without the [MASK] sampling)
-``gpt2``   GPT-2 small (Radford et al., 2019): 12 pre-LayerNorm blocks, width 768,
+``gpt2``   GPT-2 small (Radford et al., 2019; medium, large and XL: ``gpt2(**GPT2_SIZES["xl"])``):
+           12 pre-LayerNorm blocks, width 768,
            12 heads, MLP 3072, vocabulary 50257, 1024 positions, dropout 0.1,
            LayerNorm epsilon 1e-5, causal attention, a final LayerNorm; trained as
            a causal LM. Its output projection is a separate ``Dense`` (GPT-2 ties
@@ -35,7 +36,16 @@ import keras
 
 from tflms.zoo.compiling import compiled
 
-__all__ = ["bert", "gpt2", "lstm_lm"]
+__all__ = ["bert", "gpt2", "lstm_lm", "GPT2_SIZES"]
+
+GPT2_SIZES = {
+    "small": dict(layers=12, dim=768, heads=12),
+    "medium": dict(layers=24, dim=1024, heads=16),
+    "large": dict(layers=36, dim=1280, heads=20),
+    "xl": dict(layers=48, dim=1600, heads=25),
+}
+"""GPT-2's four published sizes (Radford et al., 2019, table 2), as :func:`gpt2` keywords:
+117M (our untied head: 162M), 345M (405M), 762M (838M) and 1542M (1.62B) parameters."""
 
 
 def _token_loss():
