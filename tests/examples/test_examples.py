@@ -63,3 +63,17 @@ def test_horovod_tf2_gradient_tape_recipe_with_its_two_edits():
     assert "weights identical on all ranks: True" in out
     source = (EXAMPLES / "horovod_tf2_mnist.py").read_text()
     assert source.count("# ddl_tf:") == 4  # the import, opt.build, opt.variables, documented
+
+
+@pytest.mark.slow
+@pytest.mark.parallel
+def test_model_state_example_streams_offloads_and_shards_on_two_ranks():
+    out = run([str(DDLRUN), "-np", "2", str(EXAMPLES / "model_state.py"), "--steps", "4"])
+    streamed = re.search(r"weights on the host: True; (\d+) streamed", out)
+    assert streamed and int(streamed.group(1)) > 0, out
+    per_rank, replicated = re.search(r"on the host\): ([\d, ]+) of (\d+) replicated", out).groups()
+    shards = [int(b) for b in per_rank.split(",")]
+    assert len(shards) == 2 and sum(shards) == int(replicated) and max(shards) < int(replicated)
+    first, last = map(float, re.search(r"each\): ([\d.]+) -> ([\d.]+)", out).groups())
+    assert last < first
+    assert "weights identical on all ranks: True" in out
