@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tflms
-from tflms.errors import ConfigError
+from tflms.errors import ConfigError, PlanInfeasibleError
 from tflms.keras import OffloadedOptimizer, weights_on_host
 from tflms.utils.devices import same_device
 
@@ -208,3 +208,17 @@ def test_weights_not_on_the_host_are_refused_with_the_fix(devices):
         _train(lazy, devices, data, [callback])
     with pytest.raises(ConfigError, match="offload_weights must be True or False"):
         tflms.LMSConfig(offload_weights=1)
+
+
+def test_a_budget_the_model_state_alone_exceeds_names_the_offloads(devices):
+    with tf.device(devices.compute):
+        model = _mlp(width=512, depth=3)  # about 3 MiB of weights, 9 MiB with Adam's slots
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    config = tflms.LMSConfig(device=devices.compute, host_device=devices.host, batch_size=BATCH)
+    with tf.device(devices.compute):
+        view = tflms.analyze(model, batch_size=BATCH, config=config)
+    with pytest.raises(PlanInfeasibleError) as caught:
+        tflms.autotune(view, "4MiB", config=config, accounting="tensors", safety_margin=0.0)
+    message = str(caught.value)
+    assert "Its variables take" in message
+    assert "offload_optimizer=True" in message and "weights_on_host" in message

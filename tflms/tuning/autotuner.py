@@ -296,7 +296,8 @@ def autotune(
             f"{margin:.0%} safety margin): the smallest predicted peak of the "
             f"{len(search.candidates)} plans tried is {format_bytes(low.peak)}, "
             f"at {low.result.peak_op} ({low.result.peak_op_type}), which needs its live tensors "
-            "at once. Lower the batch size or input size, or use a device with more memory.",
+            "at once. Lower the batch size or input size, or use a device with more memory."
+            + _state_hint(low.result.variable_bytes, config),
             budget_bytes=budget_bytes,
             best_peak_bytes=low.peak,
         )
@@ -335,4 +336,24 @@ def _as_view(graph_or_view, config: LMSConfig, batch_size: int | None) -> nx.DiG
         f"autotune needs a tf.Graph/FuncGraph or its tflms.build_view view, got "
         f"{type(graph_or_view).__name__}. Example: tflms.autotune(step.get_concrete_function("
         "spec).graph, '16GiB')."
+    )
+
+
+def _state_hint(variable_bytes: int, config: LMSConfig) -> str:
+    """What moving the model state off the device would free, for a plan that cannot fit."""
+    if variable_bytes <= 0:
+        return ""
+    moves = []
+    if not (config.offload_optimizer or config.offload_weights):
+        moves.append("offload_optimizer=True (the optimizer's state and update on the host)")
+    if not config.offload_weights:
+        moves.append(
+            "offload_weights=True with the model built inside tflms.keras.weights_on_host() "
+            "(the weights on the host, streamed)"
+        )
+    if not moves:
+        return ""
+    return (
+        f" Its variables take {format_bytes(variable_bytes)} of the device all step; "
+        "no swap plan moves them, but " + " or ".join(moves) + " does."
     )
