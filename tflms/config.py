@@ -145,6 +145,14 @@ class LMSConfig:
     whose memory and speed are then used. ``None``: plan with the options as
     given."""
 
+    host_memory_budget: int | None = None
+    """Host memory the step may pin (``"64GiB"``): the swapped-out tensors,
+    and the weights and optimizer state kept there (``offload_weights``,
+    ``offload_optimizer``). Pinned memory cannot be paged out, so a plan whose
+    simulated host peak exceeds it does not fit: the auto-tuner (with
+    ``memory_budget``) keeps only plans within both budgets. ``None``: the
+    host is not limited."""
+
     safety_margin: float = 0.1
     """Fraction of ``memory_budget`` held back for what static tensor sizes
     miss: cuDNN/cuBLAS workspaces, allocator fragmentation and rounding,
@@ -266,6 +274,13 @@ class LMSConfig:
             )
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", _budget_field(self.memory_budget))
+        if self.host_memory_budget is not None:
+            size = _bytes_field("host_memory_budget", self.host_memory_budget)
+            if size < 1:
+                raise _fail(
+                    "host_memory_budget", size, "a positive size", "Use None for no host limit."
+                )
+            object.__setattr__(self, "host_memory_budget", size)
         if self.max_op_bytes is not None:
             size = _bytes_field("max_op_bytes", self.max_op_bytes)
             if size < 1:

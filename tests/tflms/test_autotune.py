@@ -287,3 +287,44 @@ def test_the_rescue_keeps_a_base_config_that_reruns_dense_ops_valid():
     config = tflms.LMSConfig(min_tensor_bytes=0, recompute=True, recompute_dense=0.25)
     with pytest.raises(PlanInfeasibleError, match="No swap plan brings"):
         tflms.autotune(view, 64 << 10, safety_margin=0.0, config=config)
+
+
+def _mlp_view(devices, offload: bool):
+    import keras
+
+    from tflms.keras import OffloadedOptimizer
+
+    keras.utils.set_random_seed(1)
+    with tf.device(devices.compute):
+        model = keras.Sequential(
+            [keras.Input((256,)), *[keras.layers.Dense(256, activation="relu") for _ in range(8)]]
+        )
+    optimizer = keras.optimizers.Adam(0.01)
+    model.compile(optimizer=OffloadedOptimizer(optimizer) if offload else optimizer, loss="mse")
+    config = tflms.LMSConfig(device=devices.compute, host_device=devices.host, batch_size=1024)
+    with tf.device(devices.compute):
+        return tflms.analyze(model, batch_size=1024, config=config), config
+
+
+def test_a_host_budget_keeps_only_the_plans_that_fit_the_host_too(devices):
+    view, config = _mlp_view(devices, offload=False)
+    plain = tflms.simulate(view, accounting="tensors")
+    budget = int(plain.device_peak_bytes * 0.8)  # needs about 4 MiB swapped
+    tuned = tflms.autotune(view, budget, config=config, accounting="tensors", safety_margin=0.0)
+    assert tuned.plan.bytes_swapped > 0
+    assert tuned.result.host_peak_bytes > 2 << 20
+    roomy = config.replace(host_memory_budget=tuned.result.host_peak_bytes)
+    kept = tflms.autotune(view, budget, config=roomy, accounting="tensors", safety_margin=0.0)
+    assert kept.result.host_peak_bytes <= roomy.host_memory_budget
+    small = config.replace(host_memory_budget="1MiB")
+    with pytest.raises(PlanInfeasibleError, match="host_memory_budget=1.00 MiB"):
+        tflms.autotune(view, budget, config=small, accounting="tensors", safety_margin=0.0)
+
+
+def test_a_host_budget_below_the_state_kept_on_the_host_is_refused_before_planning(devices):
+    view, config = _mlp_view(devices, offload=True)  # Adam's slots on the host: about 2 MiB
+    small = config.replace(host_memory_budget="1MiB")
+    with pytest.raises(PlanInfeasibleError, match="before any swap"):
+        tflms.autotune(view, "64MiB", config=small, accounting="tensors")
+    with pytest.raises(ConfigError, match="host_memory_budget must be"):
+        tflms.LMSConfig(host_memory_budget="lots")

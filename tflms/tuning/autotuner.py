@@ -259,6 +259,7 @@ def autotune(
     view = _as_view(graph_or_view, config, batch_size)
     usable = int(budget_bytes * (1.0 - margin))
     search = Search(view, config, usable, target, robust)
+    _check_host_budget(search.baseline, config)
 
     if search.baseline.device_peak_bytes <= usable:
         plan = SwapPlan(
@@ -288,8 +289,24 @@ def autotune(
 
     with gc_frozen():  # dozens of rewritten copies: spare the view from each collection
         best = search.run()
+        if best is not None and not search.host_fits(best):
+            # the search walks towards lower device peaks, which swap more: among every
+            # plan it made, the fastest that fits both the device and the host budget
+            best = search.best(d for d in search.evaluated() if search.host_fits(d))
     if best is None:
         low = search.lowest()
+        device_fits = [d for d in search.evaluated() if d.peak <= usable and not d.plan.empty]
+        if device_fits and config.host_memory_budget is not None:
+            host_low = min(d.result.host_peak_bytes for d in device_fits)
+            raise PlanInfeasibleError(
+                f"{len(device_fits)} plans bring {view.graph.get('name') or 'the graph'} under "
+                f"{format_bytes(usable)} on the device, but each pins more host memory than "
+                f"host_memory_budget={format_bytes(config.host_memory_budget)} (the lowest: "
+                f"{format_bytes(host_low)}). Raise host_memory_budget, or lower the batch size "
+                "(fewer swapped bytes).",
+                budget_bytes=budget_bytes,
+                best_peak_bytes=low.peak,
+            )
         raise PlanInfeasibleError(
             f"No swap plan brings {view.graph.get('name') or 'the graph'} under "
             f"{format_bytes(usable)} ({format_bytes(budget_bytes)} budget less the "
@@ -356,4 +373,24 @@ def _state_hint(variable_bytes: int, config: LMSConfig) -> str:
     return (
         f" Its variables take {format_bytes(variable_bytes)} of the device all step; "
         "no swap plan moves them, but " + " or ".join(moves) + " does."
+    )
+
+
+def _check_host_budget(baseline, config: LMSConfig) -> None:
+    """Refuse a host budget below what lives on the host before any plan (its variables).
+
+    Raises:
+        PlanInfeasibleError: The step without a plan already pins more host memory.
+    """
+    limit = config.host_memory_budget
+    if limit is None or baseline.host_peak_bytes <= limit:
+        return
+    raise PlanInfeasibleError(
+        f"host_memory_budget={format_bytes(limit)} is below what the step pins on the host "
+        f"before any swap: {format_bytes(baseline.host_peak_bytes)} (the weights and optimizer "
+        "state kept there, offload_weights/offload_optimizer, and the gradients on their way "
+        "to the update). Raise host_memory_budget, or keep some state on the device; no plan "
+        "was made and nothing changed.",
+        budget_bytes=limit,
+        best_peak_bytes=baseline.host_peak_bytes,
     )

@@ -187,6 +187,10 @@ class Search:
         )
         return done
 
+    def evaluated(self) -> list[_Evaluated]:
+        """Every evaluation made so far, in search order."""
+        return list(self._seen.values())
+
     @property
     def candidates(self) -> list[Candidate]:
         """Every plan simulated so far, in search order, as the report shows it."""
@@ -209,9 +213,15 @@ class Search:
             )
         return found
 
+    def host_fits(self, done: _Evaluated) -> bool:
+        """Whether a plan's simulated host peak is within ``host_memory_budget`` (if set)."""
+        limit = self.base.host_memory_budget
+        return limit is None or done.result.host_peak_bytes <= limit
+
     def _may_fit(self, done: _Evaluated) -> bool:
         """Whether a plan fits as far as simulated yet: over the link, and with
-        instantaneous copies if that was checked."""
+        instantaneous copies if that was checked (the device only: the search
+        walks towards lower device peaks; the host budget filters after it)."""
         return not done.plan.empty and done.peak <= self.usable
 
     def fits(self, done: _Evaluated) -> bool:
@@ -224,7 +234,8 @@ class Search:
             done: An evaluation from :meth:`evaluate`.
 
         Returns:
-            False for an empty plan or a peak above the usable bytes, else True.
+            False for an empty plan or a peak above the usable bytes, else
+            True (the host budget is the caller's: :meth:`host_fits`).
         """
         if done.plan.empty or done.result.device_peak_bytes > self.usable:
             return False
