@@ -113,7 +113,9 @@ class Editor(Protocol):
                 as it is.
         """
 
-    def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
+    def add_clone(
+        self, name: str, original: str, inputs: list[tuple[str, int]], device: str = ""
+    ) -> None:
         """Insert a copy ``name`` of op ``original`` reading ``inputs``, marked as a recomputation.
 
         Args:
@@ -122,6 +124,7 @@ class Editor(Protocol):
                 control inputs are kept).
             inputs: ``(op name, output index)`` of each data input of the clone,
                 in input order.
+            device: Where the clone runs; ``""``: the original's device.
         """
 
     def data_inputs(self, op: str) -> list[tuple[str, int]]:
@@ -218,7 +221,7 @@ def _clone_group(editor: Editor, recompute) -> int:
         inputs = [
             (recompute.clone_name(src), k) if src in members else (src, k) for src, k in reads[op]
         ]
-        editor.add_clone(recompute.clone_name(op), op, inputs)
+        editor.add_clone(recompute.clone_name(op), op, inputs, recompute.device)
     for consumer, index, op, k in recompute.consumers:
         editor.reroute(consumer, index, (recompute.clone_name(op), k))
     if recompute.trigger is not None:

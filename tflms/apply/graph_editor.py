@@ -142,7 +142,9 @@ class GraphEditor:
         if device:
             op._set_device(device)  # noqa: SLF001
 
-    def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
+    def add_clone(
+        self, name: str, original: str, inputs: list[tuple[str, int]], device: str = ""
+    ) -> None:
         """A copy of op ``original`` called ``name``: same type, attributes, device and
         control inputs, reading ``inputs``; marked as a recomputation and kept by Grappler.
 
@@ -150,6 +152,7 @@ class GraphEditor:
             name: Name of the clone.
             original: Name of the op to copy.
             inputs: ``(op name, output index)`` of each data input, in order.
+            device: Where the clone runs; ``""``: the original's device.
 
         Raises:
             ValidationError: TensorFlow gave the clone another name than ``name``.
@@ -174,8 +177,8 @@ class GraphEditor:
             )
         for out, new in zip(op.outputs, clone.outputs, strict=True):
             new.set_shape(out.shape)
-        if op.device:
-            clone._set_device(op.device)  # noqa: SLF001
+        if device or op.device:
+            clone._set_device(device or op.device)  # noqa: SLF001
         for control in op.control_inputs:
             clone._add_control_input(control)  # noqa: SLF001
 

@@ -130,7 +130,9 @@ class ProtoEditor:
         """
         return [self._parse(name) for name in self._node(op).input if not name.startswith("^")]
 
-    def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
+    def add_clone(
+        self, name: str, original: str, inputs: list[tuple[str, int]], device: str = ""
+    ) -> None:
         """A copy of node ``original`` called ``name`` reading ``inputs`` (same op, attributes,
         device and control inputs), marked as a recomputation and kept by Grappler.
 
@@ -138,6 +140,7 @@ class ProtoEditor:
             name: Name of the clone.
             original: Name of the op to copy.
             inputs: ``(op name, output index)`` of each data input, in order.
+            device: Where the clone runs; ``""``: the original's device.
 
         Raises:
             ValidationError: ``original`` or an input's op is not a node of the graph.
@@ -146,6 +149,8 @@ class ProtoEditor:
         node = self._container.add()
         node.CopyFrom(source)
         node.name = name
+        if device:
+            node.device = device
         del node.input[:]
         node.input.extend(self._tensor_name(src, k) for src, k in inputs)
         node.input.extend(c for c in source.input if c.startswith("^"))

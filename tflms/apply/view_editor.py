@@ -144,19 +144,29 @@ class ViewEditor:
             found.extend((in_idx, pred, out_idx) for out_idx, in_idx in edge.get("tensors", ()))
         return [(pred, out_idx) for _, pred, out_idx in sorted(found)]
 
-    def add_clone(self, name: str, original: str, inputs: list[tuple[str, int]]) -> None:
+    def add_clone(
+        self, name: str, original: str, inputs: list[tuple[str, int]], device: str = ""
+    ) -> None:
         """A node ``name`` like ``original`` (type, device, outputs), reading ``inputs``.
 
         Args:
             name: Name of the clone.
             original: Name of the op to copy.
             inputs: ``(op name, output index)`` of each data input, in order.
+            device: Where the clone runs; ``""``: the original's device.
         """
         node = self.view.nodes[original]
         outputs = tuple(info._replace(name=f"{name}:{info.index}") for info in node["outputs"])
+        placed = {"device": device, "placement": self._matcher.placement(device)} if device else {}
         self.view.add_node(
             name,
-            **{**node, "outputs": outputs, "tflms": "recompute", "recompute_of": original},
+            **{
+                **node,
+                **placed,
+                "outputs": outputs,
+                "tflms": "recompute",
+                "recompute_of": original,
+            },
         )
         self._added[name] = None
         for in_idx, (src, k) in enumerate(inputs):

@@ -53,7 +53,7 @@ from tflms.config import LMSConfig
 from tflms.cost.target import Target
 from tflms.plan.planner import plan_swaps
 from tflms.plan.recompute import plan_recomputes
-from tflms.plan.streams import plan_stream_clones
+from tflms.plan.streams import plan_host_casts, plan_stream_clones
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.units import format_bytes
 
@@ -97,9 +97,12 @@ class Levers:
         key = config.replace(**_SWAPS_ONLY)
         if key not in self.staged:
             recomputes = plan_recomputes(self.view, config, self.target) if config.recompute else ()
-            if config.offload_weights:  # the views of streamed weights, re-run from a copy
+            if config.offload_weights:
+                # a weight's cast to float16 on the host, then its views re-run from a copy
+                recomputes += plan_host_casts(self.view, config)
+                cast = apply_to_view(self.view, SwapPlan(recomputes=recomputes, config=config))
                 taken = {op for r in recomputes for op in r.ops}
-                recomputes += plan_stream_clones(self.view, config, self.target, taken)
+                recomputes += plan_stream_clones(cast, config, self.target, taken)
             staged = (
                 apply_to_view(self.view, SwapPlan(recomputes=recomputes, config=config))
                 if recomputes

@@ -130,6 +130,9 @@ class Recompute:
             between the forward use and the recomputation.
         seconds: predicted compute time of the clones.
         reason: why this lever was chosen.
+        device: where the clones run; ``""``: with their originals (a weight's
+            cast runs on the host instead, so its float16 copy is what streams:
+            :func:`tflms.plan.streams.plan_host_casts`).
     """
 
     ops: tuple[str, ...]
@@ -141,6 +144,7 @@ class Recompute:
     bytes: int = 0
     seconds: float = 0.0
     reason: str = ""
+    device: str = ""
 
     def clone_name(self, op: str) -> str:
         """Name of the clone of ``op`` (see the module docstring).

@@ -17,7 +17,10 @@ a streamed tensor is an ``Identity`` on the host, where the tensor already
 is: it copies nothing. The applier, the simulator and the validation treat
 streams as the swaps they are.
 
-A weight's first device reader is often a view or a cast of it (an
+Under ``mixed_float16`` a layer reads its float32 weight through a cast to
+float16: :func:`plan_host_casts` runs that cast on the host, so the float16
+copy streams (half the bytes). A weight's first device reader is also often
+a view or a cast of it (an
 ``EinsumDense`` reshapes its kernel, ``mixed_float16`` casts it): that
 reader's output then lives on the device from the forward to the backward
 use. :func:`plan_stream_clones` re-runs such a chain of cheap ops before the
@@ -63,10 +66,18 @@ from tflms.graph.view import consumers as tensor_consumers
 from tflms.plan.candidates import order_sensitive
 from tflms.plan.entries import Recompute, Swap
 from tflms.plan.recompute import make_group
+from tflms.plan.recompute import veto as recompute_veto
 from tflms.plan.rerun_cost import cheap
 from tflms.plan.triggers import group_consumers, plan_swap_in, trigger_filter
 
-__all__ = ["plan_streams", "plan_stream_clones", "STREAMED_DTYPES", "VIEW_OPS"]
+__all__ = [
+    "plan_streams",
+    "plan_stream_clones",
+    "plan_host_casts",
+    "STREAMED_DTYPES",
+    "NARROW_DTYPES",
+    "VIEW_OPS",
+]
 
 STREAMED_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 """Dtypes of the host tensors streamed: weights (integer tensors are left to TensorFlow)."""
@@ -100,7 +111,7 @@ def plan_stream_clones(
     memo: dict[str, tuple[bool, float]] = {}
     groups = []
     for producer, node in view.nodes(data=True):
-        if node["placement"] != "host" or node["tflms"] or node["control_flow"]:
+        if node["placement"] != "host" or _inserted(node) or node["control_flow"]:
             continue
         for info in node["outputs"]:
             if info.dtype not in STREAMED_DTYPES:
@@ -141,6 +152,69 @@ def _view_chain(view: nx.DiGraph, op: str, taken) -> list[str]:
         op = readers.pop()
 
 
+NARROW_DTYPES = frozenset({"float16", "bfloat16"})
+"""Compute dtypes of mixed precision: a weight's cast to one runs on the host."""
+
+
+def _inserted(node: dict) -> bool:
+    """A tflms op other than a clone (a weight's cast moved to the host is one)."""
+    return node["tflms"] not in (None, "recompute")
+
+
+def plan_host_casts(view: nx.DiGraph, config: LMSConfig) -> tuple[Recompute, ...]:
+    """Run each device cast of a host weight to a narrower float on the host instead.
+
+    Under ``mixed_float16`` a layer reads its float32 weight through a cast;
+    cast on the host, the float16 copy is what streams: half the bytes over
+    the link and on the device. The cast is cloned there (a
+    :class:`~tflms.plan.entries.Recompute` with ``device=host_device``), every
+    reader of the original reads the clone, and the original, read by
+    nothing, is pruned by TensorFlow. Float rounding to a narrower type is
+    the same on any IEEE device, so training is unchanged.
+
+    Args:
+        view: The analysis view.
+        config: ``host_device`` is where the casts go.
+
+    Returns:
+        One single-op recomputation per cast, on the host, without trigger.
+    """
+    levels = nx.get_node_attributes(view, "level")
+    casts = []
+    for producer, node in view.nodes(data=True):
+        if node["placement"] != "host" or _inserted(node) or node["control_flow"]:
+            continue
+        for info in node["outputs"]:
+            if info.dtype != "float32":
+                continue
+            for cast, _ in tensor_consumers(view, producer, info.index):
+                cnode = view.nodes[cast]
+                if (
+                    cnode["type"] != "Cast"
+                    or cnode["placement"] != "compute"
+                    or cnode["control_flow"]
+                    or cnode["tflms"]
+                    or cnode["outputs"][0].dtype not in NARROW_DTYPES
+                ):
+                    continue
+                readers = sorted(
+                    tensor_consumers(view, cast, 0), key=lambda ci: (levels[ci[0]], ci)
+                )
+                if not readers or recompute_veto(view, [cast], {(cast, 0): readers}):
+                    continue
+                casts.append(
+                    Recompute(
+                        ops=(cast,),
+                        consumers=tuple((c, i, cast, 0) for c, i in readers),
+                        consumer_level=levels[readers[0][0]],
+                        bytes=cnode["outputs"][0].bytes,
+                        reason="cast on the host: its narrower copy is what streams",
+                        device=config.host_device,
+                    )
+                )
+    return tuple(casts)
+
+
 def plan_streams(view: nx.DiGraph, config: LMSConfig) -> tuple[list[Swap], list[tuple[str, str]]]:
     """The streams of ``view``'s host tensors that device ops read, and those left alone.
 
@@ -163,7 +237,7 @@ def plan_streams(view: nx.DiGraph, config: LMSConfig) -> tuple[list[Swap], list[
     streams: list[Swap] = []
     skipped: list[tuple[str, str]] = []
     for producer, node in view.nodes(data=True):
-        if node["placement"] != "host" or node["tflms"] or node["control_flow"]:
+        if node["placement"] != "host" or _inserted(node) or node["control_flow"]:
             continue
         for info in node["outputs"]:
             if info.dtype not in STREAMED_DTYPES or info.is_ref:
