@@ -26,7 +26,10 @@ TensorFlow's conventions (``"tensors"`` and ``"realistic"``)
     ``StopGradient`` outputs share their input's buffer (TensorFlow forwards
     it), and an element-wise op (:data:`FORWARDING_OPS`) writes its output
     into an input buffer nobody else reads any more, as TensorFlow's kernels
-    do. The peak is what an allocator would need at least.
+    do. An op reading a tensor of the other memory space without a tflms copy
+    gets TensorFlow's own copy, made as soon as the tensor exists and freed
+    after its last reader there, and the source is freed once copied
+    (:func:`_crossings`). The peak is what an allocator would need at least.
 
 ``"realistic"`` (the default for device presets: what a GPU process holds)
     TensorFlow's conventions as above, and every term a real TensorFlow GPU
