@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tflms
+from tflms import zoo
 from tflms.errors import ConfigError, PlanInfeasibleError
 from tflms.keras import OffloadedOptimizer, weights_on_host
 from tflms.utils.devices import same_device
@@ -104,6 +105,36 @@ def test_a_transformer_trains_bitwise_with_its_weights_streamed_from_the_host(de
     # the attention's reshaped kernels are reshaped again from a copy of their own
     assert any(r.ops[0].endswith("key_1/Reshape") for r in callback.plan.recomputes)
     assert "weights streamed from the host" in callback.plan.summary()
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(
+            lambda: zoo.cnn(16, filters=(8, 16, 16), optimizer="adam"), id="cnn-batchnorm"
+        ),
+        pytest.param(lambda: zoo.lstm(seq=8, dim=8, units=16, optimizer="adam"), id="lstm"),
+    ],
+)
+def test_other_families_train_bitwise_with_their_weights_on_the_host(devices, family):
+    """A CNN with BatchNorm (moving statistics written on the host) and an LSTM (its
+    time loop is a While op, which reads its weights itself; the Dense layers stream)."""
+    with tf.device(devices.compute):
+        plain = family()
+    data = zoo.synthetic_data(plain, BATCH * 4)
+    _train(plain, devices, data)
+    with weights_on_host(devices.host):
+        streamed = family()
+    callback = tflms.LMSCallback(
+        batch_size=BATCH,
+        device=devices.compute,
+        host_device=devices.host,
+        offload_weights=True,
+        **AGGRESSIVE,
+    )
+    _train(streamed, devices, data, [callback])
+    _assert_same_weights(plain, streamed)  # the moving statistics included
+    assert any(s.streamed for s in callback.plan.swaps)
 
 
 def test_mixed_precision_streams_and_trains_bitwise(devices):
