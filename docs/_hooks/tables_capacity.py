@@ -62,3 +62,47 @@ def capacity_transformers(r: Results) -> str:
             ]
         )
     return markdown_table(header, rows)
+
+
+_PLACEMENTS = (
+    ("plain", "all on the device"),
+    ("offload", "AdamW state on the host"),
+    ("stream", "weights streamed too"),
+    ("stream_swap", "+ activation swaps"),
+    ("stream_tuned", "+ autotune's plan"),
+)
+
+
+def _largest(r: Results, path: str) -> str:
+    if path.endswith("stream_tuned.A100-80GB"):
+        return "not run"  # the auto-tuner's search ran for the V100 only
+    batch = r.get(f"{path}.largest_batch")
+    if batch == 0:
+        return "does not fit"
+    ratios = " / ".join(
+        fmt_ratio(r.get(f"{path}.{link}.step_over_compute")) + "x" for link in ("pcie3", "nvlink2")
+    )
+    return f"{batch} ({ratios})"
+
+
+@table("model_state", "model_state.json")
+def model_state(r: Results) -> str:
+    """GPT-2 small to XL: the largest batch per placement of the model state, per GPU."""
+    header = ["model", "GPU", *(f"{label}" for _, label in _PLACEMENTS), "ZeRO-1, 8 ranks"]
+    rows = []
+    models = r.get("models")
+    for name in models if isinstance(models, dict) else []:
+        for gpu in ("V100-16GB", "A100-80GB"):
+            params = r.get(f"models.{name}.parameters")
+            shown = "XL" if name == "xl" else name
+            label = f"GPT-2 {shown} ({params / 1e6:.0f}M)" if isinstance(params, int) else name
+            zero = r.get(f"models.{name}.plain.{gpu}.zero1_per_rank.largest_batch_per_rank")
+            rows.append(
+                [
+                    label,
+                    gpu,
+                    *(_largest(r, f"models.{name}.{key}.{gpu}") for key, _ in _PLACEMENTS),
+                    "does not fit" if zero == 0 else zero,
+                ]
+            )
+    return markdown_table(header, rows)

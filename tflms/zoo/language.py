@@ -45,7 +45,7 @@ GPT2_SIZES = {
     "xl": dict(layers=48, dim=1600, heads=25),
 }
 """GPT-2's four published sizes (Radford et al., 2019, table 2), as :func:`gpt2` keywords:
-117M (our untied head: 162M), 345M (405M), 762M (838M) and 1542M (1.62B) parameters."""
+117M parameters (with this zoo's untied head: 162M), 345M (405M), 762M (837M) and 1542M (1.64B)."""
 
 
 def _token_loss():
