@@ -106,3 +106,35 @@ def model_state(r: Results) -> str:
                 ]
             )
     return markdown_table(header, rows)
+
+
+@table("offload", "offload.json")
+def offload(r: Results) -> str:
+    """GPT-2 with AdamW's state on the host: device and host peaks, step time over plain."""
+    header = [
+        "model",
+        "batch",
+        "device peak, plain -> offloaded",
+        "host peak (offloaded, PCIe3)",
+        "step time over plain, PCIe3 / NVLink2",
+    ]
+    rows = []
+    models = r.get("models")
+    for name in models if isinstance(models, dict) else []:
+        path = f"models.{name}"
+        params = r.get(f"{path}.parameters")
+        ratios = " / ".join(
+            fmt_ratio(r.get(f"{path}.step_time_over_plain.{link}")) + "x"
+            for link in ("pcie3", "nvlink2")
+        )
+        rows.append(
+            [
+                f"GPT-2 {name} ({params / 1e6:.0f}M)" if isinstance(params, int) else name,
+                r.get(f"{path}.batch"),
+                f"{fmt_bytes(r.get(f'{path}.plain.pcie3.device_peak_bytes'))} -> "
+                f"{fmt_bytes(r.get(f'{path}.offload.pcie3.device_peak_bytes'))}",
+                fmt_bytes(r.get(f"{path}.offload.pcie3.host_peak_bytes")),
+                ratios,
+            ]
+        )
+    return markdown_table(header, rows)
