@@ -165,14 +165,7 @@ class Traces:
         if placement == "stream_tuned":
             key = (batch, placement, gpu, link)
             if key not in self.plans:
-                config = tflms.LMSConfig(
-                    device=DEVICE,
-                    host_device=HOST,
-                    batch_size=batch,
-                    offload_weights=True,
-                    link=link,
-                    safety_margin=0.0,
-                )
+                config = _streaming(batch, link=link, safety_margin=0.0)
                 try:
                     tuned = tflms.autotune(self.view(batch), gpu, config=config, link=link)
                     self.plans[key] = tuned.plan
@@ -181,15 +174,16 @@ class Traces:
             return self.plans[key]
         key = (batch, placement)
         if key not in self.plans:
-            config = tflms.LMSConfig(
-                device=DEVICE,
-                host_device=HOST,
-                batch_size=batch,
-                offload_weights=True,
-                swap=placement == "stream_swap",
-            )
+            config = _streaming(batch, swap=placement == "stream_swap")
             self.plans[key] = tflms.make_plan(self.view(batch), config)
         return self.plans[key]
+
+
+def _streaming(batch: int, **options) -> tflms.LMSConfig:
+    """The options of a step whose weights stream from the host."""
+    return tflms.LMSConfig(
+        device=DEVICE, host_device=HOST, batch_size=batch, offload_weights=True, **options
+    )
 
 
 class Placement:

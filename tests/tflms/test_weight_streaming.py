@@ -63,15 +63,20 @@ def _pair(build, devices, make_optimizer, data, **options):
     with weights_on_host(devices.host):
         streamed = build()
     streamed.compile(optimizer=make_optimizer(), loss="mse")
-    callback = tflms.LMSCallback(
+    callback = _streaming(devices, **options)
+    _train(streamed, devices, data, [callback])
+    return plain, streamed, callback
+
+
+def _streaming(devices, **options):
+    """An LMSCallback that streams the weights kept on the host."""
+    return tflms.LMSCallback(
         batch_size=BATCH,
         device=devices.compute,
         host_device=devices.host,
         offload_weights=True,
         **options,
     )
-    _train(streamed, devices, data, [callback])
-    return plain, streamed, callback
 
 
 def _assert_same_weights(a, b):
@@ -125,13 +130,7 @@ def test_other_families_train_bitwise_with_their_weights_on_the_host(devices, fa
     _train(plain, devices, data)
     with weights_on_host(devices.host):
         streamed = family()
-    callback = tflms.LMSCallback(
-        batch_size=BATCH,
-        device=devices.compute,
-        host_device=devices.host,
-        offload_weights=True,
-        **AGGRESSIVE,
-    )
+    callback = _streaming(devices, **AGGRESSIVE)
     _train(streamed, devices, data, [callback])
     _assert_same_weights(plain, streamed)  # the moving statistics included
     assert any(s.streamed for s in callback.plan.swaps)

@@ -50,7 +50,7 @@ from tflms.plan.candidates import (
 )
 from tflms.plan.streams import plan_streams
 from tflms.plan.swap_plan import Swap, SwapPlan
-from tflms.plan.triggers import group_consumers, plan_swap_in, trigger_filter
+from tflms.plan.triggers import group_consumers, swap_for_groups, trigger_filter
 from tflms.utils.units import format_bytes
 
 __all__ = ["plan_swaps", "NEVER_SWAP_PRODUCERS", "NEVER_SWAP_DTYPES"]
@@ -170,25 +170,8 @@ def _plan_tensor(view, producer, node, info, levels, config, trigger_ok):
     reason = veto(view, producer, info, uses, far)
     if reason is not None:
         return None, reason
-    swap_ins = []
-    for group in group_consumers(far, levels, view, config.swapin_groupby):
-        swap_in, reason = plan_swap_in(view, producer, lp, group, levels, config, trigger_ok)
-        if swap_in is None:
-            return None, reason
-        swap_ins.append(swap_in)
-    return (
-        Swap(
-            tensor=info.name,
-            producer=producer,
-            index=info.index,
-            bytes=info.bytes,
-            dtype=info.dtype,
-            producer_level=lp,
-            device=node["device"],
-            swap_ins=tuple(swap_ins),
-        ),
-        None,
-    )
+    groups = group_consumers(far, levels, view, config.swapin_groupby)
+    return swap_for_groups(view, producer, info, groups, levels, config, trigger_ok)
 
 
 def _why_no_swaps(config: LMSConfig, small: list[int], spans: list[int], vetoed: int) -> str:

@@ -68,7 +68,7 @@ from tflms.plan.entries import Recompute, Swap
 from tflms.plan.recompute import make_group
 from tflms.plan.recompute import veto as recompute_veto
 from tflms.plan.rerun_cost import cheap
-from tflms.plan.triggers import group_consumers, plan_swap_in, trigger_filter
+from tflms.plan.triggers import group_consumers, swap_for_groups, trigger_filter
 
 __all__ = [
     "plan_streams",
@@ -252,7 +252,7 @@ def plan_streams(view: nx.DiGraph, config: LMSConfig) -> tuple[list[Swap], list[
             reason = _veto(view, on_device)
             if reason is None:
                 stream, reason = _plan_stream(
-                    view, producer, node, info, on_device, levels, config, trigger_ok
+                    view, producer, info, on_device, levels, config, trigger_ok
                 )
                 if stream is not None:
                     streams.append(stream)
@@ -280,26 +280,9 @@ def _veto(view: nx.DiGraph, on_device) -> str | None:
     return None
 
 
-def _plan_stream(view, producer, node, info, on_device, levels, config, trigger_ok):
+def _plan_stream(view, producer, info, on_device, levels, config, trigger_ok):
     """One host tensor's stream: ``(swap, None)``, or ``(None, reason)``."""
-    lp = levels[producer]
-    swap_ins = []
     # readers further apart than swapout_threshold get copies of their own, as swaps do
     groupby = min(config.swapin_groupby, config.swapout_threshold)
-    for group in group_consumers(on_device, levels, view, groupby):
-        swap_in, reason = plan_swap_in(view, producer, lp, group, levels, config, trigger_ok)
-        if swap_in is None:
-            return None, reason
-        swap_ins.append(swap_in)
-    stream = Swap(
-        tensor=info.name,
-        producer=producer,
-        index=info.index,
-        bytes=info.bytes,
-        dtype=info.dtype,
-        producer_level=lp,
-        device=node["device"],
-        swap_ins=tuple(swap_ins),
-        streamed=True,
-    )
-    return stream, None
+    groups = group_consumers(on_device, levels, view, groupby)
+    return swap_for_groups(view, producer, info, groups, levels, config, trigger_ok, streamed=True)

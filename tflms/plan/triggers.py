@@ -28,9 +28,16 @@ import networkx as nx
 
 from tflms.config import LMSConfig
 from tflms.graph.grappler_rules import in_a_fold, removed_at_run_time
-from tflms.plan.swap_plan import SwapIn
+from tflms.plan.swap_plan import Swap, SwapIn
 
-__all__ = ["group_consumers", "plan_swap_in", "find_trigger", "other_inputs", "trigger_filter"]
+__all__ = [
+    "group_consumers",
+    "plan_swap_in",
+    "swap_for_groups",
+    "find_trigger",
+    "other_inputs",
+    "trigger_filter",
+]
 
 
 def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
@@ -150,6 +157,53 @@ def plan_swap_in(
     return SwapIn(
         consumers=consumers, control_inputs=waits, consumer_level=lc, fallback=reason
     ), None
+
+
+def swap_for_groups(
+    view: nx.DiGraph,
+    producer: str,
+    info,
+    groups,
+    levels,
+    config: LMSConfig,
+    trigger_ok: Callable[[str], bool],
+    *,
+    streamed: bool = False,
+) -> tuple[Swap | None, str | None]:
+    """The swap of tensor ``info`` of ``producer`` with one swap-in per consumer group.
+
+    Args:
+        view: the analysis view.
+        producer: the op producing the tensor.
+        info: the tensor's :class:`~tflms.graph.view.TensorInfo`.
+        groups: the consumer groups (:func:`group_consumers`).
+        levels: op levels of the view.
+        config: as for :func:`plan_swap_in`.
+        trigger_ok: which ops may trigger.
+        streamed: the tensor lives on the host (:mod:`tflms.plan.streams`).
+
+    Returns:
+        ``(swap, None)``, or ``(None, reason)`` when a group has no swap-in.
+    """
+    lp = levels[producer]
+    swap_ins = []
+    for group in groups:
+        swap_in, reason = plan_swap_in(view, producer, lp, group, levels, config, trigger_ok)
+        if swap_in is None:
+            return None, reason
+        swap_ins.append(swap_in)
+    swap = Swap(
+        tensor=info.name,
+        producer=producer,
+        index=info.index,
+        bytes=info.bytes,
+        dtype=info.dtype,
+        producer_level=lp,
+        device=view.nodes[producer]["device"],
+        swap_ins=tuple(swap_ins),
+        streamed=streamed,
+    )
+    return swap, None
 
 
 def find_trigger(
