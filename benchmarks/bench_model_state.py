@@ -15,9 +15,10 @@ traced as ``tflms.analyze`` traces it, in three placements:
 * ``stream_swap``: the same, and tflms's default activation swaps
   (``LMSConfig(offload_weights=True)``);
 * ``stream_tuned`` (V100-16GB only): the same, with the activation plan
-  ``tflms.autotune`` finds for the GPU's memory over PCIe3 (no safety margin),
-  and over NVLink2 at the batch that fits over PCIe3: what a user asking for
-  ``memory_budget="V100-16GB"`` gets.
+  ``tflms.autotune`` finds for the GPU's memory over PCIe3 (no safety margin;
+  batch 8 first, reported as "at least 8" when a plan fits there, else the
+  largest fitting batch bisected below it), and over NVLink2 at that batch:
+  what a user asking for ``memory_budget="V100-16GB"`` gets.
 
 Two logical CPU devices stand in for the GPU (``CPU:1``) and its host
 (``CPU:0``), so each view places every variable where it lives. The
@@ -84,6 +85,9 @@ GPUS = ("V100-16GB", "A100-80GB")
 LINKS = ("pcie3", "nvlink2")
 PLACEMENTS = ("plain", "offload", "stream", "stream_swap", "stream_tuned")
 TUNED_GPUS = ("V100-16GB",)  # each autotune of GPT-2 XL takes minutes
+TUNED_CAP = 8
+"""The largest batch the auto-tuner is asked for: a plan that fits there is reported as
+"at least 8" (``capped``); below it the largest fitting batch is bisected."""
 RANKS = 8
 HOLLOW_BYTES = 8 << 20
 OUT = RESULTS / "model_state.json"
@@ -216,11 +220,14 @@ def largest_batch(traces: Placement, gpu: str, log) -> tuple[int, dict]:
 
     if peak(1) > limit:
         return 0, peaks
-    if traces.name == "stream_tuned":  # a tuned plan fits or not: step up from 1
-        batch = 1
-        while peak(batch + 1) <= limit:
-            batch += 1
-        return batch, peaks
+    if traces.name == "stream_tuned":  # a tuned plan fits or not: the cap, else bisect
+        if peak(TUNED_CAP) <= limit:
+            return TUNED_CAP, peaks  # at least this (each try of GPT-2 XL takes minutes)
+        fits, fails = 1, TUNED_CAP
+        while fails - fits > 1:
+            middle = (fits + fails) // 2
+            fits, fails = (middle, fails) if peak(middle) <= limit else (fits, middle)
+        return fits, peaks
     slope = max(peak(2) - peak(1), 1)
     guess = max(1, 1 + int((limit - peak(1)) // slope))
     if peak(guess) <= limit:
@@ -249,6 +256,7 @@ def study(size: str, placements, row: dict, log) -> dict:
             limit = get_device(gpu).memory_bytes
             cell: dict = {
                 "largest_batch": batch,
+                "capped": placement == "stream_tuned" and batch == TUNED_CAP,
                 "peaks_tried": {  # None: no tuned plan fits at that batch
                     str(b): None if p > limit and placement == "stream_tuned" else p
                     for b, p in sorted(peaks.items())
@@ -273,6 +281,8 @@ def study(size: str, placements, row: dict, log) -> dict:
         row[placement] = entry
     row["adamw_slot_bytes"] = 8 * row["parameters"]
     times = row.get("analysis_s")
+    if isinstance(times, int | float):  # a file written before the times were per run
+        times = {",".join(PLACEMENTS[:4]): times}
     row["analysis_s"] = {
         **(times if isinstance(times, dict) else {}),
         ",".join(placements): round(time.perf_counter() - started, 1),

@@ -79,10 +79,16 @@ def _largest(r: Results, path: str) -> str:
     batch = r.get(f"{path}.largest_batch")
     if batch == 0:
         return "does not fit"
-    ratios = " / ".join(
-        fmt_ratio(r.get(f"{path}.{link}.step_over_compute")) + "x" for link in ("pcie3", "nvlink2")
-    )
-    return f"{batch} ({ratios})"
+    if r.get(f"{path}.capped", record=False) is True:
+        batch = f">= {batch}"  # the largest batch tried
+    ratios = []
+    for link in ("pcie3", "nvlink2"):
+        cell = r.get(f"{path}.{link}", record=False)
+        if isinstance(cell, dict) and cell.get("fits") is False:
+            ratios.append("no plan")  # the auto-tuner found none over this link
+        else:
+            ratios.append(fmt_ratio(r.get(f"{path}.{link}.step_over_compute")) + "x")
+    return f"{batch} ({' / '.join(ratios)})"
 
 
 @table("model_state", "model_state.json")
