@@ -76,6 +76,8 @@ _PLACEMENTS = (
 def _largest(r: Results, path: str) -> str:
     if path.endswith("stream_tuned.A100-80GB"):
         return "not run"  # the auto-tuner's search ran for the V100 only
+    if "stream_tuned" in path and not isinstance(r.get(path, record=False), dict):
+        return "not run"  # bench_model_state.py --placements stream_tuned --models ...
     batch = r.get(f"{path}.largest_batch")
     if batch == 0:
         return "does not fit"
