@@ -114,7 +114,7 @@ class Editor(Protocol):
         """
 
     def add_clone(
-        self, name: str, original: str, inputs: list[tuple[str, int]], device: str = ""
+        self, name: str, original: str, inputs: list[tuple[str, int]], device: str
     ) -> None:
         """Insert a copy ``name`` of op ``original`` reading ``inputs``, marked as a recomputation.
 

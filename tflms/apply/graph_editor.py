@@ -143,7 +143,7 @@ class GraphEditor:
             op._set_device(device)  # noqa: SLF001
 
     def add_clone(
-        self, name: str, original: str, inputs: list[tuple[str, int]], device: str = ""
+        self, name: str, original: str, inputs: list[tuple[str, int]], device: str
     ) -> None:
         """A copy of op ``original`` called ``name``: same type, attributes, device and
         control inputs, reading ``inputs``; marked as a recomputation and kept by Grappler.

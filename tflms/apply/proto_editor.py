@@ -131,7 +131,7 @@ class ProtoEditor:
         return [self._parse(name) for name in self._node(op).input if not name.startswith("^")]
 
     def add_clone(
-        self, name: str, original: str, inputs: list[tuple[str, int]], device: str = ""
+        self, name: str, original: str, inputs: list[tuple[str, int]], device: str
     ) -> None:
         """A copy of node ``original`` called ``name`` reading ``inputs`` (same op, attributes,
         device and control inputs), marked as a recomputation and kept by Grappler.

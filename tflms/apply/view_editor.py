@@ -145,7 +145,7 @@ class ViewEditor:
         return [(pred, out_idx) for _, pred, out_idx in sorted(found)]
 
     def add_clone(
-        self, name: str, original: str, inputs: list[tuple[str, int]], device: str = ""
+        self, name: str, original: str, inputs: list[tuple[str, int]], device: str
     ) -> None:
         """A node ``name`` like ``original`` (type, device, outputs), reading ``inputs``.
 
