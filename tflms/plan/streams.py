@@ -110,24 +110,19 @@ def plan_stream_clones(
     trigger_ok = trigger_filter(view)
     memo: dict[str, tuple[bool, float]] = {}
     groups = []
-    for producer, node in view.nodes(data=True):
-        if node["placement"] != "host" or _inserted(node) or node["control_flow"]:
-            continue
-        for info in node["outputs"]:
-            if info.dtype not in STREAMED_DTYPES:
+    for producer, info in _host_tensors(view, STREAMED_DTYPES):
+        for reader, _ in tensor_consumers(view, producer, info.index):
+            chain = _view_chain(view, reader, taken)
+            if not chain:
                 continue
-            for reader, _ in tensor_consumers(view, producer, info.index):
-                chain = _view_chain(view, reader, taken)
-                if not chain:
-                    continue
-                for op in chain:
-                    memo[op] = cheap(view, op, target.device)
-                if not all(memo[op][0] for op in chain):
-                    continue
-                entry = make_group(view, chain, levels, config, trigger_ok, memo)
-                if entry is not None:
-                    groups.append(entry)
-                    taken = taken | set(chain)
+            for op in chain:
+                memo[op] = cheap(view, op, target.device)
+            if not all(memo[op][0] for op in chain):
+                continue
+            entry = make_group(view, chain, levels, config, trigger_ok, memo)
+            if entry is not None:
+                groups.append(entry)
+                taken = taken | set(chain)
     return tuple(sorted(groups, key=lambda g: (-g.bytes, g.ops)))
 
 
@@ -161,6 +156,20 @@ def _inserted(node: dict) -> bool:
     return node["tflms"] not in (None, "recompute")
 
 
+def _host_tensors(view: nx.DiGraph, dtypes):
+    """``(producer, tensor)`` for each output of ``dtypes`` of an op on the host.
+
+    Ops tflms inserted (clones aside) and ops in control flow are left out;
+    so are TF1 reference tensors.
+    """
+    for producer, node in view.nodes(data=True):
+        if node["placement"] != "host" or _inserted(node) or node["control_flow"]:
+            continue
+        for info in node["outputs"]:
+            if info.dtype in dtypes and not info.is_ref:
+                yield producer, info
+
+
 def plan_host_casts(view: nx.DiGraph, config: LMSConfig) -> tuple[Recompute, ...]:
     """Run each device cast of a host weight to a narrower float on the host instead.
 
@@ -181,37 +190,30 @@ def plan_host_casts(view: nx.DiGraph, config: LMSConfig) -> tuple[Recompute, ...
     """
     levels = nx.get_node_attributes(view, "level")
     casts = []
-    for producer, node in view.nodes(data=True):
-        if node["placement"] != "host" or _inserted(node) or node["control_flow"]:
-            continue
-        for info in node["outputs"]:
-            if info.dtype != "float32":
+    for producer, info in _host_tensors(view, frozenset({"float32"})):
+        for cast, _ in tensor_consumers(view, producer, info.index):
+            cnode = view.nodes[cast]
+            if (
+                cnode["type"] != "Cast"
+                or cnode["placement"] != "compute"
+                or cnode["control_flow"]
+                or cnode["tflms"]
+                or cnode["outputs"][0].dtype not in NARROW_DTYPES
+            ):
                 continue
-            for cast, _ in tensor_consumers(view, producer, info.index):
-                cnode = view.nodes[cast]
-                if (
-                    cnode["type"] != "Cast"
-                    or cnode["placement"] != "compute"
-                    or cnode["control_flow"]
-                    or cnode["tflms"]
-                    or cnode["outputs"][0].dtype not in NARROW_DTYPES
-                ):
-                    continue
-                readers = sorted(
-                    tensor_consumers(view, cast, 0), key=lambda ci: (levels[ci[0]], ci)
+            readers = sorted(tensor_consumers(view, cast, 0), key=lambda ci: (levels[ci[0]], ci))
+            if not readers or recompute_veto(view, [cast], {(cast, 0): readers}):
+                continue
+            casts.append(
+                Recompute(
+                    ops=(cast,),
+                    consumers=tuple((c, i, cast, 0) for c, i in readers),
+                    consumer_level=levels[readers[0][0]],
+                    bytes=cnode["outputs"][0].bytes,
+                    reason="cast on the host: its narrower copy is what streams",
+                    device=config.host_device,
                 )
-                if not readers or recompute_veto(view, [cast], {(cast, 0): readers}):
-                    continue
-                casts.append(
-                    Recompute(
-                        ops=(cast,),
-                        consumers=tuple((c, i, cast, 0) for c, i in readers),
-                        consumer_level=levels[readers[0][0]],
-                        bytes=cnode["outputs"][0].bytes,
-                        reason="cast on the host: its narrower copy is what streams",
-                        device=config.host_device,
-                    )
-                )
+            )
     return tuple(casts)
 
 
@@ -236,28 +238,23 @@ def plan_streams(view: nx.DiGraph, config: LMSConfig) -> tuple[list[Swap], list[
     trigger_ok = trigger_filter(view)
     streams: list[Swap] = []
     skipped: list[tuple[str, str]] = []
-    for producer, node in view.nodes(data=True):
-        if node["placement"] != "host" or _inserted(node) or node["control_flow"]:
+    for producer, info in _host_tensors(view, STREAMED_DTYPES):
+        uses = tensor_consumers(view, producer, info.index)
+        on_device = sorted(
+            ((c, i) for c, i in uses if view.nodes[c]["placement"] != "host"),
+            key=lambda ci: (levels[ci[0]], ci[0], ci[1]),
+        )
+        if not on_device:
             continue
-        for info in node["outputs"]:
-            if info.dtype not in STREAMED_DTYPES or info.is_ref:
-                continue
-            uses = tensor_consumers(view, producer, info.index)
-            on_device = sorted(
-                ((c, i) for c, i in uses if view.nodes[c]["placement"] != "host"),
-                key=lambda ci: (levels[ci[0]], ci[0], ci[1]),
+        reason = _veto(view, on_device)
+        if reason is None:
+            stream, reason = _plan_stream(
+                view, producer, info, on_device, levels, config, trigger_ok
             )
-            if not on_device:
+            if stream is not None:
+                streams.append(stream)
                 continue
-            reason = _veto(view, on_device)
-            if reason is None:
-                stream, reason = _plan_stream(
-                    view, producer, info, on_device, levels, config, trigger_ok
-                )
-                if stream is not None:
-                    streams.append(stream)
-                    continue
-            skipped.append((info.name, reason))
+        skipped.append((info.name, reason))
     streams.sort(key=lambda s: (-s.bytes, s.tensor))
     return streams, skipped
 
