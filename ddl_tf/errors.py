@@ -33,6 +33,8 @@ __all__ = [
     "LaunchError",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
+    "RestoreError",
+    "StartupError",
 ]
 
 
@@ -77,6 +79,16 @@ class ExecutionModeError(DDLError, RuntimeError):
 
 class StallError(DDLError):
     """Some ranks did not reach a collective within the configured shutdown time."""
+
+
+class RestoreError(DDLError, ValueError):
+    """A checkpoint cannot be restored whole (its optimizer, with its state, or its random
+    generators); the message names the route that restores it."""
+
+
+class StartupError(DDLError, RuntimeError):
+    """Ranks of the job did not call ``init()`` within the start-up timeout
+    (``DDL_START_TIMEOUT``); the message names them."""
 
 
 class LaunchError(DDLError):

@@ -14,7 +14,12 @@ callbacks.append(keras.callbacks.ModelCheckpoint(...))``) so ranks never
 write the same file; to resume, load on rank 0 with :func:`load_model` (or on
 every rank from shared storage) and let ``BroadcastGlobalVariablesCallback``
 hand the weights and optimizer state to the others; broadcast the epoch to
-resume from with ``hvd.broadcast(epoch, 0)``.
+resume from with ``hvd.broadcast(epoch, 0)``. :func:`load_model` gives back
+the saved optimizer with all its state (also for models whose ``compile`` is
+their own, such as KerasHub's, which ``keras.models.load_model`` leaves with
+their default optimizer) and the random-generator state that
+:func:`keep_random_state` had the checkpoint keep, so a resumed run equals the
+uninterrupted one (see ``docs/reliability.md``).
 
 Example (one process):
     >>> import ddl_tf.keras as hvd
@@ -26,6 +31,8 @@ Example (one process):
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any
 
 import keras
@@ -67,6 +74,13 @@ from ddl_tf.errors import ConfigError
 from ddl_tf.keras import callbacks, elastic
 from ddl_tf.keras.loss_scale import DistributedLossScaleOptimizer
 from ddl_tf.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from ddl_tf.keras.random_state import assign_random_state, keep_random_state, random_state_variables
+from ddl_tf.keras.restore import (
+    KERAS_WARNINGS_RESOLVED,
+    optimizer_problem,
+    restore_optimizer,
+    saved_training,
+)
 from ddl_tf.keras.sharding import ShardedOptimizer
 from ddl_tf.tensorflow import BASICS, allgather_ops, allreduce_ops, broadcast_ops, reducescatter_ops
 from ddl_tf.tensorflow.allreduce_ops import barrier
@@ -74,6 +88,8 @@ from ddl_tf.tensorflow.broadcast_ops import broadcast_global_variables
 from ddl_tf.tensorflow.compression import Compression
 from ddl_tf.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
 from ddl_tf.tensorflow.gradient_tape import DistributedGradientTape
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     *BASICS,
@@ -97,6 +113,7 @@ __all__ = [
     "barrier",
     "load_model",
     "save_model",
+    "keep_random_state",
     "ShardedOptimizer",
     "Compression",
     "Average",
@@ -191,11 +208,19 @@ def load_model(
     legacy_opts: bool = False,
     **kwargs,
 ) -> keras.Model:
-    """Load a Keras model and make sure its optimizer is a :class:`DistributedOptimizer`.
+    """Load a Keras model with everything its file saved of the training, optimizer wrapped.
 
-    A model saved with a ``DistributedOptimizer`` comes back wrapped (with its
-    optimizer state); one saved with a plain optimizer gets it wrapped here,
-    keeping the loaded state.
+    A model saved with a ``DistributedOptimizer`` comes back with it, and
+    with its state; one saved with a plain optimizer gets it wrapped here,
+    with the loaded state. When the model class defines its own ``compile``
+    (KerasHub's tasks do, and compile with a default optimizer when built),
+    Keras does not restore the saved optimizer: the file's is restored here
+    (the class's ``compile`` called with the saved arguments, then the
+    optimizer's variables loaded, iterations included), or, where that cannot
+    work, :class:`~ddl_tf.errors.RestoreError` names the route that does; the
+    wrong optimizer is never kept. The random generators' state is restored
+    when the file holds it (see :func:`keep_random_state`), and later saves
+    of the model keep it.
 
     Args:
         filepath: A ``.keras`` file.
@@ -204,10 +229,16 @@ def load_model(
         compression: Compression for a newly wrapped optimizer.
         legacy_opts: Horovod's switch for Keras 2 ``optimizers.legacy`` models;
             Keras 3 has no legacy optimizers, so only False is accepted.
-        **kwargs: Passed to ``keras.models.load_model``.
+        **kwargs: Passed to ``keras.models.load_model``. With ``compile=False``
+            the optimizer is left as Keras returns it (not restored, not wrapped).
+
+    Returns:
+        The model.
 
     Raises:
         ConfigError: ``legacy_opts=True``.
+        RestoreError: The saved optimizer cannot be restored into this model
+            class, or the file's random state is another model's.
     """
     if legacy_opts:
         raise ConfigError(
@@ -218,10 +249,37 @@ def load_model(
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects[cls.__name__] = cls
-    model = keras.models.load_model(filepath, custom_objects=objects, **kwargs)
+    compile_ = kwargs.get("compile", True)
+    saved = saved_training(filepath)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = keras.models.load_model(filepath, custom_objects=objects, **kwargs)
+    problem = optimizer_problem(model, saved) if compile_ and saved is not None else None
+    if problem is not None:
+        assert saved is not None
+        restore_optimizer(model, saved, problem, objects)
+    for warning in caught:  # Keras's own, but not those about a state restored above
+        text = str(warning.message)
+        if problem is None or not any(known in text for known in KERAS_WARNINGS_RESOLVED):
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    keep_random_state(model)
+    if saved is not None and saved.random_state is not None:
+        assign_random_state(random_state_variables(model), saved.random_state)
+    elif saved is not None and random_state_variables(model):
+        logger.warning(
+            "%s holds no random-generator state (it was saved before keep_random_state(model) "
+            "or BroadcastGlobalVariablesCallback ran), so the model's Dropout and other random "
+            "layers start from new seeds: a resumed run draws other numbers than the "
+            "uninterrupted one. Checkpoints saved from now on keep the state.",
+            filepath,
+        )
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and not isinstance(
-        optimizer, (DistributedOptimizer, DistributedLossScaleOptimizer)
+    if (
+        compile_
+        and optimizer is not None
+        and not isinstance(optimizer, (DistributedOptimizer, DistributedLossScaleOptimizer))
     ):
         model.optimizer = DistributedOptimizer(optimizer, compression=compression)
         model.train_function = None  # rebuilt by the next fit() with the wrapped optimizer
@@ -246,6 +304,7 @@ def save_model(model: keras.Model, filepath, **kwargs) -> None:
         filepath: A ``.keras`` path (written by rank 0).
         **kwargs: Passed to ``model.save``.
     """
+    keep_random_state(model)
     optimizer = getattr(model, "optimizer", None)
     sharded = getattr(optimizer, "inner_optimizer", None)
     if not isinstance(sharded, ShardedOptimizer):

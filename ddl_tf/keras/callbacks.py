@@ -1,9 +1,11 @@
 """Horovod's Keras callbacks for Keras 3.
 
 * :class:`BroadcastGlobalVariablesCallback` makes every rank start from the
-  root's weights and optimizer state (at ``on_train_begin`` for a built model;
-  after the first batch for a model that Keras builds in its first step, as
-  Horovod does for every model).
+  root's weights, optimizer state and random-generator state (at
+  ``on_train_begin`` for a built model; after the first batch for a model that
+  Keras builds in its first step, as Horovod does for every model), and has
+  the model's checkpoints keep its random state
+  (:func:`~ddl_tf.keras.random_state.keep_random_state`).
 * :class:`MetricAverageCallback` averages the epoch's metrics over ranks, in
   place, so callbacks after it (and the History) see global values. Put it
   before callbacks that read metrics (checkpointing, early stopping).
@@ -37,6 +39,7 @@ from ddl_tf.core import basics
 from ddl_tf.core.collectives.reduce_spec import AVERAGE
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras.optimizer import unwrap_optimizer
+from ddl_tf.keras.random_state import keep_random_state
 from ddl_tf.tensorflow.functions import broadcast_variables
 
 __all__ = [
@@ -60,6 +63,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     where Horovod 0.28 broadcasts every model: that step ran on each rank's own
     initial weights with averaged gradients, and from then on all ranks hold
     the root's weights and optimizer state.
+
+    The broadcast includes the state of the model's random generators
+    (``model.variables`` holds it: Dropout draws the same masks on every
+    rank), and ``on_train_begin`` calls
+    :func:`~ddl_tf.keras.random_state.keep_random_state`, so that the
+    model's checkpoints keep that state and a run resumed with
+    :func:`ddl_tf.keras.load_model` draws what the uninterrupted run would have.
 
     Args:
         root_rank: Rank whose variables every rank adopts.
@@ -112,6 +122,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             logs: The metrics dict Keras passes (may be None).
         """
         self.broadcast_done = False
+        keep_random_state(self.model)  # checkpoints of the model keep its random generators
         if self.model.built:
             self._broadcast()
 
