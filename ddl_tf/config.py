@@ -81,6 +81,11 @@ class DDLConfig:
         stall_shutdown_seconds: A collective that waited this long raises
             :class:`~ddl_tf.errors.StallError` on every rank that arrived
             (``0`` waits forever, as Horovod's default does).
+        start_timeout_seconds: Every rank must call ``init()`` within this
+            many seconds of the first one; past them the ranks that did raise
+            :class:`~ddl_tf.errors.StartupError` naming those that did not
+            (``0`` waits forever, as MPI's start-up does). See
+            :mod:`ddl_tf.core.startup`.
         check_collectives: Exchange a descriptor of each collective (name,
             shapes, dtypes, op, order) before moving data, turning mismatches
             into errors and stalls into warnings. ``False`` saves one small
@@ -113,6 +118,7 @@ class DDLConfig:
     timeline: str | None = None
     stall_warning_seconds: float = 60.0
     stall_shutdown_seconds: float = 0.0
+    start_timeout_seconds: float = 60.0
     check_collectives: bool = True
     abort_on_error: bool = True
     topology_file: str | None = None
@@ -169,6 +175,11 @@ class DDLConfig:
             raise ConfigError(
                 "stall_shutdown_seconds must be >= 0 (0 never shuts down). Received "
                 f"stall_shutdown_seconds={self.stall_shutdown_seconds!r}."
+            )
+        if not self.start_timeout_seconds >= 0:  # NaN too
+            raise ConfigError(
+                "start_timeout_seconds must be >= 0 (0 waits for ever). Received "
+                f"start_timeout_seconds={self.start_timeout_seconds!r} (e.g. DDL_START_TIMEOUT=60)."
             )
         if 0 < self.stall_shutdown_seconds < self.stall_warning_seconds:
             raise ConfigError(
@@ -319,6 +330,11 @@ ENV_FIELDS: tuple[tuple[str, tuple[str, ...], Callable[[str, str], Any]], ...] =
     (
         "stall_shutdown_seconds",
         (env.DDL_STALL_SHUTDOWN_SECONDS, env.HOROVOD_STALL_SHUTDOWN_TIME_SECONDS),
+        _parse_float,
+    ),
+    (
+        "start_timeout_seconds",
+        (env.DDL_START_TIMEOUT, env.HOROVOD_START_TIMEOUT),
         _parse_float,
     ),
     ("dynamic_process_sets", (env.HOROVOD_DYNAMIC_PROCESS_SETS,), _parse_bool),

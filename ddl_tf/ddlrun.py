@@ -31,7 +31,11 @@ on this machine (network namespaces joined by links shaped to ``--link``,
 see :mod:`ddl_tf.cluster`) and removes when the job ends.
 
 It prints the (predicted) topology and the exact mpirun command, then runs it
-with the ddl_tf settings exported to every rank (``-x DDL_...``). It adds
+with the ddl_tf settings exported to every rank (``-x DDL_...``). A fixed-size
+job of several ranks also gets ddlrun's start-up check
+(:mod:`ddl_tf.launch.startup`, ``-x DDL_START_ADDR``): ranks report to it
+before MPI starts, and if some do not call ``init()`` within
+``--start-timeout`` (``DDL_START_TIMEOUT``, 60 s), the others fail naming them. It adds
 ``--allow-run-as-root`` only when run as root. Jobs also run without ddlrun:
 plain ``mpirun``/``srun`` (export the ``DDL_*`` variables yourself) or
 ``horovodrun --mpi``.
@@ -53,7 +57,9 @@ import os
 import shlex
 import signal
 import sys
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddl_tf import __version__, env
 from ddl_tf.config import ALGORITHMS, COMPRESSIONS, DDLConfig
@@ -79,6 +85,9 @@ from ddl_tf.launch.hosts import (
     place_ranks,
 )
 from ddl_tf.launch.supervise import FinishedWatch, exit_code, run_elastic, run_job
+
+if TYPE_CHECKING:
+    from ddl_tf.launch.startup import StartupCheck
 
 __all__ = [
     "main",
@@ -187,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     horovod.add_argument(
         "--start-timeout",
         type=float,
-        help="accepted and ignored with a note: ranks that do not start make init() fail fast",
+        help="seconds every rank has to call init() (DDL_START_TIMEOUT, default 60; 0 waits "
+        "for ever): past them the ranks that did fail, naming those that did not",
     )
     horovod.add_argument(
         "--network-interface",
@@ -266,6 +276,8 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
         values[env.DDL_STALL_WARNING_SECONDS] = str(args.stall_warning_seconds)
     if args.stall_shutdown_seconds is not None:
         values[env.DDL_STALL_SHUTDOWN_SECONDS] = str(args.stall_shutdown_seconds)
+    if args.start_timeout is not None:
+        values[env.DDL_START_TIMEOUT] = str(args.start_timeout)
     DDLConfig.from_env({**env.ddl_variables(), **values})  # raises ConfigError on bad values
     return values
 
@@ -469,10 +481,16 @@ def main(argv: list[str] | None = None) -> int:
         print("ddlrun: settings: " + " ".join(f"{k}={v}" for k, v in sorted(plan.env.items())))
     for option, why in (
         ("--cycle-time-ms", "ddl_tf runs each collective when it is issued (no cycle)"),
-        ("--start-timeout", "a rank that does not start makes init() fail on the others"),
     ):
         if getattr(args, option[2:].replace("-", "_")) is not None:
             print(f"ddlrun: note: {option} is horovodrun's and has no effect here: {why}")
+    check = None
+    if not args.dry_run and spec is None and elastic is None and plan.np > 1:
+        check = _startup_check(plan, placement, args.network_interface)
+        if check is not None:  # the ranks report to it before MPI starts (DDL_START_ADDR)
+            child_env[env.DDL_START_ADDR] = check.address
+            plan.forward.append(env.DDL_START_ADDR)
+            command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
     print("ddlrun: running: " + shlex.join(command), flush=True)
     if args.dry_run:
         return EXIT_OK
@@ -492,7 +510,40 @@ def main(argv: list[str] | None = None) -> int:
             return 128 + signal.SIGINT
     if elastic is not None:
         return run_elastic(command, child_env, report=_say)
-    return run_job(command, child_env, report=_say)
+    if check is None:
+        return run_job(command, child_env, report=_say)
+    try:
+        return run_job(command, child_env, report=_say, stop=check.stop)
+    finally:
+        check.close()
+
+
+def _startup_check(
+    plan: LaunchPlan, placement: list[str], interface: str | None
+) -> StartupCheck | None:
+    """ddlrun's start-up check for a fixed-size job (None when the ranks cannot reach it).
+
+    Under a Slurm or PBS allocation without hosts, ddlrun does not know
+    where the ranks run, so it cannot tell them an address that reaches it:
+    they start without the check (MPI's start-up is then bounded by each
+    rank's watchdog, see ddl_tf.core.startup).
+    """
+    from ddl_tf.launch.startup import StartupCheck, listen_address  # numpy: not for --help
+
+    if plan.in_allocation:
+        return None
+    remote = sorted({name for name in placement if not is_local(name)})
+    try:
+        bind, advertise = listen_address(remote, interface)
+        return StartupCheck(
+            plan.np, report=_say, stop=threading.Event(), bind=bind, advertise=advertise
+        )
+    except OSError as err:
+        _say(
+            f"ddlrun: note: no start-up check ({err}); ranks that never call init() are "
+            "named only once MPI runs"
+        )
+        return None
 
 
 if __name__ == "__main__":  # pragma: no cover

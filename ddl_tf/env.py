@@ -43,6 +43,8 @@ __all__ = [
     "DDL_PSEUDO_NODES",
     "DDL_AUTO_POLICY",
     "DDL_LOG_LEVEL",
+    "DDL_START_TIMEOUT",
+    "DDL_START_ADDR",
     # elastic jobs (ddlrun --min-np sets them)
     "DDL_ELASTIC",
     "DDL_ELASTIC_MIN_NP",
@@ -65,6 +67,7 @@ __all__ = [
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
     "HOROVOD_STALL_CHECK_DISABLE",
     "HOROVOD_LOG_LEVEL",
+    "HOROVOD_START_TIMEOUT",
     "HOROVOD_HIERARCHICAL_ALLREDUCE",
     "HOROVOD_CYCLE_TIME",
     "HOROVOD_AUTOTUNE",
@@ -143,6 +146,15 @@ DDL_AUTO_POLICY = "DDL_AUTO_POLICY"
 DDL_LOG_LEVEL = "DDL_LOG_LEVEL"
 """Level of the ``ddl_tf`` logger set by ``init()`` (e.g. ``DEBUG``, ``WARNING``)."""
 
+DDL_START_TIMEOUT = "DDL_START_TIMEOUT"
+"""Seconds (default 60) within which every rank must call ``init()``, counted from the first
+rank's call: past them every rank that called it fails with ``StartupError`` naming those
+that did not (under ``ddlrun``, before MPI starts); ``0`` waits for ever, as MPI does."""
+
+DDL_START_ADDR = "DDL_START_ADDR"
+"""``host:port`` of ddlrun's start-up check, which ``ddlrun`` sets for its ranks: ``init()``
+reports there before MPI starts, and learns which ranks did not start."""
+
 # --------------------------------------------------------------------------- Horovod
 
 HOROVOD_FUSION_THRESHOLD = "HOROVOD_FUSION_THRESHOLD"
@@ -152,6 +164,8 @@ HOROVOD_STALL_SHUTDOWN_TIME_SECONDS = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 HOROVOD_STALL_CHECK_DISABLE = "HOROVOD_STALL_CHECK_DISABLE"
 HOROVOD_LOG_LEVEL = "HOROVOD_LOG_LEVEL"
 """Horovod's log level (trace, debug, info, warning, error, fatal); ``DDL_LOG_LEVEL`` wins."""
+HOROVOD_START_TIMEOUT = "HOROVOD_START_TIMEOUT"
+"""horovodrun's start timeout (seconds); ``DDL_START_TIMEOUT``'s fallback."""
 HOROVOD_HIERARCHICAL_ALLREDUCE = "HOROVOD_HIERARCHICAL_ALLREDUCE"
 """``1``: the hierarchical allreduce (``DDL_ALLREDUCE_ALGO=hierarchical``) unless
 ``DDL_ALLREDUCE_ALGO`` is set."""

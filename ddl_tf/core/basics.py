@@ -1,8 +1,10 @@
 """Process-wide state: ``init``, ``shutdown`` and the Horovod rank/size queries.
 
 ``init()`` is where MPI starts (importing ddl_tf never initializes it). It
-reads :class:`~ddl_tf.config.DDLConfig` from the environment, works out the
-topology, checks that every rank was started with the same settings, builds
+reads :class:`~ddl_tf.config.DDLConfig` from the environment, starts MPI
+within ``DDL_START_TIMEOUT`` (a rank that never calls ``init()`` makes the
+others fail naming it, instead of waiting for ever: :mod:`ddl_tf.core.startup`),
+works out the topology, checks that every rank was started with the same settings, builds
 the communicators and the :class:`~ddl_tf.core.collectives.engine.Engine`, installs an
 excepthook that aborts the whole job when any rank dies of an uncaught
 exception (so no rank waits forever for a dead peer), and registers a
@@ -35,9 +37,10 @@ from ddl_tf.core.collectives.engine import Engine
 from ddl_tf.core.job import Job, spawned_parent
 from ddl_tf.core.numerics import mpi
 from ddl_tf.core.process_sets import ProcessSet
-from ddl_tf.core.topology.layout import Topology, launcher_hostname
+from ddl_tf.core.startup import check_in_over_mpi, check_in_with_launcher, mpi_init_guard
+from ddl_tf.core.topology.layout import Topology, launcher_hostname, launcher_layout
 from ddl_tf.env import HOROVOD_IGNORED
-from ddl_tf.errors import ConfigError, DDLError
+from ddl_tf.errors import ConfigError, DDLError, StartupError
 
 __all__ = ["engine", "job", "replace_job", "topology", *HOROVOD_BASICS]
 
@@ -92,6 +95,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     Raises:
         ConfigError: Invalid settings, or ranks started with different settings.
         TopologyError: The topology file or forced algorithm does not fit the job.
+        StartupError: Ranks of the job did not call ``init()`` within
+            ``DDL_START_TIMEOUT`` seconds (the message names them); uncaught, it
+            ends the job (with ``DDL_ABORT_ON_ERROR``, the default).
     """
     global _atexit_registered
     with current.lock:
@@ -102,8 +108,10 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         config = DDLConfig.from_env()
         if config.log_level:
             _configure_logging(config.log_level)
-        MPI = mpi.load()
         elastic = env.elastic_job()
+        MPI = _start_mpi(config, elastic, comm)
+        if not elastic:
+            _check_in(MPI, comm, config)
         base, owned = _resolve_comm(MPI, comm, elastic)
         job = Job.create(base, config, host=launcher_hostname(), elastic=elastic, owns_comm=owned)
         current.install(job)
@@ -140,6 +148,64 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                 engine.topology.describe(),
             )
         return engine
+
+
+def _start_mpi(config: DDLConfig, elastic: bool, comm: Any) -> Any:
+    """Initialize MPI; within ``DDL_START_TIMEOUT`` where the launcher lets that be bounded.
+
+    Under ddlrun (``DDL_START_ADDR``) the rank first reports to ddlrun's
+    start-up check and waits for every rank to report there, so that
+    ``MPI_Init``, which waits for every process of the job, starts only when
+    they all came; elsewhere a watchdog bounds ``MPI_Init``. Nothing is
+    bounded in an elastic job (ddlrun's elastic launch has its own timeouts),
+    when MPI already runs, or in a job of one.
+    """
+    timeout = 0.0 if elastic else config.start_timeout_seconds
+    if mpi.is_loaded() or timeout <= 0:
+        return mpi.load()
+    try:
+        layout = launcher_layout()
+    except ValueError:  # a garbled launcher variable: init() reports it later, with MPI's view
+        layout = {}
+    rank, size = int(layout.get("rank", 0)), int(layout.get("size", 1))
+    if size < 2:
+        return mpi.load()
+    address = env.get(env.DDL_START_ADDR)
+    if address is None:
+        with mpi_init_guard(rank, size, timeout):
+            return mpi.load()
+    members = None if comm is None else [int(r) for r in comm]  # no MPI yet: a list of ranks
+    started = check_in_with_launcher(address, rank, size, timeout, members)
+    MPI = mpi.load()
+    started()
+    return MPI
+
+
+def _check_in(MPI: Any, comm: Any, config: DDLConfig) -> None:
+    """Every rank that calls ``init()`` reports to the first before any collective (bounded).
+
+    Raises:
+        StartupError: Ranks did not call ``init()`` within ``DDL_START_TIMEOUT``
+            (named); with ``DDL_ABORT_ON_ERROR`` the job is aborted if it goes uncaught,
+            since MPI's finalization would wait for those ranks.
+    """
+    if comm is None:
+        target, members = MPI.COMM_WORLD, list(range(MPI.COMM_WORLD.Get_size()))
+    elif isinstance(comm, MPI.Intracomm):
+        target, members = comm, list(range(comm.Get_size()))
+    elif isinstance(comm, MPI.Comm):  # an intercommunicator: no check
+        return
+    else:
+        members = [int(r) for r in comm]
+        if MPI.COMM_WORLD.Get_rank() not in members:
+            return  # _resolve_comm refuses it
+        target = MPI.COMM_WORLD
+    try:
+        check_in_over_mpi(target, members, config.start_timeout_seconds)
+    except StartupError:
+        if config.abort_on_error:
+            _install_excepthook(_abort_on_startup_failure)
+        raise
 
 
 def _resolve_comm(MPI: Any, comm: Any, elastic: bool) -> tuple[Any, bool]:
@@ -407,6 +473,19 @@ def _abort_on_uncaught(exc_type, exc, tb) -> None:
         f"rank {job.rank} died of an uncaught {exc_type.__name__}; "
         f"aborting all {job.size} ranks (MPI_Abort)",
     )
+
+
+def _abort_on_startup_failure(exc_type, exc, tb) -> None:
+    """Print the exception; for a failed start-up, abort every rank (the missing ones too).
+
+    MPI's finalization at exit would wait for the ranks that never called
+    ``init()``, so a rank that could not start ends the whole job instead.
+    """
+    (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+    if issubclass(exc_type, StartupError):
+        sys.stderr.write("ddl_tf: the job could not start; aborting all ranks (MPI_Abort)\n")
+        sys.stderr.flush()
+        mpi.load().COMM_WORLD.Abort(1)
 
 
 def _abort(failed: Engine, reason: str) -> None:

@@ -261,4 +261,6 @@ def test_horovodrun_options_are_accepted_and_mapped(capsys, tmp_path):
     for component in ("btl_tcp_if_include", "oob_tcp_if_include"):
         assert command[command.index(component) + 1] == "eth1"
     assert command[command.index("btl_base_verbose") + 1] == "0"
-    assert "note: --cycle-time-ms is horovodrun's" in out and "note: --start-timeout" in out
+    assert "note: --cycle-time-ms is horovodrun's" in out and "note: --start-timeout" not in out
+    assert "DDL_START_TIMEOUT=30.0" in out  # horovodrun's start timeout is init()'s
+    assert "DDL_START_ADDR" not in command  # a dry run starts no start-up check
