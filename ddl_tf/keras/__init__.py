@@ -254,7 +254,7 @@ def load_model(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = keras.models.load_model(filepath, custom_objects=objects, **kwargs)
-    problem = optimizer_problem(model, saved) if compile_ and saved is not None else None
+    problem = optimizer_problem(model, saved, objects) if compile_ and saved is not None else None
     if problem is not None:
         assert saved is not None
         restore_optimizer(model, saved, problem, objects)

@@ -147,7 +147,9 @@ def saved_training(filepath: Any) -> SavedTraining | None:
     )
 
 
-def optimizer_problem(model: keras.Model, saved: SavedTraining) -> str | None:
+def optimizer_problem(
+    model: keras.Model, saved: SavedTraining, custom_objects: dict | None = None
+) -> str | None:
     """What the loaded ``model`` lacks of the file's optimizer, or None when it has it all.
 
     The optimizer must be the saved one (same classes, wrappers included, and
@@ -157,6 +159,7 @@ def optimizer_problem(model: keras.Model, saved: SavedTraining) -> str | None:
     Args:
         model: What ``keras.models.load_model`` returned.
         saved: What :func:`saved_training` read from the same file.
+        custom_objects: Classes the saved optimizer may name.
 
     Returns:
         The problem in words, or None.
@@ -168,7 +171,7 @@ def optimizer_problem(model: keras.Model, saved: SavedTraining) -> str | None:
     if optimizer is None:
         return "the loaded model has no optimizer"
     loaded = keras.saving.serialize_keras_object(optimizer)
-    if _comparable(loaded) != _comparable(expected):
+    if not _same_optimizer(loaded, expected, custom_objects):
         return f"the loaded model has {describe_optimizer(loaded)} instead"
     count = len(optimizer.variables) if optimizer.built else 0
     if count != saved.optimizer_variables and not _sharded(optimizer):
@@ -222,7 +225,7 @@ def restore_optimizer(
             f"{head}, and {cls}.compile does not take the saved compile arguments ({err}). {route}"
         ) from err
     now = keras.saving.serialize_keras_object(model.optimizer)
-    if _comparable(now) != _comparable(expected):
+    if not _same_optimizer(now, expected, custom_objects):
         raise RestoreError(
             f"{head}, and {cls}.compile(optimizer=...) made {describe_optimizer(now)} instead "
             f"of the optimizer it was given. {route}"
@@ -293,6 +296,23 @@ def _route(path: Path, expected: dict) -> str:
         f"model.load_weights({str(path)!r}): it restores the weights, the optimizer's variables "
         "(iterations included) and the random-generator state."
     )
+
+
+def _same_optimizer(config: dict, expected: dict, custom_objects: dict | None) -> bool:
+    """Whether serialized optimizer ``config`` is the saved ``expected`` one (names aside).
+
+    Compared as saved, then as the saved one serializes once rebuilt: an
+    optimizer whose configuration does not survive a round trip unchanged
+    is still recognized.
+    """
+    if _comparable(config) == _comparable(expected):
+        return True
+    try:
+        rebuilt = keras.saving.deserialize_keras_object(expected, custom_objects=custom_objects)
+        again = keras.saving.serialize_keras_object(rebuilt)
+    except Exception:  # noqa: BLE001 - not rebuildable here: not recognizably the same
+        return False
+    return _comparable(config) == _comparable(again)
 
 
 def _comparable(config: Any) -> Any:
