@@ -341,7 +341,7 @@ def mpi_init_guard(rank: int, size: int, timeout: float) -> Iterator[None]:
             stdin=subprocess.PIPE,
             close_fds=True,
         )
-    except OSError as err:  # no process to spare: start unguarded, as MPI would
+    except (OSError, ValueError) as err:  # no process to spare: start unguarded, as MPI would
         logger.warning("MPI start-up runs without its time limit: %s", err)
         yield
         return
