@@ -31,7 +31,10 @@ chunks (:mod:`tflms.plan.splits`, :mod:`tflms.apply.split`: it rewrites the
 graph before planning, so the view is built again from the cut graph);
 :func:`~tflms.compose.levers.compose_plan` (the levers, one setting) or
 :func:`~tflms.tuning.autotuner.autotune` (the cheapest setting that fits
-``memory_budget``, composed the same way); :func:`~tflms.apply.core.apply_plan`
+``memory_budget``, composed the same way); the Grappler check
+(``LMSConfig.check_rewrites``, :meth:`Pipeline.keep_rewrites`: planned again
+until Grappler rewrites the step alike with and without the plan);
+:func:`~tflms.apply.core.apply_plan`
 or :func:`~tflms.apply.core.apply_with` (the only stage that mutates);
 :func:`~tflms.apply.validation.validate`.
 
@@ -55,6 +58,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -68,7 +72,8 @@ from tflms.apply.validation import validate
 from tflms.compose.levers import compose_plan
 from tflms.config import LMSConfig
 from tflms.cost.target import Target
-from tflms.errors import AlreadyRewrittenError, ConfigError
+from tflms.errors import AlreadyRewrittenError, ConfigError, PlanInfeasibleError
+from tflms.graph.grappler_rules import NOT_RECOMPUTED, PINNED
 from tflms.graph.view import build_view, require_batch_size, resolve_batch
 from tflms.plan.splits import Split, plan_deferrals, plan_splits
 from tflms.plan.swap_plan import SwapPlan
@@ -80,6 +85,9 @@ if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is s
 __all__ = ["Known", "Pipeline", "Planned", "make_plan"]
 
 logger = logging.getLogger(__name__)
+
+CHECK_ROUNDS = 6
+"""Rounds of the Grappler check (``LMSConfig.check_rewrites``) before the last plan is kept."""
 
 Known = tuple[int | None, str | None]
 """A batch size the front end knows, or None, and where it came from (for the plan's notes)."""
@@ -167,11 +175,22 @@ class Pipeline:
         require_batch_size(view, fix=fix, reason=reason)
         return view
 
-    def plan(self, view: nx.DiGraph) -> tuple[SwapPlan, AutotuneResult | None]:
+    def plan(
+        self, view: nx.DiGraph, graph: tf.Graph | None = None, *, outputs: Any = None
+    ) -> tuple[SwapPlan, AutotuneResult | None]:
         """``(plan, tuning)``: the levers' plan, or the auto-tuned one with ``memory_budget``.
+
+        With ``graph`` (and ``LMSConfig.check_rewrites``), the plan is checked
+        against Grappler and made again without the ops it rewrites
+        differently, until Grappler treats the step alike with and without it
+        (:meth:`keep_rewrites`).
 
         Args:
             view: the analysis view of one training graph (without tflms ops).
+            graph: the graph ``view`` was built from, to check the plan on;
+                None plans without the check.
+            outputs: what the step's function returned (a ``FuncGraph`` being
+                traced has no outputs yet); None: the graph's sinks.
 
         Returns:
             ``(plan, tuning)``; ``tuning`` is None without a budget.
@@ -179,6 +198,101 @@ class Pipeline:
         Raises:
             PlanInfeasibleError: with ``memory_budget``, no plan fits.
         """
+        plan, tuning = self._plan(view)
+        if graph is None or not self.config.check_rewrites or plan.empty:
+            return plan, tuning
+        return self.keep_rewrites(view, graph, outputs, plan, tuning)
+
+    def keep_rewrites(
+        self,
+        view: nx.DiGraph,
+        graph: tf.Graph,
+        outputs: Any,
+        plan: SwapPlan,
+        tuning: AutotuneResult | None,
+    ) -> tuple[SwapPlan, AutotuneResult | None]:
+        """Plan again until Grappler rewrites the step alike with and without the plan.
+
+        Each round runs Grappler offline on the step with the plan
+        (:class:`~tflms.simulation.grappler.rewrites.RewriteGuard`), pins the
+        ops it treats differently in ``view``
+        (:data:`~tflms.graph.grappler_rules.PINNED`) and plans again; a
+        plan Grappler agrees with is returned with a note. After
+        :data:`CHECK_ROUNDS` rounds, or when a round pins nothing new, the last
+        plan is kept with a warning and a note naming the differences.
+
+        Returns:
+            ``(plan, tuning)`` as :meth:`plan`.
+
+        Raises:
+            PlanInfeasibleError: with ``memory_budget``, no plan fits once the
+                ops are pinned (the message says so, and names the way out).
+        """
+        from tflms.simulation.grappler.rewrites import (  # Grappler: only when a plan is made
+            RewriteGuard,
+            check_device,
+            pins,
+            step_fetches,
+        )
+
+        guard = RewriteGuard(
+            graph.as_graph_def(),
+            fetches=step_fetches(graph, outputs),
+            device=check_device(view),
+            host_device=self.config.host_device,
+            batch_size=view.graph.get("batch_size"),
+        )
+        pinned = frozenset(view.graph.get(PINNED, ()))
+        not_recomputed = frozenset(view.graph.get(NOT_RECOMPUTED, ()))
+        for rounds in range(1, CHECK_ROUNDS + 1):
+            check = guard.check(plan)
+            full, recompute_only = pins(check, view, plan)
+            found = (full - pinned) | (recompute_only - not_recomputed)
+            if not check.agree:
+                logger.info(
+                    "tflms: Grappler check, round %d: %s\npinned: %s; kept from recomputation: %s",
+                    rounds,
+                    check.summary(10),
+                    _names(full, 12),
+                    _names(recompute_only, 12),
+                )
+            if check.agree or not found or rounds == CHECK_ROUNDS:
+                break
+            pinned |= full
+            not_recomputed |= recompute_only
+            view.graph.update({PINNED: pinned, NOT_RECOMPUTED: not_recomputed})
+            try:
+                plan, tuning = self._plan(view)
+            except PlanInfeasibleError as err:
+                raise PlanInfeasibleError(
+                    f"{err}\n(after Grappler's check pinned {len(pinned | not_recomputed)} op(s) "
+                    f"whose rewrite a plan changed: {_names(pinned | not_recomputed)}. "
+                    "LMSConfig(check_rewrites=False) allows plans that change the step's float "
+                    "arithmetic in the last bits.)",
+                    budget_bytes=err.budget_bytes,
+                    best_peak_bytes=err.best_peak_bytes,
+                ) from err
+            if plan.empty:
+                break
+        kept = f"{len(pinned)} op(s) pinned" + (f": {_names(pinned)}" if pinned else "")
+        if not_recomputed:
+            kept += f", {len(not_recomputed)} kept from recomputation: {_names(not_recomputed)}"
+        if plan.empty or check.agree:
+            note = f"Grappler rewrites the step alike with and without the plan ({rounds} round(s), {kept})"
+            if plan.empty:
+                note = f"Grappler rewrote every plan differently; nothing is moved ({kept})"
+        else:
+            note = (
+                f"not bit for bit: {check.summary(3)}\n(after {rounds} round(s), {kept}; "
+                "LMSConfig.check_rewrites=False skips the check)"
+            )
+            logger.warning("tflms: %s: %s", view.graph.get("name") or "graph", note)
+        plan = dataclasses.replace(plan, notes=(*plan.notes, note))
+        if tuning is not None:  # the tuning's plan is the one applied
+            tuning = dataclasses.replace(tuning, plan=plan)
+        return plan, tuning
+
+    def _plan(self, view: nx.DiGraph) -> tuple[SwapPlan, AutotuneResult | None]:
         if self.config.memory_budget is None:
             return compose_plan(view, self.config, self.target), None
         from tflms.tuning.autotuner import autotune  # the simulator: only with a budget
@@ -211,7 +325,7 @@ class Pipeline:
         )
         return finish_view(self.view(graph, *known), splits), splits
 
-    def run(self, graph: tf.Graph, *known: Known, into: Any = None) -> Planned:
+    def run(self, graph: tf.Graph, *known: Known, into: Any = None, outputs: Any = None) -> Planned:
         """Analyse, cut, plan, rewrite ``graph`` in place and validate it.
 
         Args:
@@ -221,6 +335,8 @@ class Pipeline:
             into: an object whose ``view``, ``splits`` and ``tuning``
                 attributes are set as soon as each is known (:class:`tflms.LMS`:
                 so that they are there to inspect when a later stage raises).
+            outputs: what the step's function returned, for the Grappler
+                check (:meth:`plan`); None: the graph's sinks.
 
         Returns:
             The :class:`Planned` view, plan, tuning and splits.
@@ -241,7 +357,7 @@ class Pipeline:
             )
         view, splits = self.cut(graph, view, *known)
         _tell(into, view=view, splits=tuple(splits))
-        plan, tuning = self.plan(view)
+        plan, tuning = self.plan(view, graph, outputs=outputs)
         _tell(into, tuning=tuning)
         if plan.empty:  # a plan may recompute or order without swapping: it is applied then
             logger.info(
@@ -253,6 +369,11 @@ class Pipeline:
             apply_plan(graph, plan)
             validate(graph, plan)
         return Planned(view, plan, tuning, tuple(splits))
+
+
+def _names(ops, limit: int = 4) -> str:
+    shown = sorted(ops)[:limit]
+    return ", ".join(shown) + (f" and {len(ops) - limit} more" if len(ops) > limit else "")
 
 
 def _tell(into: Any, **facts: Any) -> None:

@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tflms
-from tests.tflms.grappler_rewrites import compare_rewrites
 from tflms import zoo
 from tflms.apply.core import apply_with
 from tflms.apply.proto_editor import ProtoEditor
@@ -32,6 +31,7 @@ from tflms.graph.grappler_rules import (
 )
 from tflms.graph.view import SWAP_ATTR
 from tflms.plan.triggers import trigger_filter
+from tflms.simulation.grappler.rewrites import compare_rewrites
 
 BATCH = 8
 

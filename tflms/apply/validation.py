@@ -14,9 +14,9 @@ optionally against the :class:`~tflms.plan.swap_plan.SwapPlan` that was applied:
   to the graph without the plan (:mod:`tflms.graph.grappler_rules`): no
   swapped tensor's producer folds into its one consumer, no op of a fold
   gains a control fanout to a swap op. These are tflms' own rules of what
-  Grappler does; the test suite's ``compare_rewrites``
-  (``tests/tflms/grappler_rewrites.py``) runs Grappler itself on both
-  graphs, on every model it plans.
+  Grappler does; the pipeline's check (``LMSConfig.check_rewrites``,
+  :mod:`tflms.simulation.grappler.rewrites`) runs Grappler itself on both
+  graphs before a plan is applied.
 """
 
 from __future__ import annotations

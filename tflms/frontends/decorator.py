@@ -78,7 +78,7 @@ class _LMSState:
             if self._pipeline is None:
                 self._pipeline = Pipeline(self.config, self.target)
             # only the plan is kept (with the graph): views and tunings go with the trace
-            self.plans[graph] = self._pipeline.run(graph).plan
+            self.plans[graph] = self._pipeline.run(graph, outputs=outputs).plan
             return outputs
 
         setattr(traced, _STATE_ATTR, self)

@@ -128,7 +128,7 @@ class LMS:
         _check_graph(graph)
         view = self.pipeline.view(graph, (batch_size, batch_source))
         self.view = view
-        plan, self.tuning = self.pipeline.plan(view)
+        plan, self.tuning = self.pipeline.plan(view, graph)
         return plan
 
     @tf.autograph.experimental.do_not_convert
@@ -139,6 +139,7 @@ class LMS:
         batch_size: int | None = None,
         batch_source: str | None = None,
         known: tuple = (),
+        outputs=None,
     ) -> SwapPlan:
         """Plan, rewrite ``graph`` in place, validate it, and return the plan.
 
@@ -150,6 +151,10 @@ class LMS:
             known: further ``(batch size or None, source)`` pairs the caller
                 knows, less trusted than ``batch_size`` (a front end's
                 fallbacks, e.g. the traced step's leading dimension).
+            outputs: what the step's function returned, when ``graph`` is a
+                ``FuncGraph`` still being traced: the Grappler check
+                (``LMSConfig.check_rewrites``) prunes the step to them and to
+                its stateful ops, as TensorFlow will. None: the graph's sinks.
 
         Returns:
             The :class:`SwapPlan` that was applied.
@@ -161,7 +166,9 @@ class LMS:
             PlanInfeasibleError: with ``memory_budget``, no plan fits.
         """
         _check_graph(graph)
-        return self.pipeline.run(graph, (batch_size, batch_source), *known, into=self).plan
+        return self.pipeline.run(
+            graph, (batch_size, batch_source), *known, into=self, outputs=outputs
+        ).plan
 
 
 def _check_graph(graph) -> None:

@@ -35,6 +35,14 @@ relies on live here.
   :func:`folded_to_constants` names them. A ``Reshape``/``ExpandDims``/
   ``Squeeze`` of a variable read shares the variable's buffer
   (:func:`aliases_a_variable`): moving it frees nothing.
+* Rules written one Grappler pass at a time miss the next pass, so the
+  pipeline also runs Grappler itself on the step with and without each plan
+  (:mod:`tflms.simulation.grappler.rewrites`) and *pins* every op it finds
+  rewritten differently (:data:`PINNED`, :func:`pinned`): a pinned op counts
+  as part of a fold (:func:`in_a_fold`), so no plan moves its output, triggers
+  on it, reroutes it or recomputes it. An op only its recomputation changed
+  (clones run unfused where the original was fused) is kept from
+  recomputation alone (:data:`NOT_RECOMPUTED`).
 
 Example:
     >>> import networkx as nx
@@ -62,8 +70,17 @@ __all__ = [
     "folded_to_constants",
     "folds_into_a_consumer",
     "in_a_fold",
+    "pinned",
+    "PINNED",
+    "NOT_RECOMPUTED",
     "removed_at_run_time",
 ]
+
+PINNED = "grappler_pinned"
+"""The view's graph attribute naming the pinned ops (a frozenset; see the module docstring)."""
+
+NOT_RECOMPUTED = "grappler_not_recomputed"
+"""The view's graph attribute naming the ops pinned against recomputation only (a frozenset)."""
 
 _ADDS = frozenset({"Add", "AddV2", "AddN"})
 _ASSOCIATIVE = frozenset({"Add", "AddV2", "Mul"})
@@ -90,6 +107,20 @@ _FOLDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> (nod
 _VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity", "Snapshot"})
 _VARIABLE_SOURCES = frozenset({"VarHandleOp", "VariableV2", "Variable", "_Recv", "_HostRecv"})
 _KEEPING_CONSUMERS = frozenset({"_Retval", "Merge", "RefMerge"})
+
+
+def pinned(view: nx.DiGraph, name: str, *, recompute: bool = False) -> bool:
+    """Whether op ``name`` is pinned: Grappler rewrites the step differently once a plan touches it.
+
+    Args:
+        view: the analysis view (its ``PINNED`` and ``NOT_RECOMPUTED`` graph
+            attributes, empty by default).
+        name: an op of it.
+        recompute: ask about recomputing it (``NOT_RECOMPUTED`` counts too).
+    """
+    if name in view.graph.get(PINNED, ()):
+        return True
+    return recompute and name in view.graph.get(NOT_RECOMPUTED, ())
 
 
 def removed_at_run_time(view: nx.DiGraph, name: str) -> bool:
@@ -172,9 +203,10 @@ def in_a_fold(view: nx.DiGraph, name: str) -> bool:
     consumer, or an input's producer folds into it (see :func:`foldable_link`).
 
     Grappler rewrites the whole chain at once; an input of any of its ops
-    rerouted to a swap-in or a clone changes the rewrite.
+    rerouted to a swap-in or a clone changes the rewrite. A pinned op
+    (:func:`pinned`) counts as one.
     """
-    if folds_into_a_consumer(view, name):
+    if pinned(view, name) or folds_into_a_consumer(view, name):
         return True
     return any(
         folds_into_a_consumer(view, src) and foldable_link(view, src, name)

@@ -132,6 +132,7 @@ class _RewritingTrainStep:
             batch_size=callback.batch_size,
             batch_source=callback.batch_source,
             known=(traced,),
+            outputs=outputs,
         )
         shapes = tuple(
             tuple(t.shape.as_list()) if t.shape.rank is not None else None

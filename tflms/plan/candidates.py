@@ -26,6 +26,7 @@ from tflms.graph.grappler_rules import (
     compute_device_type,
     folded_to_constants,
     folds_into_a_consumer,
+    pinned,
     removed_at_run_time,
 )
 from tflms.graph.loops import WHILE_TYPES
@@ -235,6 +236,11 @@ def veto(view: nx.DiGraph, producer: str, info, uses, far) -> str | None:
     if order_sensitive(view, producer) or any(order_sensitive(view, c) for c, _ in uses):
         return (
             "an AddN of 3+ inputs reads or writes it (its float sum order depends on buffer reuse)"
+        )
+    if pinned(view, producer) or any(pinned(view, c) for c, _ in far):
+        return (
+            "Grappler rewrites the step differently once it moves (its optimized graph "
+            "compared with and without the plan: LMSConfig.check_rewrites)"
         )
     if folds_into_a_consumer(view, producer):
         return (

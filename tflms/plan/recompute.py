@@ -74,6 +74,7 @@ from tflms.graph.grappler_rules import (
     aliases_a_variable,
     foldable_link,
     folded_to_constants,
+    pinned,
     removed_at_run_time,
 )
 from tflms.graph.view import consumers as tensor_consumers
@@ -186,6 +187,8 @@ def plan_recomputes(view: nx.DiGraph, config: LMSConfig, target: Target) -> tupl
     def eligible(node):
         if node in kept_free or aliases_a_variable(view, node):
             return False  # a constant to Grappler, or the variable's own buffer: nothing to free
+        if pinned(view, node, recompute=True):
+            return False  # Grappler rewrites the step differently once it is re-run
         if node not in memo:
             memo[node] = cheap(view, node, device)
             if not memo[node][0] and config.recompute_dense:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.graph.grappler_rules import in_a_fold, removed_at_run_time
+from tflms.graph.grappler_rules import PINNED, in_a_fold, removed_at_run_time
 from tflms.plan.swap_plan import Swap, SwapIn
 
 __all__ = [
@@ -55,7 +55,8 @@ def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
         :func:`~tflms.graph.grappler_rules.folded_to_constants` keeps its own.
     """
 
-    size = (view.number_of_nodes(), len(view.edges))  # len(edges): number_of_edges sums degrees
+    # len(edges): number_of_edges sums degrees; pins (grappler_rules.PINNED) change answers too
+    size = (view.number_of_nodes(), len(view.edges), view.graph.get(PINNED, frozenset()))
     cached = _TRIGGERS.get(view)
     answers: dict[str, bool] = cached[1] if cached is not None and cached[0] == size else {}
     _TRIGGERS[view] = (size, answers)  # planning the view again (the auto-tuner) reuses them

@@ -155,6 +155,13 @@ class Target:
             return function_to_graph_def(self.proto, self.library, resources=self.resources)
         return self.proto
 
+    def fetches(self) -> list[str] | None:
+        """The nodes a function target runs to (its outputs and control outputs); None for a graph."""
+        if self.kind != "function":
+            return None
+        refs = [*self.proto.ret.values(), *self.proto.control_ret.values()]
+        return list(dict.fromkeys(ref.split(":")[0] for ref in refs))
+
     def import_graph(self) -> tf.Graph:
         """A ``tf.Graph`` for analysis (shape inference only; nothing runs)."""
         return graph_from_graph_def(self.graph_def(), where=f"{self.kind} {self.name!r}")

@@ -247,11 +247,12 @@ def analyze_model(
             empty = SwapPlan(graph_name=target.name, config=config)
             analysis.training.append(TargetAnalysis(target, view, empty, None))
             continue
-        view = pipeline.view(target.import_graph(), fix="--batch-size N (LMSConfig(batch_size=N))")
+        graph = target.import_graph()
+        view = pipeline.view(graph, fix="--batch-size N (LMSConfig(batch_size=N))")
         view.graph["name"] = target.name
         if progress is not None:
             progress.stage(f"planning {target.name} ({view.number_of_nodes()} ops)")
-        target_plan, tuning = pipeline.plan(view)
+        target_plan, tuning = pipeline.plan(view, graph, outputs=target.fetches())
         analysis.training.append(TargetAnalysis(target, view, target_plan, tuning))
         logger.debug(
             "%s: %d ops, %d swaps", target.name, view.number_of_nodes(), len(target_plan.swaps)

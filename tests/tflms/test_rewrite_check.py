@@ -1,0 +1,232 @@
+"""Plans keep the step's arithmetic by construction, on models the planner's rules were not written for.
+
+The pipeline runs Grappler offline on each traced step with and without its
+plan (``LMSConfig.check_rewrites``, :mod:`tflms.simulation.grappler.rewrites`)
+and plans again without the ops Grappler treats differently. These tests train
+the models of :mod:`tests.tflms.users_models` (hard-swish, stochastic depth,
+GroupNorm with swish, tanh GELU, a masked BiGRU, cross attention, RMSprop)
+under aggressive swap options bit for bit against plain training (recompute and
+reorder options within float rounding: see the test), and show the check
+catching what the rules miss: RMSprop's
+``a / sqrt(b)`` (a swapped ``Sqrt`` stops Grappler's rewrite into
+``a * rsqrt(b)``) and a dead gradient a swap keeps alive.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflms
+from tests.tflms.users_models import USERS_MODELS, users_data
+from tflms.apply.core import apply_with
+from tflms.apply.proto_editor import ProtoEditor
+from tflms.graph.grappler_rules import PINNED
+from tflms.simulation.grappler.rewrites import compare_rewrites, step_fetches
+
+BATCH = 8
+STEPS = 3
+OPTION_SETS = {
+    # every tensor two levels from its last use, weight gradients included
+    "swap": dict(
+        swapout_threshold=2, swapin_ahead=1, min_tensor_bytes=0, swap_weight_gradients=True
+    ),
+    "recompute": dict(
+        swapout_threshold=4,
+        swapin_ahead=2,
+        min_tensor_bytes=0,
+        recompute=True,
+        recompute_dense=10.0,
+        link="pcie3",
+    ),
+    "reorder": dict(
+        swapout_threshold=3, swapin_ahead=1, min_tensor_bytes=0, recompute=True, reorder=True
+    ),
+}
+AGREE = "Grappler rewrites the step alike with and without the plan"
+
+
+def _train(name, options, devices, *, check=True):
+    model = USERS_MODELS[name]()
+    x, y = users_data(model, BATCH * STEPS)
+    callbacks = []
+    if options is not None:
+        callbacks = [tflms.LMSCallback(batch_size=BATCH, check_rewrites=check, **options)]
+    with tf.device(devices.compute):
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    return model.get_weights(), (callbacks[0].plan if callbacks else None)
+
+
+_PLAIN: dict = {}
+
+
+def _plain(name, devices):
+    if name not in _PLAIN:
+        _PLAIN[name] = _train(name, None, devices)[0]
+    return _PLAIN[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", sorted(OPTION_SETS))
+@pytest.mark.parametrize("name", sorted(USERS_MODELS))
+def test_users_models_train_bitwise_under_aggressive_plans(name, options, devices):
+    weights, plan = _train(name, OPTION_SETS[options], devices)
+    note = plan.notes[-1]
+    assert note.startswith(AGREE) or (plan.empty and "nothing is moved" in note), plan.summary()
+    if options == "swap":
+        assert plan.swaps, plan.summary()
+    for plain, lms in zip(_plain(name, devices), weights, strict=True):
+        if options == "swap":
+            np.testing.assert_array_equal(lms, plain, err_msg=plan.summary())
+        else:
+            # These sets swap at threshold 3-4 besides recomputing and ordering. With the
+            # check agreeing (identical optimized graphs), MobileNetV3's hard-swish ReLU6
+            # outputs swapped for their gradient still moved its weights by 2.3e-7 after
+            # three steps (also with oneDNN off and one inter-op thread); the cause lies
+            # outside Grappler's rewrites and is not found yet (docs/keras.md, "Same
+            # results as without LMS"). Within float rounding of three Adam steps here.
+            np.testing.assert_allclose(lms, plain, rtol=1e-5, atol=1e-6, err_msg=plan.summary())
+
+
+def _traced(name, **extra):
+    """``(model, graph, plan without the check, plan with it, the checked plan's view)``."""
+    model = USERS_MODELS[name]()
+    x, y = users_data(model, BATCH)
+    model.train_on_batch(x, y)
+
+    @tf.function
+    def step(x, y):
+        return model.train_step((x, y))
+
+    spec = lambda a: tf.TensorSpec([BATCH, *a.shape[1:]], a.dtype)  # noqa: E731
+    graph = step.get_concrete_function(tf.nest.map_structure(spec, x), spec(y)).graph
+    options = dict(OPTION_SETS["swap"], batch_size=BATCH, device="/device:CPU:1", **extra)
+    unchecked = tflms.LMS(check_rewrites=False, **options).plan(graph)
+    lms = tflms.LMS(**options)
+    checked = lms.plan(graph)
+    return model, graph, unchecked, checked, lms.view
+
+
+def _compare(graph, plan):
+    original, rewritten = graph.as_graph_def(), graph.as_graph_def()
+    apply_with(ProtoEditor(rewritten), plan)
+    fetches = [t.op.name for t in graph.outputs] + [op.name for op in graph.control_outputs]
+    return compare_rewrites(original, rewritten, fetches=fetches, device="/device:CPU:1")
+
+
+def test_the_check_keeps_a_sqrt_where_grappler_rewrites_it():
+    """``a / sqrt(b)`` with the square root computed early (as RMSprop's and Adam's updates
+    divide): Grappler turns it into ``a * rsqrt(b)`` only while the ``Sqrt`` has one
+    consumer, which no rule of the planner names. Without the check the plan swaps the
+    ``Sqrt`` and Grappler disagrees; with it, the ``Sqrt`` is pinned and Grappler agrees."""
+
+    @tf.function
+    def step(x, w):
+        root = tf.sqrt(tf.square(x) + 1.0, name="root")
+        kept = tf.math.sigmoid(x, name="kept")  # long-lived too, and Grappler leaves it alone
+        h = x
+        for i in range(8):
+            h = tf.nn.relu(tf.matmul(h, w) * 0.5, name=f"layer{i}")
+        return tf.reduce_sum(h / root, name="loss") + tf.reduce_sum(h * kept)
+
+    graph = step.get_concrete_function(tf.TensorSpec([64, 64]), tf.TensorSpec([64, 64])).graph
+    options = dict(swapout_threshold=4, swapin_ahead=1, min_tensor_bytes=0, device="/device:CPU:1")
+    unchecked = tflms.LMS(check_rewrites=False, **options).plan(graph)
+    assert "root" in {s.producer for s in unchecked.swaps}, unchecked.summary()
+    check = _compare(graph, unchecked)
+    assert not check.agree
+    assert any(d.op == "root" for d in check.differences), check.summary()
+    lms = tflms.LMS(**options)
+    checked = lms.plan(graph)
+    assert "root" in lms.view.graph[PINNED]
+    assert {s.producer for s in checked.swaps} == {"kept"}, checked.summary()
+    assert checked.notes[-1].startswith(AGREE), checked.summary()
+    assert _compare(graph, checked).agree
+
+
+def test_the_check_finds_a_dead_gradient_a_swap_keeps_alive():
+    """Hard-swish divides by a constant; the gradient with respect to the divisor is
+    dead and Grappler drops it, unless a swap-out reads it: the check names ops only
+    the rewritten step has, and the checked plan swaps none of them."""
+    model, graph, unchecked, checked, view = _traced("mobilenet_v3")
+    before = _compare(graph, unchecked)
+    assert not before.agree, before.summary()
+    # the gradient of hard-swish's "/ 6" with respect to the 6, kept alive by its swap
+    dead = {s.producer for s in unchecked.swaps if "truediv" in s.producer} & set(before.new)
+    assert dead, before.summary()
+    assert not {s.producer for s in checked.swaps} & dead
+    assert checked.swaps and _compare(graph, checked).agree
+
+
+def test_step_fetches_prune_a_dead_branch_as_tensorflow_does():
+    v = tf.Variable(tf.ones([4]))
+    seen = {}
+
+    @tf.function
+    def step(x):
+        seen["dead"] = tf.math.reciprocal(x, name="dead")  # read by nothing
+        v.assign_add(x, name="update")
+        out = tf.reduce_sum(x * 2.0, name="loss")
+        seen["graph"] = tf.compat.v1.get_default_graph()
+        seen["fetches"] = step_fetches(seen["graph"], out)
+        return out
+
+    step.get_concrete_function(tf.TensorSpec([4]))
+    fetches = seen["fetches"]
+    assert fetches[0] == "loss"
+    assert any("update" in name for name in fetches), fetches
+    assert "dead" not in fetches
+
+
+def test_without_the_check_the_plan_says_nothing_about_grappler(devices):
+    _, plan = _train("mlp_rmsprop", OPTION_SETS["swap"], devices, check=False)
+    assert plan.swaps
+    assert not any("Grappler rewrites" in note for note in plan.notes)
+
+
+def test_a_custom_loop_with_recomputation_trains_bitwise(devices):
+    """The issue's 6-block Conv+BN+ReLU CNN in a ``tflms.function`` loop, recomputing."""
+
+    def build():
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input((16, 16, 3))
+        h = inputs
+        for _ in range(6):
+            h = keras.layers.Conv2D(16, 3, padding="same")(h)
+            h = keras.layers.BatchNormalization()(h)
+            h = keras.layers.ReLU()(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        return keras.Model(inputs, keras.layers.Dense(10)(h))
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH * STEPS, 16, 16, 3)).astype("float32")
+    y = rng.integers(0, 10, BATCH * STEPS)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def run(decorate):
+        model = build()
+        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer.build(model.trainable_variables)
+
+        @decorate
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply(grads, model.trainable_variables)
+            return loss
+
+        with tf.device(devices.compute):
+            for i in range(STEPS):
+                train_step(x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH])
+        return model.get_weights(), train_step
+
+    plain, _ = run(tf.function)
+    config = tflms.LMSConfig(batch_size=BATCH, **OPTION_SETS["recompute"])
+    lms, step = run(tflms.function(config=config))
+    plan = step.plan_for(x[:BATCH], y[:BATCH])
+    assert plan.recomputes and plan.notes[-1].startswith(AGREE), plan.summary()
+    for a, b in zip(plain, lms, strict=True):
+        np.testing.assert_array_equal(b, a, err_msg=plan.summary())
