@@ -227,9 +227,10 @@ class LMSConfig:
     plan (a fusion or fold a swap-out's extra consumer blocks, a dead tensor a
     swap keeps alive, a recomputed chain optimized another way), until both
     graphs agree (:mod:`tflms.simulation.grappler.rewrites`). Costs two
-    Grappler passes per round when a step is traced (seconds; about 3 s for a
-    15,000-op step on two cores). ``False`` trusts the planner's rules alone
-    (:mod:`tflms.graph.grappler_rules`)."""
+    Grappler passes per round when a step is traced (the first round took
+    6 s for a 15,000-op step and 39 s for a 60,000-op one on two cores:
+    ``benchmarks/bench_rewrite_check.py``). ``False`` trusts the planner's
+    rules alone (:mod:`tflms.graph.grappler_rules`)."""
 
     def __post_init__(self) -> None:
         check_device_string("host_device", self.host_device, owner="LMSConfig.")

@@ -95,6 +95,22 @@ def keras_cnn_step(batch: int | None = None, optimizer: str = "adam") -> Step:
     return Step(graph, (batch or 1) * 30 * 30 * 16 * 4, keep=(model, opt))
 
 
+def tape_step(model, optimizer, loss_fn):
+    """A custom loop's step function, undecorated: loss under a tape, gradients, update.
+
+    Decorate it as the test needs (``tf.function``, ``tflms.function(config=...)``).
+    """
+
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return train_step
+
+
 def protect(*tensors: tf.Tensor) -> None:
     """Mark the producers of ``tensors`` so that Grappler never removes them."""
     for tensor in tensors:

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import tflms
 from tests.tflms.keras_models import BATCH, cnn_bn
+from tests.tflms.models import tape_step
 from tflms.errors import ConfigError
 
 CONFIG = tflms.LMSConfig(
@@ -19,13 +20,7 @@ def custom_loop(decorate, steps=20):
     optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    @decorate
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
+    train_step = decorate(tape_step(model, optimizer, loss_fn))
 
     losses = [
         float(train_step(x[i : i + BATCH], y[i : i + BATCH])) for i in range(0, len(x), BATCH)

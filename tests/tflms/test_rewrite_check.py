@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 
 import tflms
+from tests.tflms.models import tape_step
 from tests.tflms.users_models import USERS_MODELS, users_data
 from tflms.apply.core import apply_with
 from tflms.apply.proto_editor import ProtoEditor
@@ -210,13 +211,7 @@ def test_a_custom_loop_with_recomputation_trains_bitwise(devices):
         optimizer = keras.optimizers.Adam(1e-3)
         optimizer.build(model.trainable_variables)
 
-        @decorate
-        def train_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
-            return loss
+        train_step = decorate(tape_step(model, optimizer, loss_fn))
 
         with tf.device(devices.compute):
             for i in range(STEPS):
