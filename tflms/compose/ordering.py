@@ -119,6 +119,7 @@ class _Graph:
         self.fixed = fixed  # ops Grappler removes: an order edge would make Grappler keep them
         self.view = view  # the view compiled, for in_fold
         self._folds: dict[int, bool] = {}
+        self._chains: dict[int, list[int]] | None = None
 
     def in_fold(self, i: int) -> bool:
         """Whether op ``i`` is in a chain Grappler's arithmetic optimizer folds: no order
@@ -127,6 +128,50 @@ class _Graph:
         if i not in self._folds:
             self._folds[i] = self.view is not None and in_a_fold(self.view, self.g.names[i])
         return self._folds[i]
+
+    def closes_cycle(self, edges) -> bool:
+        """Whether adding ``edges`` closes a cycle once TensorFlow orders the step's state.
+
+        A step traced by ``tf.function`` is rewritten before tracing ends; TensorFlow's
+        automatic control dependencies then order the ops on each resource (variable
+        reads and writes) as they were created, edges the view does not hold yet
+        (:meth:`state_chains`). An order edge the view sees as free can close a cycle
+        with them (seen: an edge into an RMSprop slot's read), and TensorFlow refuses
+        to run the step.
+        """
+        chains = self.state_chains()
+        for a, b in edges:
+            seen, stack = {b}, [b]
+            while stack:
+                node = stack.pop()
+                if node == a:
+                    return True
+                for s in (*self.written_succs[node], *chains.get(node, ())):
+                    if s not in seen:
+                        seen.add(s)
+                        stack.append(s)
+        return False
+
+    def state_chains(self) -> dict[int, list[int]]:
+        """``op -> [the next op on each resource it reads or writes]``, in creation order.
+
+        A chain per resource, every op on it after the one before: stricter than
+        TensorFlow's (reads between two writes run in any order), so an edge it allows
+        is safe.
+        """
+        if self._chains is None:
+            self._chains = {}
+            if self.view is not None:
+                index = {name: i for i, name in enumerate(self.g.names)}
+                last: dict[str, int] = {}
+                for name, data in self.view.nodes(data=True):  # creation order
+                    if not data.get("stateful") or name not in index:
+                        continue
+                    for resource in _resources(self.view, name):
+                        if resource in last:
+                            self._chains.setdefault(last[resource], []).append(index[name])
+                        last[resource] = index[name]
+        return self._chains
 
     def simulate(self, extra=()):
         g = self.g
@@ -372,6 +417,17 @@ def _addn_concerns(graph: _Graph) -> list[tuple[int, int]]:
     return pairs
 
 
+def _resources(view: nx.DiGraph, name: str) -> list[str]:
+    """The resources (variable handles) op ``name`` reads a handle of, as ``producer:index``."""
+    found = []
+    for src, edge in view.pred[name].items():
+        outputs = view.nodes[src].get("outputs") or ()
+        for k, _ in edge.get("tensors", ()):
+            if k < len(outputs) and outputs[k].dtype == "resource":
+                found.append(f"{src}:{k}")
+    return found
+
+
 def _safe(graph: _Graph, edges, concern) -> bool:
     """Whether ``edges`` leave every unordered concern pair unordered and every fold alone.
 
@@ -380,6 +436,8 @@ def _safe(graph: _Graph, edges, concern) -> bool:
     rounding, would change.
     """
     if any(graph.in_fold(a) for a, _ in edges):
+        return False
+    if graph.closes_cycle(edges):
         return False
     if not concern:
         return True
