@@ -228,7 +228,7 @@ class LMSConfig:
     swap keeps alive, a recomputed chain optimized another way), until both
     graphs agree (:mod:`tflms.simulation.grappler.rewrites`). Costs two
     Grappler passes per round when a step is traced (the first round took
-    6 s for a 15,000-op step and 39 s for a 60,000-op one on two cores:
+    8 s for a 15,000-op step and 38 s for a 60,000-op one on two cores:
     ``benchmarks/bench_rewrite_check.py``). ``False`` trusts the planner's
     rules alone (:mod:`tflms.graph.grappler_rules`)."""
 
