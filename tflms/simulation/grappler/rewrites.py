@@ -318,26 +318,32 @@ def structure_of(optimized: graph_pb2.GraphDef) -> Structure:
         structure.ops[name] = (node.op, attrs, inputs, device_type.upper())
         structure.reads[name] = tuple(through(ref) for ref in data)
 
-    def value(name: str, port: str) -> str:
+    def number(name: str, port: str) -> str:
         if name in constants:
             return constants[name]
-        number = structure.values.get(name)
-        if number is None:
-            op, attrs, *_ = structure.ops.get(name, ("?", ()))
-            structure.values[name] = f"@{name}"  # a source, or a cycle (TF1 loops) cut here
-            reads = structure.reads.get(name, ())
-            if reads:
-                read = [value(*ref) for ref in reads]
-                if op in _COMMUTATIVE and len(read) == 2:
-                    read.sort()
-                number = _digest(repr((op, attrs, read)).encode())
-            else:
-                number = f"@{name}"
-            structure.values[name] = number
-        return f"{number}:{port}" if port else number
+        return f"{structure.values[name]}:{port}" if port else structure.values[name]
 
-    for name in structure.ops:
-        value(name, "")
+    # value numbers, inputs first; iterative (a step's longest path exceeds Python's
+    # recursion limit); a node is numbered by name when first reached, which cuts
+    # the cycles of TF1 loops and is replaced once its inputs are numbered
+    for root in structure.ops:
+        stack = [(root, False)]
+        while stack:
+            name, inputs_done = stack.pop()
+            reads = structure.reads.get(name, ())
+            if inputs_done:
+                if reads:
+                    op, attrs, *_ = structure.ops[name]
+                    read = [number(*ref) for ref in reads]
+                    if op in _COMMUTATIVE and len(read) == 2:
+                        read.sort()
+                    structure.values[name] = _digest(repr((op, attrs, read)).encode())
+                continue
+            if name in structure.values or name in constants:
+                continue
+            structure.values[name] = f"@{name}"  # a source keeps it
+            stack.append((name, True))
+            stack.extend((src, False) for src, _ in reads)
     return structure
 
 
@@ -541,9 +547,14 @@ def pins(
     }
     full = found - recompute_only
     # ops like a culprit are pinned as it is: kept from recomputation only, or from every lever
-    for kind in (full, recompute_only):
-        patterns = {_pattern(view, name) for name in kind & culprits}
-        kind |= {name for name in view if _pattern(view, name) in patterns}
+    kinds = {
+        _pattern(view, name): kind for kind in (recompute_only, full) for name in kind & culprits
+    }
+    if kinds:
+        for name in view:
+            kind = kinds.get(_pattern(view, name))
+            if kind is not None:
+                kind.add(name)
     return frozenset(full), frozenset(recompute_only - full)
 
 
