@@ -53,11 +53,16 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import os
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,6 +92,7 @@ from ddl_tf.launch.hosts import (
 from ddl_tf.launch.supervise import FinishedWatch, exit_code, run_elastic, run_job
 
 if TYPE_CHECKING:
+    from ddl_tf.cluster.spec import ClusterSpec
     from ddl_tf.launch.startup import StartupCheck
 
 __all__ = [
@@ -440,21 +446,23 @@ def main(argv: list[str] | None = None) -> int:
         plan, placement = _plan(args)
         checks.check_program(plan.program)
         elastic = _elastic_settings(args)
+        base = None
         if elastic is not None:
             from ddl_tf.launch.elastic import find_hosts, make_elastic
+            from ddl_tf.membership.mirror import default_folder
 
             hosts = find_hosts(elastic, plan.hosts)
             plan.np = args.np or 0
+            # every rank mirrors its commits there: a relaunch after a node crash resumes
+            plan.env[env.DDL_ELASTIC_MIRROR] = default_folder(uuid.uuid4().hex[:12])
+            base = copy.deepcopy(plan)  # what a relaunch on the surviving hosts starts from
             make_elastic(plan, elastic, hosts)
             placement = [h for h, n in hosts.items() for _ in range(n)][: plan.np]
         if args.rehearse is not None:
-            from ddl_tf.cluster.mpi import mca_arguments
             from ddl_tf.cluster.rehearse import rehearsal_spec, require_cluster
 
             spec = rehearsal_spec(args.rehearse, args.link, args.latency)
-            plan.mpi_args = mca_arguments(spec, shared_memory=elastic is None) + plan.mpi_args
-            if elastic is not None:  # mpirun runs inside node0
-                plan.env[env.DDL_ELASTIC_LAUNCH_HOSTS] = spec.hostnames[0]
+            _rehearsal_plan(plan, spec, elastic is not None)
             if not args.dry_run:
                 require_cluster()
         checks.check_hosts_resolve([] if spec else plan.hosts or [])
@@ -494,28 +502,169 @@ def main(argv: list[str] | None = None) -> int:
     print("ddlrun: running: " + shlex.join(command), flush=True)
     if args.dry_run:
         return EXIT_OK
-    if spec is not None:
-        from ddl_tf.cluster.rehearse import run_rehearsal
-
-        try:
-            if elastic is not None:
-                finished = FinishedWatch(_say)
-                code = run_rehearsal(spec, command, child_env, watch=finished)
-                return finished.status(128 - code if code < 0 else code)
-            return exit_code(run_rehearsal(spec, command, child_env), report=_say)
-        except DDLError as err:
-            print(str(err), file=sys.stderr)
-            return EXIT_PREFLIGHT
-        except KeyboardInterrupt:  # the job was stopped and the cluster removed
-            return 128 + signal.SIGINT
+    again = None
     if elastic is not None:
-        return run_elastic(command, child_env, report=_say)
+        assert base is not None
+        again = _Relauncher(base, elastic, hosts, spec, (mpirun, flavor, as_root))
+    try:
+        if spec is not None:
+            from ddl_tf.cluster.rehearse import run_rehearsal
+
+            try:
+                if again is not None:
+                    finished = FinishedWatch(_say)
+                    code = run_rehearsal(
+                        spec, command, child_env, watch=finished, again=again.after(finished)
+                    )
+                    return finished.status(128 - code if code < 0 else code)
+                return exit_code(run_rehearsal(spec, command, child_env), report=_say)
+            except DDLError as err:
+                print(str(err), file=sys.stderr)
+                return EXIT_PREFLIGHT
+            except KeyboardInterrupt:  # the job was stopped and the cluster removed
+                return 128 + signal.SIGINT
+        if again is not None:
+            return run_elastic(command, child_env, report=_say, again=again)
+    finally:
+        if again is not None:
+            again.remove_mirrors(plan.env[env.DDL_ELASTIC_MIRROR])
     if check is None:
         return run_job(command, child_env, report=_say)
     try:
         return run_job(command, child_env, report=_say, stop=check.stop)
     finally:
         check.close()
+
+
+def _rehearsal_plan(plan: LaunchPlan, spec: ClusterSpec, elastic: bool) -> None:
+    """Add the rehearsal cluster's Open MPI options to ``plan`` (mpirun runs inside node0)."""
+    from ddl_tf.cluster.mpi import mca_arguments
+
+    plan.mpi_args = mca_arguments(spec, shared_memory=not elastic) + plan.mpi_args
+    if elastic:
+        plan.env[env.DDL_ELASTIC_LAUNCH_HOSTS] = spec.hostnames[0]
+
+
+CLEANUP_TIMEOUT_S = 30.0
+"""Seconds ddlrun gives the removal of an elastic job's mirrored commits on remote hosts."""
+
+
+class _Relauncher:
+    """After Open MPI lost a host's daemon (a node crash): relaunch the job on the survivors.
+
+    Open MPI 5.0's runtime ends every rank when it loses a daemon. The ranks
+    mirrored each commit in their host's memory (``DDL_ELASTIC_MIRROR``), so
+    ddlrun starts the job again on the hosts that are left (the discovery
+    script's, or ``-H``'s, without the lost ones), with ``DDL_ELASTIC_RESUMED``:
+    the new ranks resume from the newest commit a survivor held, and keep the
+    lost hosts out (``DDL_ELASTIC_LOST_HOSTS``). Each relaunch drops at least
+    one host, so there are fewer relaunches than hosts.
+
+    Args:
+        base: The plan before it was made elastic (its ``-np``, environment, program).
+        settings: The elastic settings.
+        hosts: The hosts of the first launch.
+        spec: The rehearsal cluster, or None.
+        launcher: ``(mpirun, flavor, as_root)``.
+    """
+
+    def __init__(self, base, settings, hosts, spec, launcher) -> None:
+        self.base = base
+        self.settings = settings
+        self.hosts = dict(hosts)
+        self.spec = spec
+        self.launcher = launcher
+        self.lost: list[str] = []
+        self.count = 0
+        self.launched = set(hosts)
+
+    def remove_mirrors(self, folder: str) -> None:
+        """Remove the job's mirrored commits from the hosts it ran on, once it has ended.
+
+        The ranks keep theirs until then: a relaunch may need them even after
+        they finished (when Open MPI's runtime lost a daemon while the last
+        ranks shut down, and their finished line with it). Virtual nodes and
+        this machine share this ``/dev/shm``; other hosts (those launched on,
+        and those the discovery script lists now) get ``rm -rf`` through
+        mpirun, once per host, bounded by :data:`CLEANUP_TIMEOUT_S`.
+        """
+        shutil.rmtree(folder, ignore_errors=True)
+        if self.spec is not None:
+            return
+        hosts = set(self.launched)
+        if self.settings.discovery is not None:
+            from ddl_tf.membership.discovery import DiscoveryError, run_discovery
+
+            with contextlib.suppress(DiscoveryError):
+                hosts |= set(run_discovery(self.settings.discovery, self.settings.slots_per_host))
+        remote = sorted(h for h in hosts if not is_local(h) and h not in self.lost)
+        if not remote:
+            return
+        mpirun, flavor, as_root = self.launcher
+        prefix = once_per_host(
+            mpirun, _hosts_list(dict.fromkeys(remote, 1)), flavor=flavor, as_root=as_root
+        )
+        if prefix is None:
+            return
+        try:
+            subprocess.run(
+                [*prefix, "rm", "-rf", folder],
+                capture_output=True,
+                timeout=CLEANUP_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            _say(
+                f"ddlrun: note: the job's mirrored commits ({folder}) may be left on {remote}: {err}"
+            )
+
+    def after(self, watch: FinishedWatch):
+        """``again(code)`` for :func:`~ddl_tf.cluster.rehearse.run_rehearsal`."""
+
+        def again(code: int):
+            code = 128 - code if code < 0 else code
+            return self(watch) if watch.relaunchable(code) else None
+
+        return again
+
+    def __call__(self, watch: FinishedWatch) -> tuple[list[str], dict[str, str]] | None:
+        from ddl_tf.launch.elastic import find_hosts, make_elastic
+
+        new = [h for h in watch.lost_hosts if h not in self.lost]
+        if not new:
+            return None
+        self.lost += new
+        lost = ", ".join(new)
+        try:
+            hosts = find_hosts(self.settings, _hosts_list(self.hosts), exclude=self.lost)
+            plan = copy.deepcopy(self.base)
+            plan.np = 0  # as many ranks as the surviving hosts give (up to --max-np)
+            make_elastic(plan, self.settings, hosts)
+        except DDLError as err:
+            _say(f"ddlrun: Open MPI lost its daemon on host {lost}; no relaunch: {err}")
+            return None
+        if self.spec is not None:
+            _rehearsal_plan(plan, self.spec, elastic=True)
+        self.launched |= set(hosts)
+        self.count += 1
+        plan.env[env.DDL_ELASTIC_RESUMED] = str(self.count)
+        plan.env[env.DDL_ELASTIC_LOST_HOSTS] = ",".join(self.lost)
+        _say(
+            f"ddlrun: Open MPI lost its daemon on host {lost} (a node crash: Open MPI 5.0's "
+            "runtime then ends every rank); relaunching the elastic job on "
+            f"{','.join(f'{h}:{n}' for h, n in hosts.items())} ({plan.np} rank(s), relaunch "
+            f"{self.count}), from the last commit the surviving ranks kept in host memory"
+        )
+        mpirun, flavor, as_root = self.launcher
+        command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
+        print("ddlrun: running: " + shlex.join(command), flush=True)
+        return command, child_environment(plan, as_root=as_root)
+
+
+def _hosts_list(hosts: dict[str, int]) -> list:
+    from ddl_tf.launch.hosts import Host
+
+    return [Host(name, slots) for name, slots in hosts.items()]
 
 
 def _startup_check(

@@ -59,6 +59,9 @@ __all__ = [
     "DDL_ELASTIC_LAUNCH_HOSTS",
     "DDL_ELASTIC_SPAWN_TIMEOUT",
     "DDL_ELASTIC_COMMAND",
+    "DDL_ELASTIC_MIRROR",
+    "DDL_ELASTIC_RESUMED",
+    "DDL_ELASTIC_LOST_HOSTS",
     "HOROVOD_ELASTIC",
     # Horovod fallbacks
     "HOROVOD_FUSION_THRESHOLD",
@@ -248,6 +251,16 @@ ELASTIC_FINISHED = "ddl_tf: elastic job finished"
 """What an elastic job's final rank 0 prints when it shuts down cleanly (``ddlrun`` looks for it)."""
 DDL_ELASTIC_COMMAND = "DDL_ELASTIC_COMMAND"
 """The ranks' program as a JSON list (what a growing job spawns on a new host)."""
+DDL_ELASTIC_MIRROR = "DDL_ELASTIC_MIRROR"
+"""Folder in host memory (``/dev/shm/ddl_tf-<id>`` on each host) where every rank of an
+elastic job keeps a copy of its last commit, for a relaunch after a node crash
+(:mod:`ddl_tf.membership.mirror`); ``ddlrun`` sets it."""
+DDL_ELASTIC_RESUMED = "DDL_ELASTIC_RESUMED"
+"""Set by ``ddlrun`` on the ranks it relaunches after a node crash (the relaunch's number,
+1 for the first): they resume from the newest commit the survivors hold in host memory."""
+DDL_ELASTIC_LOST_HOSTS = "DDL_ELASTIC_LOST_HOSTS"
+"""Hosts an earlier launch of this elastic job lost with their Open MPI daemon (comma
+separated): the relaunched ranks keep them out as blacklisted."""
 HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
 
 HOROVOD_RANK = "HOROVOD_RANK"

@@ -89,6 +89,7 @@ def run_rehearsal(
     child_env: dict[str, str],
     report: Callable[[str], None] | None = None,
     watch: Callable[[IO[bytes], IO[str]], None] | None = None,
+    again: Callable[[int], tuple[list[str], dict[str, str]] | None] | None = None,
 ) -> int:
     """Create the cluster, run ``command`` (mpirun) inside node 0, tear down; mpirun's return code.
 
@@ -106,22 +107,31 @@ def run_rehearsal(
         watch: ``watch(stream, sink)`` reads mpirun's standard output and error (a
             thread each) instead of them going straight to this process's, and
             passes them on to ``sink`` (``sys.stdout``, ``sys.stderr``).
+        again: Called with mpirun's exit code when it ends: the next command and
+            environment to run inside node 0 of the same cluster (an elastic job
+            relaunched on the nodes that survived a node crash), or None to stop.
 
     Returns:
-        mpirun's exit code (negative if a signal ended it).
+        The last mpirun's exit code (negative if a signal ended it).
     """
     with Cluster(spec) as cluster:
         before = counters.snapshot(cluster)
         pipe = subprocess.PIPE if watch is not None else None
-        proc = cluster.popen(0, command, env=child_env, text=False, stdout=pipe, stderr=pipe)
-        readers = []
-        if watch is not None:
-            for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-                readers.append(threading.Thread(target=watch, args=(stream, sink), daemon=True))
-                readers[-1].start()
-        code = proc.wait()  # an exception or signal here stops it in Cluster.close()
-        for reader in readers:
-            reader.join(timeout=READER_GRACE_S)
+        while True:
+            proc = cluster.popen(0, command, env=child_env, text=False, stdout=pipe, stderr=pipe)
+            readers = []
+            if watch is not None:
+                for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                    thread = threading.Thread(target=watch, args=(stream, sink), daemon=True)
+                    readers.append(thread)
+                    thread.start()
+            code = proc.wait()  # an exception or signal here stops it in Cluster.close()
+            for reader in readers:
+                reader.join(timeout=READER_GRACE_S)
+            relaunch = again(code) if again is not None else None
+            if relaunch is None:
+                break
+            command, child_env = relaunch
         for line in counters.describe_traffic(before, counters.snapshot(cluster)):
             if report is None:
                 logger.info("link traffic of the job: %s", line)

@@ -28,7 +28,7 @@ import json
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from ddl_tf import env
 from ddl_tf.errors import LaunchError
@@ -77,30 +77,45 @@ def find_hosts(
     given: list[Host],
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    exclude: Collection[str] = (),
 ) -> dict[str, int]:
     """The hosts to start on: discovered ones once they give ``min_np`` slots, else ``given``.
+
+    Args:
+        settings: The elastic settings.
+        given: The ``-H`` hosts (used without a discovery script).
+        clock: Seconds, for the ``--elastic-timeout`` deadline.
+        sleep: Waits between two discovery runs.
+        exclude: Hosts to leave out (those a crashed launch lost with their daemon),
+            by the job's name or mpirun's (``localhost`` for this machine's aliases).
 
     Raises:
         DiscoveryError: The script fails, hangs or prints garbage.
         LaunchError: Fewer than ``min_np`` slots for ``timeout`` seconds.
     """
+
+    def kept(hosts: dict[str, int]) -> dict[str, int]:
+        return {h: n for h, n in hosts.items() if h not in exclude and _machine(h) not in exclude}
+
+    lost = f" without the lost host(s) {', '.join(exclude)}" if exclude else ""
     if settings.discovery is None:
-        hosts = {h.name: h.slots for h in given} or {"localhost": settings.max_np or 1}
+        hosts = kept({h.name: h.slots for h in given} or {"localhost": settings.max_np or 1})
         if sum(hosts.values()) < settings.min_np:
             raise LaunchError(
                 f"ddlrun: --min-np {settings.min_np} needs that many slots; the hosts give "
-                f"{sum(hosts.values())} ({_text(hosts)}). Add hosts or lower --min-np."
+                f"{sum(hosts.values())} ({_text(hosts) or 'none'}){lost}. Add hosts or lower "
+                "--min-np."
             )
         return hosts
     deadline = clock() + settings.timeout
     while True:
-        hosts = run_discovery(settings.discovery, settings.slots_per_host)
+        hosts = kept(run_discovery(settings.discovery, settings.slots_per_host))
         if sum(hosts.values()) >= settings.min_np:
             return hosts
         if clock() >= deadline:
             raise LaunchError(
                 f"ddlrun: the discovery script gave {sum(hosts.values())} slot(s) "
-                f"({_text(hosts) or 'no hosts'}), fewer than --min-np {settings.min_np}, for "
+                f"({_text(hosts) or 'no hosts'}){lost}, fewer than --min-np {settings.min_np}, for "
                 f"{settings.timeout:g} s (--elastic-timeout). Start more hosts or lower --min-np."
             )
         sleep(settings.discovery_interval)

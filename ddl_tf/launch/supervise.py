@@ -50,6 +50,7 @@ __all__ = [
     "FinishedWatch",
     "run_job",
     "run_elastic",
+    "Relaunch",
     "exit_code",
     "session_processes",
     "kill_session",
@@ -189,22 +190,44 @@ def run_job(
     return 128 - code if code < 0 else code
 
 
+Relaunch = Callable[["FinishedWatch"], "tuple[list[str], dict[str, str]] | None"]
+"""``again(watch)``: after mpirun lost a daemon, the command and environment that relaunch the
+job on the surviving hosts, or None when it cannot be relaunched (it says why)."""
+
+
 def run_elastic(
-    command: list[str], child_env: dict[str, str], *, report: Callable[[str], None]
+    command: list[str],
+    child_env: dict[str, str],
+    *,
+    report: Callable[[str], None],
+    again: Relaunch | None = None,
 ) -> int:
     """Run an elastic job: its status is whether its final ranks finished, not mpirun's.
+
+    When Open MPI's runtime ends the job because it lost a host's daemon (a
+    node crash), ``again`` gives the command that relaunches it on the
+    surviving hosts; the relaunched ranks resume from the last commit the
+    survivors mirrored in host memory (:mod:`ddl_tf.membership.mirror`).
 
     Args:
         command: The mpirun argument list.
         child_env: mpirun's environment.
         report: Called with each line ddlrun has to say.
+        again: Builds the relaunch (see :data:`Relaunch`); None: no relaunch.
 
     Returns:
-        ddlrun's exit code (see :meth:`FinishedWatch.status`).
+        ddlrun's exit code (see :meth:`FinishedWatch.status`) of the last launch.
     """
     finished = FinishedWatch(report)
-    code = run_job(command, child_env, report=report, watch=finished, stop=finished.spawn_failed)
-    return finished.status(code)
+    while True:
+        code = run_job(
+            command, child_env, report=report, watch=finished, stop=finished.spawn_failed
+        )
+        relaunch = again(finished) if again is not None and finished.relaunchable(code) else None
+        if relaunch is None:
+            return finished.status(code)
+        command, child_env = relaunch
+        finished.reset()
 
 
 class FinishedWatch:
@@ -245,13 +268,36 @@ class FinishedWatch:
     CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)
     """Signals that end mpirun on its own (ddlrun forwards only :data:`FORWARDED_SIGNALS`)."""
 
+    STOPPED_BY_DDLRUN = tuple(128 + s for s in FORWARDED_SIGNALS)
+    """Statuses of a job that ddlrun stopped on a signal it received (never relaunched)."""
+
     def __init__(self, report: Callable[[str], None]) -> None:
         self.report = report
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what the last launch printed (before a relaunch)."""
         self.finished = threading.Event()
         self.daemon_lost = False
         self.lost_host = ""
+        self.lost_hosts: list[str] = []
         self.connect_defect = False
         self.spawn_failed = threading.Event()
+
+    def relaunchable(self, code: int) -> bool:
+        """Whether the launch ended because Open MPI lost a host's daemon, the job unfinished.
+
+        Args:
+            code: mpirun's status as :func:`run_job` returns it (a stop signal
+                ddlrun received and forwarded is never relaunched).
+        """
+        return (
+            self.daemon_lost
+            and bool(self.lost_hosts)
+            and not self.finished.is_set()
+            and not self.spawn_failed.is_set()
+            and code not in self.STOPPED_BY_DDLRUN
+        )
 
     def __call__(self, stream, sink=None) -> None:
         sink = sink if sink is not None else sys.stdout
@@ -264,8 +310,15 @@ class FinishedWatch:
                 self.connect_defect = True
             if self.SPAWN_FAILED in line and b"ends the elastic job" in line:
                 self.spawn_failed.set()
-            if self.daemon_lost and not self.lost_host and b"Remote host:" in line:
-                self.lost_host = line.split(b":", 1)[1].strip().decode(errors="replace")
+            host = ""
+            if self.daemon_lost and b"Remote host:" in line:
+                host = line.split(b":", 1)[1].strip().decode(errors="replace")
+            elif self.daemon_lost and b"Remote daemon:" in line and b" on node " in line:
+                host = line.rsplit(b" on node ", 1)[1].strip().decode(errors="replace")
+            if host:
+                self.lost_host = self.lost_host or host
+                if host not in self.lost_hosts:
+                    self.lost_hosts.append(host)
             sink.buffer.write(line)
             sink.flush()
 

@@ -106,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     program = json.loads(args.program)
+    environ = {**env.snapshot(), **variables}
+    if args.hostname is not None:  # a newcomer joins the running job: it resumes nothing
+        environ.pop(env.DDL_ELASTIC_RESUMED, None)
     sys.stdout.flush()
-    os.execvpe(program[0], program, {**env.snapshot(), **variables})
+    os.execvpe(program[0], program, environ)
     return 1  # pragma: no cover - exec does not return
 
 

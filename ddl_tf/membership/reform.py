@@ -49,6 +49,7 @@ from ddl_tf.core import basics
 from ddl_tf.core.job import Job
 from ddl_tf.core.numerics import mpi
 from ddl_tf.errors import ConfigError, DDLError, HostsUpdatedInterrupt
+from ddl_tf.membership import mirror
 from ddl_tf.membership.discovery import Blacklist, DiscoveryError, run_discovery
 from ddl_tf.membership.settings import ElasticSettings
 
@@ -122,6 +123,10 @@ class Membership:
             h.split(":")[0] for h in (env.get(env.DDL_ELASTIC_HOSTS) or "").split(",") if h
         }
         self._told_not_again: set[str] = set()
+        # hosts an earlier launch of this job lost with their daemon (ddlrun relaunched it)
+        for host in (env.get(env.DDL_ELASTIC_LOST_HOSTS) or "").split(","):
+            if host:
+                self.blacklist.add(host, time.monotonic())
 
     # ------------------------------------------------------------------ failures
 
@@ -363,6 +368,7 @@ class Membership:
 
     def _leave(self, job: Job, why: str) -> None:
         logger.warning("rank %d leaves the elastic job: %s", job.rank, why)
+        mirror.discard(job)  # a relaunch must not take this rank's commit for a survivor's
         basics.replace_job(None)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -410,7 +416,11 @@ def worker_arguments(host: str, rank: int) -> list[str]:
             "this elastic rank does not know its program (DDL_ELASTIC_COMMAND is unset); "
             "launch elastic jobs with ddlrun --min-np / --host-discovery-script."
         )
-    passed = [f"{k}={v}" for k, v in sorted(env.ddl_variables().items())]
+    passed = [
+        f"{k}={v}"
+        for k, v in sorted(env.ddl_variables().items())
+        if k != env.DDL_ELASTIC_RESUMED  # a newcomer joins the running job; it resumes nothing
+    ]
     if env.get(env.PYTHONPATH) is not None:
         passed.append(f"{env.PYTHONPATH}={env.get(env.PYTHONPATH)}")
     args = ["-m", "ddl_tf.launch.worker", "--hostname", host, "--rank", str(rank)]

@@ -30,6 +30,7 @@ from typing import Any
 from ddl_tf import env
 from ddl_tf.core import basics, current
 from ddl_tf.errors import HorovodInternalError, HostsUpdatedInterrupt
+from ddl_tf.membership import mirror
 from ddl_tf.membership.reform import membership
 
 __all__ = ["State", "ObjectState", "run", "lost_a_rank"]
@@ -57,6 +58,7 @@ class State(abc.ABC):
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks: list[Callable[[], None]] = []
+        self.commit_count = 0  # commits so far (a relaunch resumes from the highest)
 
     def register_reset_callbacks(self, callbacks: Sequence[Callable[[], None]]) -> None:
         """Functions to call after each membership change (e.g. to rescale the learning rate).
@@ -74,9 +76,33 @@ class State(abc.ABC):
             callback()
 
     def commit(self) -> None:
-        """Save the state in host memory (the restore point), then check for host changes."""
+        """Save the state in host memory (the restore point), then check for host changes.
+
+        In a job launched by ``ddlrun``, the commit is also mirrored to a file
+        in the host's memory, from which a relaunch after a node crash resumes
+        (:mod:`ddl_tf.membership.mirror`).
+        """
         self.save()
+        self.commit_count += 1
+        if env.elastic_job():
+            mirror.write(self)
         self.check_host_updates()
+
+    def mirror_payload(self) -> Any:
+        """The last commit as a picklable value (for the host-memory mirror), or None.
+
+        None (this base class) means the state cannot be mirrored: a node crash
+        loses it. The library's states return their committed values.
+        """
+        return None
+
+    def load_mirror(self, payload: Any) -> None:
+        """Make ``payload`` (from :meth:`mirror_payload`) the last commit, and restore it.
+
+        Raises:
+            NotImplementedError: The state cannot be mirrored.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot be loaded from a mirror")
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank when hosts changed (collective).
@@ -122,6 +148,13 @@ class ObjectState(State):
     def restore(self) -> None:
         self._set_attrs()
 
+    def mirror_payload(self) -> Any:
+        return {"attributes": dict(self._saved_state)}
+
+    def load_mirror(self, payload: Any) -> None:
+        self._saved_state = dict(payload["attributes"])
+        self.restore()
+
     def sync(self) -> None:
         if self._saved_state:
             self._saved_state = self._bcast_object(self._saved_state)
@@ -155,11 +188,13 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             state.sync()
             return func(state, *args, **kwargs)
         members = membership()
-        skip_sync = False
+        # ranks ddlrun relaunched after a node crash start from the survivors' last commit
+        skip_sync = mirror.resume(state)
         while True:
             try:
                 if not skip_sync:
                     state.sync()
+                    mirror.share_count(state)
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync

@@ -42,6 +42,7 @@ from typing import Any
 import tensorflow as tf
 
 from ddl_tf.errors import HorovodInternalError, HostsUpdatedInterrupt
+from ddl_tf.membership.mirror import MirrorError
 from ddl_tf.membership.state import ObjectState, State, run
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.functions import broadcast_variables
@@ -91,6 +92,14 @@ class TensorFlowState(ObjectState):
             else:
                 variable.assign(value)
         super().restore()
+
+    def mirror_payload(self) -> Any:
+        return {**super().mirror_payload(), "variables": list(self._values)}
+
+    def load_mirror(self, payload: Any) -> None:
+        _check_fits(self, self.variables, payload["variables"])
+        self._values = list(payload["variables"])
+        super().load_mirror(payload)
 
     def sync(self) -> None:
         if self.session is not None:
@@ -159,6 +168,14 @@ class TensorFlowKerasState(ObjectState):
             variable.assign(value)
         super().restore()
 
+    def mirror_payload(self) -> Any:
+        return {**super().mirror_payload(), "variables": list(self._saved)}
+
+    def load_mirror(self, payload: Any) -> None:
+        _check_fits(self, self._variables(), payload["variables"])
+        self._saved = list(payload["variables"])
+        super().load_mirror(payload)
+
     def sync(self) -> None:
         broadcast_variables(self._variables(), root_rank=0)
         self._save_model()
@@ -176,3 +193,15 @@ class TensorFlowKerasState(ObjectState):
             self._reader = tf.function(lambda: [tf.identity(v) for v in variables])
             self._read_key = key
         self._saved = [value.numpy() for value in self._reader()]
+
+
+def _check_fits(state: ObjectState, variables: list, values: list) -> None:
+    """Refuse a mirrored commit whose values do not match ``variables`` one to one."""
+    shapes = [tuple(v.shape) for v in variables]
+    given = [tuple(getattr(v, "shape", ())) for v in values]
+    if shapes != given:
+        raise MirrorError(
+            f"the commit kept in host memory does not fit this {type(state).__name__}: its "
+            f"values have shapes {given}, the state's variables {shapes}; the relaunched program "
+            "must build the same model and optimizer as the crashed one"
+        )

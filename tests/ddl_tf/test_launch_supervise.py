@@ -88,6 +88,42 @@ def test_the_elastic_watch_reads_the_finished_line_and_a_lost_daemon():
     assert done.status(5) == 0 and done.status(143) == 143
 
 
+@pytest.mark.parametrize(
+    "report",
+    [
+        b"A daemon failed to report back\n  Local host:    node0\n  Remote host:   node1\n",
+        b"PRTE has lost communication with a remote daemon.\n  HNP daemon   : [prterun-node0-1@0,0]"
+        b" on node node0\n  Remote daemon: [prterun-node0-1@0,1] on node node1\n",
+    ],
+)
+def test_a_lost_daemon_names_its_host_and_makes_the_job_relaunchable(report):
+    watch, _ = _watched(report)
+    assert watch.daemon_lost and watch.lost_hosts == ["node1"]
+    assert watch.relaunchable(1) and watch.relaunchable(128 + signal.SIGSEGV)
+    assert not watch.relaunchable(128 + signal.SIGTERM), "ddlrun's own stop is never relaunched"
+    watch.finished.set()
+    assert not watch.relaunchable(1), "a finished job is not relaunched"
+    watch.reset()
+    assert not watch.daemon_lost and watch.lost_hosts == [] and not watch.relaunchable(1)
+
+
+def test_run_elastic_relaunches_after_a_lost_daemon_until_the_job_finishes(tmp_path):
+    """The relaunch loop, with a shell command in mpirun's place (no MPI)."""
+    lost = "echo 'A daemon failed to report back' >&2; echo '  Remote host: node1' >&2; exit 1"
+    finish = "echo 'ddl_tf: elastic job finished on 2 rank(s) (node0)'; exit 0"
+    asked: list[list[str]] = []
+
+    def again(watch):
+        asked.append(list(watch.lost_hosts))
+        return (["sh", "-c", finish], dict(os.environ)) if len(asked) == 1 else None
+
+    said: list[str] = []
+    code = supervise.run_elastic(
+        ["sh", "-c", lost], dict(os.environ), report=said.append, again=again
+    )
+    assert code == 0 and asked == [["node1"]] and said == []
+
+
 _DEFECT = (
     b"[node0:30259] PMIX ERROR: PMIX_ERROR in file /openmpi-5.0.11/3rd-party/prrte/src/prted/"
     b"pmix/pmix_server_dyn.c at line 1113\n"

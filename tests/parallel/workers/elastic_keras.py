@@ -8,6 +8,12 @@ benchmarks/bench_elastic.py. Settings come from the environment:
   after that batch (writing ``killed`` with the time first);
 * ``ELASTIC_KILL_HOST=1``: that rank kills every rank of its host instead
   (a lost node), after taking the host out of the ``hosts`` file;
+* ``ELASTIC_KILL_NODE=1``: that rank kills every process of its network
+  namespace, its Open MPI daemon included (a virtual node crashing whole, on
+  the rehearsal cluster);
+* ``ELASTIC_COMMIT_LOG=1``: each rank appends to ``commits.jsonl``, before each
+  commit, the commit's number and a digest of the values it commits, and, on
+  entering the training function, the number and digest it starts from;
 * ``ELASTIC_GROW``: ``host:slots``: rank 0 appends it to the ``hosts`` file
   the discovery script prints, after batch 3 of epoch 1, or at
   ``ELASTIC_GROW_AT`` (``epoch,batch``) (writing ``added``);
@@ -20,6 +26,7 @@ benchmarks/bench_elastic.py. Settings come from the environment:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -41,6 +48,9 @@ pause = float(os.environ.get("ELASTIC_SLEEP", "0"))
 grow = os.environ.get("ELASTIC_GROW")
 grow_at = tuple(int(v) for v in os.environ.get("ELASTIC_GROW_AT", "1,3").split(","))
 kill_host = os.environ.get("ELASTIC_KILL_HOST") == "1"
+kill_node = os.environ.get("ELASTIC_KILL_NODE") == "1"
+commit_log = os.environ.get("ELASTIC_COMMIT_LOG") == "1"
+relaunch = int(os.environ.get("DDL_ELASTIC_RESUMED", "0"))
 commit_every = int(os.environ.get("ELASTIC_COMMIT", "1"))
 fixed = os.environ.get("ELASTIC_FIXED") == "1"
 epochs = int(os.environ.get("ELASTIC_EPOCHS", "3"))
@@ -91,6 +101,39 @@ def _kill_my_host() -> None:
                 continue
 
 
+def _kill_my_node() -> None:
+    """SIGKILL every process in this process's network namespace, this one last (a node crash)."""
+    mine = os.readlink("/proc/self/ns/net")
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if os.readlink(proc / "ns" / "net") == mine:
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except OSError:
+                continue
+
+
+def _digest() -> str:
+    values = [np.asarray(v) for v in model.variables + model.optimizer.variables]
+    return hashlib.sha256(b"".join(v.tobytes() for v in values)).hexdigest()
+
+
+def _log_commit(**fields) -> None:
+    record = {"pid": os.getpid(), "host": os.environ.get("HOROVOD_HOSTNAME"), **fields}
+    with open(out / "commits.jsonl", "a") as log:
+        log.write(json.dumps({"relaunch": relaunch, "time": time.time(), **record}) + "\n")
+
+
+class CommitLog(keras.callbacks.Callback):
+    """Before each commit of CommitStateCallback (every batch): its number and values' digest."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        _log_commit(commit=state.commit_count + 1, digest=_digest())
+
+    def on_epoch_end(self, epoch, logs=None):
+        _log_commit(commit=state.commit_count + 1, digest=_digest())
+
+
 class Recorder(keras.callbacks.Callback):
     keras_epoch = 0
 
@@ -107,6 +150,8 @@ class Recorder(keras.callbacks.Callback):
                 (out / "killed").write_text(str(time.time()))
                 if kill_host:
                     _kill_my_host()
+                if kill_node:
+                    _kill_my_node()
                 os.kill(os.getpid(), signal.SIGKILL)
         if grow and hvd.rank() == 0 and (epoch, batch) == grow_at and not (out / "added").exists():
             with open(out / "hosts", "a") as hosts:
@@ -121,12 +166,17 @@ class Recorder(keras.callbacks.Callback):
 
 def train(state) -> None:
     callbacks = [Recorder()]
+    if state is not None and commit_log:
+        assert commit_every == 1, "the commit log counts one commit per batch"
+        _log_commit(entered=True, commit=state.commit_count, digest=_digest(), size=hvd.size())
+        callbacks.insert(0, CommitLog())
     if state is not None:
         callbacks = [
+            *callbacks[:-1],
             hvd.elastic.CommitStateCallback(state, batches_per_commit=commit_every),
             hvd.elastic.UpdateBatchStateCallback(state),
             hvd.elastic.UpdateEpochStateCallback(state),
-            *callbacks,
+            callbacks[-1],
         ]
     model.fit(
         x,
@@ -154,6 +204,7 @@ result = {
     "weights": weights.tolist(),
     "steps": steps_log,
     "state": None if state is None else [state.epoch, state.batch],
+    "relaunch": relaunch,
 }
 (out / f"rank{launch_rank}.json").write_text(json.dumps(result))
 print(f"rank {hvd.rank()} (launched as {launch_rank}) finished at size {hvd.size()}", flush=True)
