@@ -17,6 +17,10 @@ All runs use ``ddlrun`` and the Keras worker of the tests
 * **A node lost and replaced, on the rehearsal cluster** (``--rehearse 3
   --link 1gbit``): both ranks of one virtual node SIGKILLed, then a fresh
   node listed; see :func:`node_loss_rehearsal`.
+* **A node crashing whole, on the rehearsal cluster** (``--rehearse 2``): every
+  process of one virtual node, its Open MPI daemon included, SIGKILLed; the
+  job relaunched on the other node from the commits mirrored in host memory;
+  see :func:`node_crash_rehearsal`.
 * **Cost when nothing fails**: 2 ranks on one host, the MLP of the Horovod
   benchmark and MobileNetV2 (64x64, batch 8 per rank), median step time of
   epochs 2-3 for: a fixed job (Open MPI's default transports), a fixed job on
@@ -199,6 +203,80 @@ def node_loss_rehearsal(link: str = "1gbit") -> dict:
         }
 
 
+CRASH_RUNS = 3
+
+
+def node_crash_rehearsal(link: str = "1gbit") -> dict:
+    """A virtual node crashing whole: its ranks and its Open MPI daemon SIGKILLed at once.
+
+    ``ddlrun --rehearse 2 --link 1gbit -np 4 --min-np 2`` (2 virtual nodes x 2
+    ranks). Launch rank 3 SIGKILLs every process of ``node1``'s network
+    namespace (both ranks, the daemon, the launch agent) after batch 8 of
+    epoch 0; steps sleep 0.1 s so that training goes on for seconds after it.
+    Open MPI 5.0's runtime then ends ``node0``'s ranks too (before that, they
+    re-form by themselves over ULFM and train on); ``ddlrun`` relaunches the
+    job on ``node0``, and the 2 new processes (TensorFlow imported, model
+    built) resume from the newest commit ``node0``'s ranks mirrored in
+    ``/dev/shm``. Each rank logs every commit's number and a digest of its
+    values before committing, and what it starts from after the relaunch.
+    ``CRASH_RUNS`` runs; the seconds are each run's and their median.
+    """
+    from ddl_tf.cluster.netns import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        return {"skipped": f"rehearsal cluster unavailable: {reason}"}
+    runs = []
+    for _ in range(CRASH_RUNS):
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder)
+            results = _job(
+                out,
+                ["--rehearse", "2", "--link", link, "-np", "4", "--min-np", "2"],
+                ELASTIC_KILL="3,0,8",
+                ELASTIC_KILL_NODE="1",
+                ELASTIC_COMMIT_LOG="1",
+                ELASTIC_SLEEP="0.1",
+            )
+            killed = float((out / "killed").read_text())
+            log = [json.loads(line) for line in (out / "commits.jsonl").read_text().splitlines()]
+        survivors = [r for r in log if r["relaunch"] == 0 and r["host"] == "node0"]
+        committed = [r for r in survivors if "entered" not in r]
+        reformed = [r["time"] for r in survivors if r.get("entered") and r["size"] == 2]
+        entered = [r for r in log if r["relaunch"] == 1 and r.get("entered")]
+        resumed = entered[0]["commit"]
+        digests = [r["digest"] for r in committed if r["commit"] == resumed]
+        runs.append(
+            {
+                "recovery_seconds": round(min(t for t, *_ in results[0]["steps"]) - killed, 3),
+                "in_job_reform_seconds": round(min(reformed) - killed, 3) if reformed else None,
+                "ranks_after": results[0]["size"],
+                "processes_restarted": all(r["relaunch"] == 1 for r in results.values()),
+                "newest_survivor_commit": max(r["commit"] for r in committed),
+                "resumed_commit": resumed,
+                "resumed_bitwise_from_that_commit": bool(digests)
+                and all(r["digest"] == digests[-1] for r in entered),
+                "replicas_bitwise_equal": _equal(results),
+            }
+        )
+        print(f"node crash: {runs[-1]}", flush=True)
+    seconds = [r["recovery_seconds"] for r in runs]
+    return {
+        "cluster": f"2 virtual nodes x 2 ranks, links {link} each direction",
+        "lost": "node1: every process of its namespace (2 ranks, its Open MPI daemon) SIGKILLed",
+        "ranks_before": 4,
+        "ranks_after": min(r["ranks_after"] for r in runs),
+        "recovery_seconds": round(statistics.median(seconds), 3),
+        "recovery_seconds_max": max(seconds),
+        "processes_restarted": all(r["processes_restarted"] for r in runs),
+        "commits_lost": max(r["newest_survivor_commit"] - r["resumed_commit"] for r in runs),
+        "resumed_bitwise_from_commit": all(r["resumed_bitwise_from_that_commit"] for r in runs),
+        "replicas_bitwise_equal": all(r["replicas_bitwise_equal"] for r in runs),
+        "batches_per_commit": 1,
+        "runs": runs,
+    }
+
+
 def _median_step(results: dict[int, dict]) -> float:
     steps = [t for t, _, epoch, _ in results[0]["steps"] if epoch >= 1]
     return statistics.median(b - a for a, b in zip(steps, steps[1:], strict=False))
@@ -231,6 +309,7 @@ PARTS = {
     "recovery": recovery,
     "growth": growth,
     "node_loss_rehearsal": node_loss_rehearsal,
+    "node_crash_rehearsal": node_crash_rehearsal,
     "cost": cost,
 }
 
