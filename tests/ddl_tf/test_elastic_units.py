@@ -156,3 +156,34 @@ def test_ddlrun_takes_horovodruns_elastic_options(tmp_path, capsys):
     assert "--with-ft" in command and "plm_rsh_agent" in command
     btls = [command[i + 2] for i, word in enumerate(command) if command[i + 1 : i + 2] == ["btl"]]
     assert btls and all(b == "tcp,self" for b in btls), btls
+
+
+def test_a_relaunch_after_a_lost_daemon_leaves_the_lost_host_out(tmp_path, capsys):
+    from ddl_tf.launch.supervise import FinishedWatch
+
+    settings = ElasticSettings(min_np=2)
+    assert find_hosts(settings, [Host("a", 2), Host("b", 2)], exclude=["b"]) == {"a": 2}
+    with pytest.raises(LaunchError, match="without the lost host"):
+        find_hosts(ElasticSettings(min_np=3), [Host("a", 2), Host("b", 2)], exclude=["b"])
+    script = _script(tmp_path, "echo a:2; echo b:2; echo c:1")
+    found = find_hosts(ElasticSettings(min_np=2, discovery=script), [], exclude=["b"])
+    assert found == {"a": 2, "c": 1}
+
+    base = LaunchPlan(np=4, program=[sys.executable, "train.py"], env={"DDL_ELASTIC_MIRROR": "m"})
+    said: list[str] = []
+    relaunch = ddlrun._Relauncher(
+        base, settings, {"a": 2, "b": 2}, None, ("mpirun", "openmpi", False)
+    )
+    watch = FinishedWatch(said.append)
+    watch.daemon_lost, watch.lost_hosts = True, ["b"]
+    command, child_env = relaunch(watch)
+    assert command[command.index("-np") + 1] == "2" and command[command.index("-H") + 1] == "a:2"
+    assert (
+        child_env[env.DDL_ELASTIC_RESUMED] == "1" and child_env[env.DDL_ELASTIC_LOST_HOSTS] == "b"
+    )
+    assert child_env[env.DDL_ELASTIC_MIRROR] == "m", "the relaunch reads the same mirror"
+    assert relaunch(watch) is None, "no new host lost: nothing to relaunch"
+    watch.lost_hosts = ["a"]
+    assert "relaunching the elastic job on a:2 (2 rank(s), relaunch 1)" in capsys.readouterr().err
+    assert relaunch(watch) is None
+    assert "lost its daemon on host a; no relaunch: ddlrun: --min-np 2" in capsys.readouterr().err
