@@ -115,7 +115,7 @@ def write(state: Any) -> None:
             type(state).__name__,
         )
         return
-    record = {"commit": state.commit_count, "state": payload, "time": time.time()}
+    record = {"commit": getattr(state, "commit_count", 0), "state": payload, "time": time.time()}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     spare = f"{path}.{os.getpid()}.tmp"
     try:
@@ -156,7 +156,7 @@ def share_count(state: Any) -> None:
     if folder() is None:
         return
     state.commit_count = basics.engine().broadcast_object(
-        state.commit_count, 0, name="elastic.mirror.count"
+        getattr(state, "commit_count", 0), 0, name="elastic.mirror.count"
     )
 
 

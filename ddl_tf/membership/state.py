@@ -83,7 +83,8 @@ class State(abc.ABC):
         (:mod:`ddl_tf.membership.mirror`).
         """
         self.save()
-        self.commit_count += 1
+        # getattr: a subclass of Horovod's State may not call State.__init__
+        self.commit_count = getattr(self, "commit_count", 0) + 1
         if env.elastic_job():
             mirror.write(self)
         self.check_host_updates()
