@@ -63,10 +63,11 @@ LEVERS = {
         recompute=True, reorder=True, link="ideal", swapout_threshold=4, swapin_ahead=2
     ),
     # every dense op whose re-run beats 10 copies of its output over PCIe3: chained groups.
-    # Grappler fuses MatMul/Conv + BiasAdd + ReLU and leaves the clones unfused (tflms keeps
-    # them from its deduplication), so LMSConfig.check_rewrites keeps such chains from
-    # recomputation; without the check, this shows the lever itself computes the same bits
-    # on the CPU, where the fused and unfused kernels agree.
+    # Grappler fuses the clones as it fuses their originals (they read gates), but a group
+    # that starts or ends inside a fused Conv + BiasAdd + ReLU chain splits it; the check
+    # then pins such chains round after round (the 3D U-Net: no dense op left to re-run).
+    # Without the check, this shows the lever itself computes the same bits on the CPU,
+    # where the fused and unfused kernels agree.
     "recompute dense": dict(
         recompute=True, recompute_dense=10.0, link="pcie3", check_rewrites=False
     ),

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from itertools import pairwise
 from typing import Protocol
 
+from tflms.apply.validation import original_of
 from tflms.errors import AlreadyRewrittenError, ValidationError
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.gc_pause import gc_paused
@@ -90,8 +91,9 @@ class Editor(Protocol):
             name: Name of the new op; the caller has checked it is free.
             source: ``(op name, output index)`` of the tensor the Identity reads.
             device: Device string to place the op on; ``""`` leaves it unplaced.
-            kind: ``"out"`` for a swap-out (host side) or ``"in"`` for a swap-in
-                (compute side); stored in the marker attribute.
+            kind: ``"out"`` for a swap-out (host side), ``"in"`` for a swap-in
+                (compute side) or ``"gate"`` (what a recompute clone reads
+                through); stored in the marker attribute.
         """
 
     def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
@@ -114,7 +116,13 @@ class Editor(Protocol):
         """
 
     def add_clone(
-        self, name: str, original: str, inputs: list[tuple[str, int]], device: str
+        self,
+        name: str,
+        original: str,
+        inputs: list[tuple[str, int]],
+        device: str,
+        *,
+        keep: bool = True,
     ) -> None:
         """Insert a copy ``name`` of op ``original`` reading ``inputs``, marked as a recomputation.
 
@@ -125,6 +133,8 @@ class Editor(Protocol):
             inputs: ``(op name, output index)`` of each data input of the clone,
                 in input order.
             device: Where the clone runs; ``""``: the original's device.
+            keep: Keep the clone from Grappler (``_grappler_do_not_remove``);
+                ``False`` for clones reading gates, which Grappler may fuse.
         """
 
     def data_inputs(self, op: str) -> list[tuple[str, int]]:
@@ -213,21 +223,42 @@ def _edit(editor: Editor, plan: SwapPlan, host: str) -> int:
 
 
 def _clone_group(editor: Editor, recompute) -> int:
-    """Clone the ops of one recomputation, reroute its consumers, add its trigger edges."""
+    """Clone the ops of one recomputation, reroute its consumers, start it at its trigger.
+
+    With gates (:attr:`~tflms.plan.entries.Recompute.gates`) the first clones
+    read their inputs through them and only the gates wait for the trigger
+    and are kept from Grappler; the clones are optimized like their originals.
+    Without, every clone is kept and the first ones wait for the trigger.
+    """
     members = set(recompute.ops)
+    wanted = {tensor: recompute.gate_name(i) for i, tensor in enumerate(recompute.gates)}
+    gates: dict[tuple[str, int], str] = {}  # what a gate reads now -> the gate
+
+    def gated(read: tuple[str, int], reader: str) -> tuple[str, int]:
+        # an earlier group may have rerouted the read to its clone of the tensor
+        gate = wanted.get(read) or wanted.get((original_of(read[0]), read[1]))
+        if gate is None:
+            return read
+        if read not in gates:
+            editor.add_identity(gate, read, recompute.device or editor.device_of(reader), "gate")
+            editor.add_control(recompute.trigger, gate)
+            gates[read] = gate
+        return gates[read], 0
+
     reads = {}
     for op in recompute.ops:
         reads[op] = editor.data_inputs(op)
         inputs = [
-            (recompute.clone_name(src), k) if src in members else (src, k) for src, k in reads[op]
+            (recompute.clone_name(src), k) if src in members else gated((src, k), op)
+            for src, k in reads[op]
         ]
-        editor.add_clone(recompute.clone_name(op), op, inputs, recompute.device)
+        editor.add_clone(recompute.clone_name(op), op, inputs, recompute.device, keep=not wanted)
     for consumer, index, op, k in recompute.consumers:
         editor.reroute(consumer, index, (recompute.clone_name(op), k))
-    if recompute.trigger is not None:
+    if recompute.trigger is not None and not wanted:
         for op in recompute.entry_ops(lambda o: [src for src, _ in reads[o]]):
             editor.add_control(recompute.trigger, recompute.clone_name(op))
-    return len(recompute.ops)
+    return len(recompute.ops) + len(gates)
 
 
 def _check_plan_matches(editor: Editor, plan: SwapPlan) -> None:

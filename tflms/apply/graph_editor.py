@@ -121,7 +121,7 @@ class GraphEditor:
             name: Name of the new op.
             source: ``(op name, output index)`` of the tensor it reads.
             device: Device string; ``""`` leaves the op unplaced.
-            kind: ``"out"`` (swap-out) or ``"in"`` (swap-in).
+            kind: ``"out"`` (swap-out), ``"in"`` (swap-in) or ``"gate"``.
 
         Raises:
             ValidationError: TensorFlow gave the op another name than ``name``.
@@ -143,7 +143,13 @@ class GraphEditor:
             op._set_device(device)  # noqa: SLF001
 
     def add_clone(
-        self, name: str, original: str, inputs: list[tuple[str, int]], device: str
+        self,
+        name: str,
+        original: str,
+        inputs: list[tuple[str, int]],
+        device: str,
+        *,
+        keep: bool = True,
     ) -> None:
         """A copy of op ``original`` called ``name``: same type, attributes, device and
         control inputs, reading ``inputs``; marked as a recomputation and kept by Grappler.
@@ -153,6 +159,8 @@ class GraphEditor:
             original: Name of the op to copy.
             inputs: ``(op name, output index)`` of each data input, in order.
             device: Where the clone runs; ``""``: the original's device.
+            keep: Keep the clone from Grappler (``_grappler_do_not_remove``);
+                ``False`` for clones reading gates, which Grappler may fuse.
 
         Raises:
             ValidationError: TensorFlow gave the clone another name than ``name``.
@@ -160,7 +168,8 @@ class GraphEditor:
         op = self._op(original)
         attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
         attrs[SWAP_ATTR] = attr_value_pb2.AttrValue(s=b"recompute")
-        attrs[GRAPPLER_KEEP_ATTR] = attr_value_pb2.AttrValue(b=True)
+        if keep:
+            attrs[GRAPPLER_KEEP_ATTR] = attr_value_pb2.AttrValue(b=True)
         tensors = [self._op(src).outputs[k] for src, k in inputs]
         clone = self.graph._create_op_internal(  # noqa: SLF001 - as for swap ops, see add_identity
             op.type,

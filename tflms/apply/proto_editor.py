@@ -131,7 +131,13 @@ class ProtoEditor:
         return [self._parse(name) for name in self._node(op).input if not name.startswith("^")]
 
     def add_clone(
-        self, name: str, original: str, inputs: list[tuple[str, int]], device: str
+        self,
+        name: str,
+        original: str,
+        inputs: list[tuple[str, int]],
+        device: str,
+        *,
+        keep: bool = True,
     ) -> None:
         """A copy of node ``original`` called ``name`` reading ``inputs`` (same op, attributes,
         device and control inputs), marked as a recomputation and kept by Grappler.
@@ -141,6 +147,8 @@ class ProtoEditor:
             original: Name of the op to copy.
             inputs: ``(op name, output index)`` of each data input, in order.
             device: Where the clone runs; ``""``: the original's device.
+            keep: Keep the clone from Grappler (``_grappler_do_not_remove``);
+                ``False`` for clones reading gates, which Grappler may fuse.
 
         Raises:
             ValidationError: ``original`` or an input's op is not a node of the graph.
@@ -157,7 +165,8 @@ class ProtoEditor:
         if "_class" in node.attr:
             del node.attr["_class"]
         node.attr[SWAP_ATTR].CopyFrom(attr_value_pb2.AttrValue(s=b"recompute"))
-        node.attr[GRAPPLER_KEEP_ATTR].CopyFrom(attr_value_pb2.AttrValue(b=True))
+        if keep:
+            node.attr[GRAPPLER_KEEP_ATTR].CopyFrom(attr_value_pb2.AttrValue(b=True))
         self._nodes[name] = node
 
     # -- edits
@@ -176,7 +185,7 @@ class ProtoEditor:
             name: Name of the new op.
             source: ``(op name, output index)`` of the tensor it reads.
             device: Device string; ``""`` leaves the op unplaced.
-            kind: ``"out"`` (swap-out) or ``"in"`` (swap-in).
+            kind: ``"out"`` (swap-out), ``"in"`` (swap-in) or ``"gate"``.
 
         Raises:
             ValidationError: ``source`` names no node, or an output a function

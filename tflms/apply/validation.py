@@ -98,6 +98,9 @@ def _structural(view: nx.DiGraph, host: str) -> list[str]:
         if kind == "recompute":
             problems.extend(_structural_clone(view, name, data, host))
             continue
+        if kind == "gate":
+            problems.extend(_structural_gate(view, name, data))
+            continue
         if data["type"] != "Identity":
             problems.append(f"swap op {name} is a {data['type']}, not an Identity")
         inputs = _data_inputs(view, name)
@@ -205,6 +208,17 @@ def _structural_clone(view: nx.DiGraph, name: str, data: dict, host: str) -> lis
     return problems
 
 
+def _structural_gate(view: nx.DiGraph, name: str, data: dict) -> list[str]:
+    problems = []
+    if data["type"] != "Identity" or len(_data_inputs(view, name)) != 1:
+        problems.append(f"gate {name} is not an Identity of one input")
+    readers = [s for s, e in view.succ[name].items() if e.get("tensors")]
+    others = [r for r in readers if view.nodes[r].get("tflms") != "recompute"]
+    if not readers or others:
+        problems.append(f"gate {name} must feed recompute clones only, not {others}")
+    return problems
+
+
 def _against_plan(view: nx.DiGraph, plan: SwapPlan) -> list[str]:
     problems = []
     for recompute in plan.recomputes:
@@ -256,9 +270,11 @@ def _recompute_against_plan(view: nx.DiGraph, plan: SwapPlan, recompute) -> list
     swapped_in = {
         s.swapin_name(k): (s.producer, s.index) for s in plan.swaps for k in range(len(s.swap_ins))
     }
+    gated = {r.gate_name(i): t for r in plan.recomputes for i, t in enumerate(r.gates)}
 
-    def meaning(tensor):  # what a tensor stands for: swap-ins and clones by their originals
-        src, k = swapped_in.get(tensor[0], tensor)
+    def meaning(tensor):  # what a tensor stands for: gates, swap-ins and clones by their originals
+        src, k = gated.get(tensor[0], tensor)
+        src, k = swapped_in.get(src, (src, k))
         return clones.get(src, src), k
 
     for op, clone in zip(recompute.ops, recompute.clone_names, strict=True):
@@ -276,16 +292,23 @@ def _recompute_against_plan(view: nx.DiGraph, plan: SwapPlan, recompute) -> list
         read = _data_inputs(view, consumer).get(index)
         if read is None or meaning(read) != (op, k) or read[0] == op:
             problems.append(f"input {index} of {consumer} does not read {recompute.clone_name(op)}")
+    for i, tensor in enumerate(recompute.gates):
+        gate = recompute.gate_name(i)
+        read = _data_inputs(view, gate).get(0) if gate in view else None
+        if read is None or meaning(read) != meaning(tensor):
+            problems.append(f"gate {gate} does not read {tensor[0]}:{tensor[1]}")
     if recompute.trigger is not None:
         # an original may read a swap-in of another member (a far consumer in the forward pass)
         entries = recompute.entry_ops(
             lambda o: [meaning(s)[0] for s in _data_inputs(view, o).values()]
         )
-        for op in entries:
-            clone = recompute.clone_name(op)
-            edge = view.get_edge_data(recompute.trigger, clone) or {}
-            if clone in view and not edge.get("control"):
-                problems.append(
-                    f"recompute clone {clone} lacks its trigger edge from {recompute.trigger}"
-                )
+        started = (
+            [recompute.gate_name(i) for i in range(len(recompute.gates))]
+            if recompute.gates
+            else [recompute.clone_name(op) for op in entries]
+        )
+        for name in started:
+            edge = view.get_edge_data(recompute.trigger, name) or {}
+            if name in view and not edge.get("control"):
+                problems.append(f"{name} lacks its trigger edge from {recompute.trigger}")
     return problems

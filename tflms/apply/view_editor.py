@@ -145,7 +145,13 @@ class ViewEditor:
         return [(pred, out_idx) for _, pred, out_idx in sorted(found)]
 
     def add_clone(
-        self, name: str, original: str, inputs: list[tuple[str, int]], device: str
+        self,
+        name: str,
+        original: str,
+        inputs: list[tuple[str, int]],
+        device: str,
+        *,
+        keep: bool = True,
     ) -> None:
         """A node ``name`` like ``original`` (type, device, outputs), reading ``inputs``.
 
@@ -154,6 +160,8 @@ class ViewEditor:
             original: Name of the op to copy.
             inputs: ``(op name, output index)`` of each data input, in order.
             device: Where the clone runs; ``""``: the original's device.
+            keep: Keep the clone from Grappler (``_grappler_do_not_remove``);
+                ``False`` for clones reading gates, which Grappler may fuse.
         """
         node = self.view.nodes[original]
         outputs = tuple(info._replace(name=f"{name}:{info.index}") for info in node["outputs"])
@@ -185,7 +193,7 @@ class ViewEditor:
             name: Name of the new op.
             source: ``(op name, output index)`` of the tensor it reads.
             device: Device string; ``""`` leaves the op unplaced.
-            kind: ``"out"`` (swap-out) or ``"in"`` (swap-in).
+            kind: ``"out"`` (swap-out), ``"in"`` (swap-in) or ``"gate"``.
         """
         src_info = self.view.nodes[source[0]]["outputs"][source[1]]
         info = TensorInfo(

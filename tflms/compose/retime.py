@@ -92,7 +92,7 @@ def retime_triggers(
     clone_due = {}
     for r in plan.recomputes:
         start = min(schedule.start[index[c]] for c, _, _, _ in r.consumers) - r.seconds
-        clone_due.update(dict.fromkeys(r.clone_names, start))
+        clone_due.update(dict.fromkeys(r.inserted, start))  # gates: as their clones
     entries = []
     for s, swap in enumerate(plan.swaps):
         for k, swap_in in enumerate(swap.swap_ins):

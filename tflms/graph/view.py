@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections import Counter
 from typing import NamedTuple
 
@@ -71,12 +72,40 @@ __all__ = [
     "assign_levels",
     "CONTROL_FLOW_TYPES",
     "SWAP_ATTR",
+    "CLONE_KINDS",
+    "is_gradient_op",
 ]
 
 logger = logging.getLogger(__name__)
 
 SWAP_ATTR = "_tflms_swap"
-"""Attribute set on every op tflms inserts: ``b"out"`` or ``b"in"``."""
+"""Attribute set on every op tflms inserts: ``b"out"`` or ``b"in"`` (swaps),
+``b"recompute"`` (a recompute clone), ``b"gate"`` (what a clone reads through,
+see :class:`tflms.plan.entries.Recompute`)."""
+
+CLONE_KINDS = frozenset({"recompute", "gate"})
+
+_GRADIENT_SCOPES = ("gradients", "gradient_tape")
+_GRADIENT_OP = re.compile(r"Grad(Grad)?(V\d+)?$|Backprop")
+
+
+def is_gradient_op(name: str, op_type: str) -> bool:
+    """Whether an op computes gradients: by its scope (``gradients``, ``gradient_tape``
+    or a numbered variant, as ``tf.gradients`` and ``tf.GradientTape`` name them) or by
+    its type (``ReluGrad``, ``FusedBatchNormGradV3``, ``Conv2DBackpropInput``, ...).
+
+    Args:
+        name: the op's name.
+        op_type: its type.
+
+    Returns:
+        ``True`` for a gradient op (``StopGradient`` is not one).
+    """
+    scopes = name.split("/")[:-1]
+    return any(s == g or s.startswith(g + "_") for s in scopes for g in _GRADIENT_SCOPES) or bool(
+        _GRADIENT_OP.search(op_type)
+    )
+"""Kinds of tflms ops that recompute: a swap-in may feed them as it feeds an original."""
 
 FUNCTIONAL_CONTROL_FLOW = frozenset(
     {"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase", "For"}

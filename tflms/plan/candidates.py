@@ -30,6 +30,7 @@ from tflms.graph.grappler_rules import (
     removed_at_run_time,
 )
 from tflms.graph.loops import WHILE_TYPES
+from tflms.graph.view import CLONE_KINDS
 
 __all__ = [
     "ARITHMETIC_CHAIN",
@@ -253,7 +254,7 @@ def veto(view: nx.DiGraph, producer: str, info, uses, far) -> str | None:
         if (
             cnode["placement"] != "compute"
             or (cnode["control_flow"] and not gradient_loop)
-            or cnode["tflms"] not in (None, "recompute")  # a recompute clone may read a swap-in
+            or (cnode["tflms"] and cnode["tflms"] not in CLONE_KINDS)  # a clone may read a swap-in
         ):
             return f"a far consumer ({cnode['type']}) is in control flow or off the compute device"
         if removed_at_run_time(view, c):

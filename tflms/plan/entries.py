@@ -133,6 +133,15 @@ class Recompute:
         device: where the clones run; ``""``: with their originals (a weight's
             cast runs on the host instead, so its float16 copy is what streams:
             :func:`tflms.plan.streams.plan_host_casts`).
+        gates: ``(op, output index)`` of the tensors the group's first clones
+            read through a *gate* (:meth:`gate_name`): an Identity kept by
+            Grappler that waits for the trigger. The clones themselves are
+            left to Grappler, which then fuses and folds them as it does their
+            originals (a ``MatMul`` + ``BiasAdd`` clone becomes the same
+            ``_FusedMatMul``), while the gates keep them distinct from the
+            originals (no merge) and start them at the trigger. Empty: every
+            clone is kept from Grappler and the trigger edge goes into the
+            clones themselves (a group that reads only constants).
     """
 
     ops: tuple[str, ...]
@@ -145,6 +154,7 @@ class Recompute:
     seconds: float = 0.0
     reason: str = ""
     device: str = ""
+    gates: tuple[tuple[str, int], ...] = ()
 
     def clone_name(self, op: str) -> str:
         """Name of the clone of ``op`` (see the module docstring).
@@ -163,6 +173,22 @@ class Recompute:
     def clone_names(self) -> tuple[str, ...]:
         """Names of every clone, in :attr:`ops` order."""
         return tuple(self.clone_name(op) for op in self.ops)
+
+    def gate_name(self, i: int) -> str:
+        """Name of the gate of ``gates[i]``: ``<first op>-lms/recompute[_<group>]_gate<i>``.
+
+        Args:
+            i: Index into :attr:`gates`.
+
+        Returns:
+            The gate's name.
+        """
+        return f"{self.clone_name(self.ops[0])}_gate{i}"
+
+    @property
+    def inserted(self) -> tuple[str, ...]:
+        """Names of every op the group inserts: clones, then gates."""
+        return self.clone_names + tuple(self.gate_name(i) for i in range(len(self.gates)))
 
     @property
     def tensors(self) -> tuple[str, ...]:

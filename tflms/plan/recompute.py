@@ -100,6 +100,8 @@ __all__ = [
     "CHEAP_INTENSITY",
     "MAX_GROUP_OPS",
     "MAX_CHAIN_OPS",
+    "gates_for",
+    "reroute_veto",
 ]
 
 logger = logging.getLogger(__name__)
@@ -113,7 +115,7 @@ MAX_CHAIN_OPS = 32
 swapped) while the merged group has at most this many ops."""
 
 
-def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
+def veto(view: nx.DiGraph, group: list[str], rerouted: dict, *, gated: bool = False) -> str | None:
     """Why recomputing ``group`` would change how TensorFlow computes, or ``None``.
 
     Args:
@@ -121,6 +123,9 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
         group: the ops to clone.
         rerouted: ``{(op, output index): [(consumer, input index), ...]}``
             the far consumers that would read clones.
+        gated: the clones read gates and are left to Grappler
+            (:func:`gates_for`), which folds them as it folds their
+            originals; kept clones are not folded.
 
     Returns:
         A reason, or ``None`` when the rewrite is neutral.
@@ -130,7 +135,7 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
         for src, k in data_inputs(view, op):
             readers = tensor_consumers(view, src, k)
             if src in members:
-                if len(readers) == 1 and foldable_link(view, src, op):
+                if not gated and len(readers) == 1 and foldable_link(view, src, op):
                     return f"Grappler may fold {src} into {op}, but not their clones"
                 continue
             if any(order_sensitive(view, c) for c, _ in readers):
@@ -138,30 +143,48 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict) -> str | None:
             if len(readers) == 1 and foldable_link(view, src, readers[0][0]):
                 return f"a clone reading {src}:{k} would stop Grappler folding it into its consumer"
     for (op, k), far in rerouted.items():
-        uses = tensor_consumers(view, op, k)
-        if order_sensitive(view, op) or any(order_sensitive(view, c) for c, _ in uses):
-            return f"an AddN of 3+ inputs reads or writes {op}:{k}"
-        near = [c for c in uses if c not in far]
-        if len(near) == 1 and foldable_link(view, op, near[0][0]):
-            return f"rerouting would let Grappler fold {op}:{k} into its one remaining consumer"
-        for c, i in far:
-            ctype = view.nodes[c]["type"]
-            if removed_at_run_time(view, c):
-                return f"a far consumer ({ctype}) is removed by Grappler before the step runs"
-            if view.nodes[op]["type"] in ARITHMETIC_CHAIN and ctype in ARITHMETIC_CHAIN:
-                # the clone is kept from Grappler's arithmetic optimizer, the original is not
-                return f"Grappler may fold {op} into its far consumer {c}, but not a clone"
-            if k and ctype in NAME_SENSITIVE:
-                return f"a far consumer ({ctype}) of output {k} is commutative"
-            if (
-                CPU_PAIRED_INPUTS.get(ctype) == i
-                and compute_device_type(view, view.nodes[c]) == "CPU"
-            ):
-                return f"on CPU, oneDNN pairs {op} with {ctype} through a workspace"
+        reason = reroute_veto(view, op, k, far, gated=gated)
+        if reason is not None:
+            return reason
     return None
 
 
-def plan_recomputes(view: nx.DiGraph, config: LMSConfig, target: Target) -> tuple[Recompute, ...]:
+def reroute_veto(view: nx.DiGraph, op: str, k: int, far, *, gated: bool = False) -> str | None:
+    """Why the far consumers ``far`` of tensor ``op:k`` may not read a clone, or ``None``.
+
+    Args:
+        view: the analysis view.
+        op: the producer.
+        k: the output index.
+        far: ``[(consumer, input index), ...]`` rerouted to the clone.
+        gated: as for :func:`veto`.
+
+    Returns:
+        A reason, or ``None``.
+    """
+    uses = tensor_consumers(view, op, k)
+    if order_sensitive(view, op) or any(order_sensitive(view, c) for c, _ in uses):
+        return f"an AddN of 3+ inputs reads or writes {op}:{k}"
+    near = [c for c in uses if c not in far]
+    if len(near) == 1 and foldable_link(view, op, near[0][0]):
+        return f"rerouting would let Grappler fold {op}:{k} into its one remaining consumer"
+    for c, i in far:
+        ctype = view.nodes[c]["type"]
+        if removed_at_run_time(view, c):
+            return f"a far consumer ({ctype}) is removed by Grappler before the step runs"
+        if not gated and view.nodes[op]["type"] in ARITHMETIC_CHAIN and ctype in ARITHMETIC_CHAIN:
+            # the clone is kept from Grappler's arithmetic optimizer, the original is not
+            return f"Grappler may fold {op} into its far consumer {c}, but not a clone"
+        if k and ctype in NAME_SENSITIVE:
+            return f"a far consumer ({ctype}) of output {k} is commutative"
+        if CPU_PAIRED_INPUTS.get(ctype) == i and compute_device_type(view, view.nodes[c]) == "CPU":
+            return f"on CPU, oneDNN pairs {op} with {ctype} through a workspace"
+    return None
+
+
+def plan_recomputes(
+    view: nx.DiGraph, config: LMSConfig, target: Target, *, taken: frozenset[str] = frozenset()
+) -> tuple[Recompute, ...]:
     """Choose the recomputation groups of ``view`` (see the module docstring).
 
     Args:
@@ -173,6 +196,7 @@ def plan_recomputes(view: nx.DiGraph, config: LMSConfig, target: Target) -> tupl
         target: the device that times the clones and the link that decides
             which dense ops are worth re-running (resolved once by the
             front end, :class:`tflms.pipeline.Pipeline`).
+        taken: ops other groups re-run already (segments): not re-run again.
 
     Returns:
         The groups, largest saving first.
@@ -185,7 +209,7 @@ def plan_recomputes(view: nx.DiGraph, config: LMSConfig, target: Target) -> tupl
     kept_free = folded_to_constants(view)
 
     def eligible(node):
-        if node in kept_free or aliases_a_variable(view, node):
+        if node in taken or node in kept_free or aliases_a_variable(view, node):
             return False  # a constant to Grappler, or the variable's own buffer: nothing to free
         if pinned(view, node, recompute=True):
             return False  # Grappler rewrites the step differently once it is re-run
@@ -303,7 +327,9 @@ def _at_hand(view, src, k, earliest, config) -> bool:
     return any(levels[c]["level"] >= earliest for c, _ in tensor_consumers(view, src, k))
 
 
-def make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | None:
+def make_group(
+    view, group, levels, config, trigger_ok, memo, *, far=None, per_tensor=False
+) -> Recompute | None:
     """The recomputation of ``group`` for its far consumers, or None (vetoed, no trigger).
 
     Args:
@@ -313,30 +339,45 @@ def make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | Non
         config: ``swapout_threshold`` (far) and ``swapin_ahead`` (trigger).
         trigger_ok: Which ops may trigger (:func:`~tflms.plan.triggers.trigger_filter`).
         memo: ``{op: (eligible, seconds)}`` for every op of the group.
+        far: ``far(op, consumer)``: whether a consumer outside the group reads
+            the clone; default: more than ``swapout_threshold`` levels later.
+        per_tensor: a tensor whose rerouting :func:`reroute_veto` refuses is
+            left to its original (kept) instead of the whole group refused.
 
     Returns:
         The :class:`~tflms.plan.entries.Recompute`, or None.
     """
     members = set(group)
+    if far is None:
+
+        def far(op, consumer):
+            return levels[consumer] - levels[op] > config.swapout_threshold
+
     rerouted: dict[tuple[str, int], list[tuple[str, int]]] = {}
     for op in group:
-        lp = levels[op]
         for info in view.nodes[op]["outputs"]:
-            far = [
+            readers = [
                 (c, i)
                 for c, i in tensor_consumers(view, op, info.index)
-                if c not in members and levels[c] - lp > config.swapout_threshold
+                if c not in members and far(op, c)
             ]
-            if far:
-                rerouted[(op, info.index)] = far
+            if readers:
+                rerouted[(op, info.index)] = readers
+    gates = gates_for(view, group)
+    if per_tensor:  # a tensor whose rerouting is vetoed stays kept; the group goes on
+        rerouted = {
+            (op, k): readers
+            for (op, k), readers in rerouted.items()
+            if reroute_veto(view, op, k, readers, gated=bool(gates)) is None
+        }
     if not rerouted:
         return None
-    reason = veto(view, group, rerouted)
+    reason = veto(view, group, rerouted, gated=bool(gates))
     if reason is not None:
         logger.debug("not recomputing %s: %s", group[-1], reason)
         return None
     consumers = sorted(
-        ((c, i, op, k) for (op, k), far in rerouted.items() for c, i in far),
+        ((c, i, op, k) for (op, k), readers in rerouted.items() for c, i in readers),
         key=lambda t: (levels[t[0]], t[0], t[1]),
     )
     earliest = consumers[0][0]
@@ -357,6 +398,7 @@ def make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | Non
         trigger=trigger,
         trigger_level=levels[trigger],
         consumer_level=lc,
+        gates=gates,
         bytes=nbytes,
         seconds=seconds,
         reason=(
@@ -364,6 +406,36 @@ def make_group(view, group, levels, config, trigger_ok, memo) -> Recompute | Non
             f"({seconds * 1e3:.3f} ms predicted)"
         ),
     )
+
+
+CONSTANT_TYPES = frozenset({"Const", "HostConst"})
+
+
+def gates_for(view: nx.DiGraph, group) -> tuple[tuple[str, int], ...]:
+    """The tensors the first clones of ``group`` read through gates (see :class:`Recompute`).
+
+    Every input of an op that reads no op of the group, constants excepted;
+    none at all when such an op reads constants only (its clone then waits for
+    the trigger itself and is kept from Grappler, as are the others).
+
+    Args:
+        view: The analysis view.
+        group: The ops to clone, in topological order.
+
+    Returns:
+        ``(op, output index)`` pairs, in the order the clones read them.
+    """
+    members = set(group)
+    gates: dict[tuple[str, int], None] = {}
+    for op in group:
+        inputs = data_inputs(view, op)
+        if any(src in members for src, _ in inputs):
+            continue
+        outside = [(s, k) for s, k in inputs if view.nodes[s]["type"] not in CONSTANT_TYPES]
+        if not outside:
+            return ()
+        gates.update(dict.fromkeys(outside))
+    return tuple(gates)
 
 
 def _kinds(view, group) -> str:

@@ -41,7 +41,7 @@ from tflms.cost.hardware import DeviceModel, LinkModel
 from tflms.cost.ops import op_cost
 from tflms.plan.candidates import NEVER_SWAP_DTYPES, NEVER_SWAP_PRODUCERS
 
-__all__ = ["cheap", "worth_rerunning", "data_inputs", "CHEAP_INTENSITY"]
+__all__ = ["cheap", "worth_rerunning", "rerun_seconds", "data_inputs", "CHEAP_INTENSITY"]
 
 CHEAP_INTENSITY = 4.0
 """FLOPs per byte moved up to which a (non-dense) op counts as cheap to re-run."""
@@ -97,6 +97,23 @@ def worth_rerunning(
         return False, 0.0 if cost is None else cost.seconds
     out_bytes = sum(info.bytes for info in view.nodes[node]["outputs"])
     return cost.seconds <= ratio * link.seconds(out_bytes), cost.seconds
+
+
+def rerun_seconds(view: nx.DiGraph, node: str, device: DeviceModel) -> float | None:
+    """The predicted time of re-running ``node`` on ``device``, or ``None`` when it may not be
+    cloned at all (stateful, control flow, a function call, off the compute device, an input
+    or a constant, references).
+
+    Args:
+        view: the analysis view.
+        node: the op.
+        device: the device model that times it.
+
+    Returns:
+        Seconds, or ``None``.
+    """
+    cost = _clonable_cost(view, node, device)
+    return None if cost is None else cost.seconds
 
 
 def _clonable_cost(view: nx.DiGraph, node: str, device: DeviceModel):

@@ -62,6 +62,7 @@ import networkx as nx
 from tflms.config import LMSConfig
 from tflms.cost.target import Target
 from tflms.graph.grappler_rules import removed_at_run_time
+from tflms.graph.view import CLONE_KINDS
 from tflms.graph.view import consumers as tensor_consumers
 from tflms.plan.candidates import order_sensitive
 from tflms.plan.entries import Recompute, Swap
@@ -153,7 +154,7 @@ NARROW_DTYPES = frozenset({"float16", "bfloat16"})
 
 def _inserted(node: dict) -> bool:
     """A tflms op other than a clone (a weight's cast moved to the host is one)."""
-    return node["tflms"] not in (None, "recompute")
+    return bool(node["tflms"]) and node["tflms"] not in CLONE_KINDS
 
 
 def _host_tensors(view: nx.DiGraph, dtypes):
@@ -268,7 +269,7 @@ def _veto(view: nx.DiGraph, on_device) -> str | None:
                 f"a device reader ({cnode['type']}) is in control flow, a called function or on "
                 "another device: TensorFlow's one copy stays for the whole step"
             )
-        if cnode["tflms"] not in (None, "recompute"):
+        if cnode["tflms"] and cnode["tflms"] not in CLONE_KINDS:
             return f"a reader ({cnode['type']}) is a tflms op"
         if removed_at_run_time(view, c):
             return f"a reader ({cnode['type']}) is removed by Grappler before the step runs"

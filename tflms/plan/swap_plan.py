@@ -109,7 +109,7 @@ class SwapPlan:
             names.add(s.swapout_name)
             names.update(s.swapin_name(k) for k in range(len(s.swap_ins)))
         for r in self.recomputes:
-            names.update(r.clone_names)
+            names.update(r.inserted)
         return names
 
     def summary(self, *, per_scope: bool = True, top: int = 10) -> str:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from tflms.errors import ModelFormatError, ModelNotFoundError
 from tflms.graph.graph_def import function_to_graph_def, graph_from_graph_def
+from tflms.graph.view import is_gradient_op
 from tflms.saved_model.resource_args import resource_arguments
 
 __all__ = [
@@ -71,10 +71,6 @@ FORMATS = {
     "saved_model_v1": "TF1 SavedModel (tf.compat.v1.saved_model.Builder)",
     "graph_def": "GraphDef file",
 }
-_GRADIENT_SCOPES = ("gradients", "gradient_tape")
-_GRADIENT_OP = re.compile(
-    r"Grad(Grad)?(V\d+)?$|Backprop"
-)  # ReluGrad, FusedBatchNormGradV3, Conv2DBackpropInput
 _EXAMPLE = "e.g. `tflms analyze path/to/saved_model_dir` or `tflms analyze graph.pb`"
 
 
@@ -97,14 +93,7 @@ def gradient_op_count(nodes) -> int:
         >>> gradient_op_count(nodes)
         3
     """
-    count = 0
-    for node in nodes:
-        scopes = node.name.split("/")[:-1]
-        if any(s == g or s.startswith(g + "_") for s in scopes for g in _GRADIENT_SCOPES) or (
-            _GRADIENT_OP.search(node.op)
-        ):
-            count += 1
-    return count
+    return sum(is_gradient_op(node.name, node.op) for node in nodes)
 
 
 @dataclass

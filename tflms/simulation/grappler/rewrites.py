@@ -91,6 +91,8 @@ _FUNCTIONAL_CONTROL_FLOW = frozenset(
     {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
 )
 _LOWER = "_lower_using_switch_merge"
+_READ_THROUGH = frozenset({"out", "in", "gate"})
+"""tflms ops the comparison reads through: swaps and gates pass their input on."""
 
 
 @dataclass
@@ -285,7 +287,7 @@ def structure_of(optimized: graph_pb2.GraphDef) -> Structure:
     def through(ref: str) -> tuple[str, str]:
         name, _, port = ref.partition(":")
         seen = 0
-        while name in nodes and _kind(nodes[name]) in ("out", "in") and seen < 8:
+        while name in nodes and _kind(nodes[name]) in _READ_THROUGH and seen < 8:
             name, _, port = nodes[name].input[0].partition(":")
             seen += 1
         return name, "" if port in ("", "0") else port
@@ -301,7 +303,7 @@ def structure_of(optimized: graph_pb2.GraphDef) -> Structure:
         structure.raw[name] = tuple(r.split(":")[0] for r in node.input if not r.startswith("^"))
         for source in structure.raw[name]:
             structure.readers[source] = structure.readers.get(source, 0) + 1
-        if name in constants or _kind(node) in ("out", "in"):
+        if name in constants or _kind(node) in _READ_THROUGH:
             continue
         attrs = tuple(
             sorted(
@@ -562,8 +564,9 @@ def touched(plan: SwapPlan) -> dict[str, set[str]]:
     """The ops ``plan`` changes or hangs edges on, each with the levers that do.
 
     ``"swap"``: swapped producers, rerouted consumers, triggers and the ops
-    swaps wait for; ``"recompute"``: recomputed ops, their far consumers and
-    triggers; ``"order"``: ordered and serialized ops.
+    swaps wait for; ``"recompute"``: recomputed ops and their far consumers;
+    ``"trigger"``: recomputations' triggers; ``"order"``: ordered and
+    serialized ops.
     """
     roles: dict[str, set[str]] = {}
 
@@ -579,7 +582,7 @@ def touched(plan: SwapPlan) -> dict[str, set[str]]:
             add("swap", *swap_in.control_inputs, swap_in.trigger)
     for group in plan.recomputes:
         add("recompute", *group.ops, *(consumer for consumer, *_ in group.consumers))
-        add("recompute", group.trigger)
+        add("trigger", group.trigger)  # an edge out of it may block a fusion: pinned whole
     for before, after in plan.order:
         add("order", before, after)
     for chain in plan.serialization:
