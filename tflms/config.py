@@ -186,6 +186,16 @@ class LMSConfig:
     ``0.0``: only cheap ops; no effect with ``link="ideal"`` (no copy takes
     time). With ``memory_budget`` the auto-tuner decides."""
 
+    recompute_segments: int = 0
+    """With ``recompute``, also re-run whole segments of the forward pass -
+    dense ops included - from checkpoints kept between them, as Chen et al.'s
+    sqrt(n) checkpointing and Keras's ``RematScope(mode="full")`` do
+    (:mod:`tflms.plan.segments`): the forward pass is cut where one tensor
+    alone carries it on (the residual stream between two blocks), and every
+    N-th cut is kept. 1: every cut kept (short segments); larger: fewer
+    checkpoints, longer segments re-run at once. ``0``: no segments. With
+    ``memory_budget`` the auto-tuner decides."""
+
     reorder: bool = False
     """Add control edges that order the ops whose interleaving makes the
     memory peak (two backward branches running side by side), as the
@@ -339,6 +349,21 @@ class LMSConfig:
             "quarter of the time their output's copy takes.",
         )
         object.__setattr__(self, "recompute_dense", dense)
+        segments = self.recompute_segments
+        if isinstance(segments, bool) or not isinstance(segments, int) or segments < 0:
+            raise _fail(
+                "recompute_segments",
+                segments,
+                "a whole number >= 0",
+                "0 re-runs no segments; 1 keeps every cut of the forward pass, 2 every second.",
+            )
+        if segments and not self.recompute:
+            raise _fail(
+                "recompute_segments",
+                segments,
+                "0 unless recompute=True",
+                "Set recompute=True as well: segments are re-run in recompute groups.",
+            )
         if self.recompute_dense and not self.recompute:
             raise _fail(
                 "recompute_dense",

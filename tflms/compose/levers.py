@@ -3,8 +3,10 @@
 The levers are planned in the order they are applied, each on the graph the
 earlier ones produce:
 
-1. recomputation (:func:`~tflms.plan.recompute.plan_recomputes`), if
-   ``LMSConfig.recompute``: cheap ops re-run before their far consumers;
+1. recomputation, if ``LMSConfig.recompute``: segments of the forward pass
+   re-run from checkpoints (:func:`~tflms.plan.segments.plan_segments`, with
+   ``recompute_segments``), then cheap ops re-run before their far consumers
+   (:func:`~tflms.plan.recompute.plan_recomputes`);
 2. swaps (:func:`~tflms.plan.planner.plan_swaps`) on the view rewritten by
    the recomputations, so a tensor a clone reads may be swapped for it;
 3. swap-in triggers by simulated time
@@ -51,8 +53,10 @@ import networkx as nx
 from tflms.apply.core import apply_to_view
 from tflms.config import LMSConfig
 from tflms.cost.target import Target
+from tflms.plan.entries import Recompute
 from tflms.plan.planner import plan_swaps
 from tflms.plan.recompute import plan_recomputes
+from tflms.plan.segments import plan_segments
 from tflms.plan.streams import plan_host_casts, plan_stream_clones
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.units import format_bytes
@@ -96,7 +100,11 @@ class Levers:
             return (), self.view
         key = config.replace(**_SWAPS_ONLY)
         if key not in self.staged:
-            recomputes = plan_recomputes(self.view, config, self.target) if config.recompute else ()
+            recomputes: tuple[Recompute, ...] = ()
+            if config.recompute:
+                recomputes = plan_segments(self.view, config, self.target)
+                segments = frozenset(op for r in recomputes for op in r.ops)
+                recomputes += plan_recomputes(self.view, config, self.target, taken=segments)
             if config.offload_weights:
                 # a weight's cast to float16 on the host, then its views re-run from a copy
                 recomputes += plan_host_casts(self.view, config)

@@ -1,0 +1,183 @@
+"""Segments of the forward pass re-run from checkpoints (tflms.plan.segments), and the gates
+that let Grappler optimize recompute clones as it optimizes their originals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import networkx as nx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflms
+from benchmarks.remat_models import batch, build
+from tflms.apply.core import apply_plan
+from tflms.errors import ConfigError
+from tflms.plan.recompute import make_group
+from tflms.plan.segments import forward_cuts, plan_segments, turn_level
+from tflms.plan.triggers import trigger_filter
+from tflms.simulation.grappler.optimize import grappler_optimize
+
+ROOT = Path(__file__).resolve().parents[2]
+SEGMENTS = dict(
+    swap=False, recompute=True, recompute_segments=2, swapout_threshold=2, min_tensor_bytes=0
+)
+
+
+def _train(family, devices, config, *, steps=3, blocks=2):
+    """Weights after ``steps`` AdamW steps of a custom loop, and the step (tflms or plain)."""
+    model = build(family, False, blocks=blocks)
+    optimizer = keras.optimizers.AdamW(1e-3)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    fn = tflms.function(step, config=config) if config is not None else tf.function(step)
+    with tf.device(devices.compute):
+        x, y = (tf.constant(a) for a in batch(family))
+        for _ in range(steps):
+            fn(x, y)
+    return [w.numpy() for w in model.weights], fn, (x, y)
+
+
+def test_cuts_are_the_residual_stream_between_blocks(devices):
+    _, fn, args = _train("gpt", devices, None, steps=1)
+    view = tflms.build_view(fn.get_concrete_function(*args).graph)
+    cuts = forward_cuts(view, turn_level(view))
+    # each block's two residual sums (after attention, after the MLP); then the head's
+    blocks = [op.rsplit("/", 1)[-1] for op, _ in cuts if "/block" in op]
+    assert blocks == ["add", "add_1", "add", "add_1"], cuts
+    assert view.nodes[cuts[0][0]]["type"] == "GatherV2", cuts  # the embedding's output
+
+
+@pytest.mark.parametrize("family", ["gpt", "cnn"])
+def test_segments_train_bitwise_and_rerun_whole_blocks(family, devices):
+    plain, _, _ = _train(family, devices, None)
+    weights, fn, args = _train(family, devices, tflms.LMSConfig(**SEGMENTS))
+    plan = fn.plan_for(*args)
+    for a, b in zip(plain, weights, strict=True):
+        assert a.tobytes() == b.tobytes(), plan.summary()
+    assert plan.notes[-1].startswith("Grappler rewrites the step alike"), plan.notes[-1]
+    dense = {"MatMul", "BatchMatMulV2", "Einsum", "Conv2D"}
+    view = tflms.build_view(fn.get_concrete_function(*args).graph)  # rewritten: originals kept
+    reruns = [{view.nodes[op]["type"] for op in r.ops} & dense for r in plan.recomputes]
+    assert sum(bool(kinds) for kinds in reruns) >= 2, plan.summary()  # a block per group
+
+
+def test_clones_behind_gates_are_fused_like_their_originals():
+    """Grappler fuses a recomputed MatMul + BiasAdd + ReLU as it fuses the original; the
+    clones are kept apart from the originals by their gate alone."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (64, 256), name="x")
+        w = tf.constant(np.full((256, 256), 0.01, np.float32))
+        b = tf.constant(np.full((256,), 0.1, np.float32))
+        h = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w, name="mm"), b, name="ba"), name="relu")
+        y = tf.matmul(h, w, name="next")
+        for i in range(8):
+            y = tf.tanh(y, name=f"t{i}")
+        tf.reduce_sum(tf.multiply(y, h, name="late"), name="out")
+    view = tflms.build_view(graph)
+    levels = nx.get_node_attributes(view, "level")
+    config = tflms.LMSConfig(recompute=True, swapout_threshold=4, min_tensor_bytes=0)
+    memo = {op: (True, 0.0) for op in ("mm", "ba", "relu")}
+    group = make_group(view, ["mm", "ba", "relu"], levels, config, trigger_filter(view), memo)
+    assert group is not None and group.gates == (("x", 0),)
+    apply_plan(graph, tflms.SwapPlan(recomputes=(group,), config=config))
+    nodes = {n.name: n for n in graph.as_graph_def().node}
+    gate = nodes[group.gate_name(0)]
+    assert gate.attr["_grappler_do_not_remove"].b and f"^{group.trigger}" in gate.input
+    assert not any(nodes[c].attr["_grappler_do_not_remove"].b for c in group.clone_names)
+    optimized = grappler_optimize(
+        graph.as_graph_def(), fetches=["out"], device="/device:CPU:0", host_device="/device:CPU:0"
+    )
+    ops = {n.name: (n.op, [i for i in n.input if not i.startswith("^")]) for n in optimized.node}
+    clone = group.clone_name("relu")
+    assert ops["relu"][0] == ops[clone][0] == "_FusedMatMul", ops
+    assert ops[clone][1][0] == group.gate_name(0)  # not merged with the original
+
+
+def test_a_chain_is_checkpointed_every_nth_cut():
+    view = nx.DiGraph(name="toy")
+    from tflms.graph.view import TensorInfo, assign_levels
+
+    def op(name, kind, *ins):
+        out = TensorInfo(f"{name}:0", 0, "float32", (8, 1024), 1 << 15)
+        view.add_node(name, type=kind, device="", placement="compute", outputs=(out,),
+                      control_flow=False, functions=(), stateful=False, tflms=None)  # fmt: skip
+        for i, src in enumerate(ins):
+            view.add_edge(src, name, tensors=[(0, i)], control=False)
+
+    op("x", "Placeholder")
+    for i in range(8):
+        op(f"t{i}", "Tanh", f"t{i - 1}" if i else "x")
+    op("loss", "Sum", "t7")
+    for i in reversed(range(8)):
+        op(f"g{i}", "TanhGrad", f"t{i}", "loss" if i == 7 else f"g{i + 1}")
+    assign_levels(view)
+    sizes = {}
+    for every in (1, 2, 4):
+        config = tflms.LMSConfig(recompute=True, recompute_segments=every, swapout_threshold=1,
+                                 swapin_ahead=1, min_tensor_bytes=0)  # fmt: skip
+        groups = plan_segments(view, config, config.target())
+        sizes[every] = [len(g.ops) for g in groups]
+    assert sizes[1] == []  # every tensor kept as a checkpoint: nothing between them
+    assert max(sizes[4]) > max(sizes[2]) > 0
+
+
+def test_bad_segment_options_are_named():
+    with pytest.raises(ConfigError, match="recompute_segments.*recompute=True"):
+        tflms.LMSConfig(recompute_segments=2)
+    with pytest.raises(ConfigError, match="recompute_segments"):
+        tflms.LMSConfig(recompute=True, recompute_segments=-1)
+
+
+_WORKER = """
+import hashlib, json, sys
+sys.path.insert(0, {root!r})
+import keras, tensorflow as tf, tflms
+from benchmarks.remat_models import batch, build
+from tflms.simulation.measure import measure_cpu_step
+model = build("gpt", False, blocks=3)
+optimizer = keras.optimizers.AdamW(1e-3)
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+def step(x, y):
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return loss
+config = {config}
+fn = tflms.function(step, config=tflms.LMSConfig(**config)) if config else tf.function(step)
+x, y = (tf.constant(a) for a in batch("gpt"))
+m = measure_cpu_step(fn, x, y, runs=1, warmup=1, profile=False)
+digest = hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights)).hexdigest()
+print(json.dumps(dict(peak=m.peak_bytes, weights=digest)))
+"""
+
+
+@pytest.mark.measures
+def test_segments_cut_the_real_allocators_peak_bitwise():
+    """TensorFlow's CPU allocator, one process each (a 3-block GPT, AdamW, 3 steps)."""
+    from tflms.utils.cpu import measurement_env
+
+    results = {}
+    for name, config in (("plain", None), ("segments", SEGMENTS)):
+        code = _WORKER.format(root=str(ROOT), config=config)
+        env = measurement_env()
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results["segments"]["weights"] == results["plain"]["weights"]
+    assert results["segments"]["peak"] <= 0.8 * results["plain"]["peak"], results

@@ -1,0 +1,334 @@
+"""Segments: whole stretches of the forward pass re-run from kept checkpoints.
+
+Chen et al.'s checkpointing (arXiv:1604.06174) keeps a few tensors of the
+forward pass and re-runs everything between two of them just before the
+backward pass needs it, so a network of n layers holds about sqrt(n) layers'
+activations at its peak instead of n. This module plans that for a step's
+analysis view, as :class:`~tflms.plan.entries.Recompute` groups like the
+cheap-op groups of :mod:`tflms.plan.recompute`, dense ops included:
+
+1. **The turn.** The end of the forward pass: the first gradient op that reads
+   another (by TensorFlow's gradient scopes and op types), else the
+   level where the most bytes are held from before to after it. Consumers
+   before it are the forward pass, consumers after it the backward pass.
+2. **Cuts.** Levels of the forward pass that one tensor alone carries on (the
+   residual stream between two transformer blocks, the link of a chain): the
+   tensors produced up to the level and read by the forward pass after it are
+   that tensor, plus small ones (labels, shapes, masks; at most
+   :data:`STRAGGLERS` of its bytes) that stay kept.
+3. **Checkpoints.** Every ``LMSConfig.recompute_segments``-th cut is kept;
+   the forward pass between two checkpoints is a segment.
+4. **Groups.** Each segment's tensors that the backward pass reads (more than
+   ``swapout_threshold`` levels after they are made) are re-run from the
+   checkpoint before it: the group grows back from them through every op the
+   tensors depend on, to checkpoints, resident tensors (weights, inputs, small
+   tensors) and tensors of other segments. An op that cannot be re-run (a
+   stateful op, control flow, an op Grappler rewrites differently once it is
+   cloned) keeps its outputs instead. The backward readers are rerouted to the
+   clones, which start at a trigger ``swapin_ahead`` levels before the first of
+   them; the forward readers keep the originals.
+
+Each group costs its ops' predicted time once more (the forward pass of its
+segment, as Chen's and Keras's ``RematScope(mode="full")`` do); with
+``memory_budget`` the auto-tuner weighs it against swaps and cheap-op groups.
+Clones read their inputs through gates, so Grappler fuses them as it fuses
+the originals (:class:`~tflms.plan.entries.Recompute`), and the Grappler check
+(``LMSConfig.check_rewrites``) holds the rest to the same arithmetic.
+
+Example:
+    >>> import networkx as nx
+    >>> from tflms.config import LMSConfig
+    >>> from tflms.graph.view import TensorInfo, assign_levels
+    >>> v = nx.DiGraph(name="chain")
+    >>> def op(name, kind, *ins, nbytes=1 << 20):
+    ...     out = TensorInfo(f"{name}:0", 0, "float32", (8, nbytes // 32), nbytes)
+    ...     v.add_node(name, type=kind, device="", placement="compute", outputs=(out,),
+    ...                control_flow=False, functions=(), stateful=False, tflms=None)
+    ...     for i, src in enumerate(ins):
+    ...         v.add_edge(src, name, tensors=[(0, i)], control=False)
+    >>> op("x", "Placeholder")
+    >>> for i in range(6):  # six layers of two ops each: tanh(x) * 2
+    ...     op(f"t{i}", "Tanh", f"m{i - 1}" if i else "x")
+    ...     op(f"m{i}", "Mul", f"t{i}")
+    >>> op("loss", "Sum", "m5", nbytes=4)
+    >>> for i in reversed(range(6)):  # the backward pass reads each layer's tanh
+    ...     op(f"g{i}", "TanhGrad", f"t{i}", "loss" if i == 5 else f"g{i + 1}")
+    >>> assign_levels(v)
+    >>> [op for op, _ in forward_cuts(v, turn_level(v))]  # a chain: every tensor is a cut
+    ['t0', 'm0', 't1', 'm1', 't2', 'm2', 't3', 'm3', 't4', 'm4', 't5']
+    >>> config = LMSConfig(recompute=True, recompute_segments=4, swapout_threshold=2,
+    ...                    swapin_ahead=1, min_tensor_bytes=0)
+    >>> [g.ops for g in plan_segments(v, config, config.target())]  # m1 and m3 kept
+    [('t0', 'm0', 't1'), ('t2', 'm2', 't3'), ('t4',)]
+"""
+
+from __future__ import annotations
+
+import logging
+
+import networkx as nx
+
+from tflms.config import LMSConfig
+from tflms.cost.target import Target
+from tflms.graph.grappler_rules import aliases_a_variable, folded_to_constants, pinned
+from tflms.graph.view import consumers as tensor_consumers
+from tflms.graph.view import is_gradient_op
+from tflms.plan.candidates import NEVER_SWAP_PRODUCERS
+from tflms.plan.entries import Recompute
+from tflms.plan.recompute import make_group
+from tflms.plan.rerun_cost import data_inputs, rerun_seconds
+from tflms.plan.triggers import trigger_filter
+
+__all__ = [
+    "plan_segments",
+    "forward_cuts",
+    "turn_level",
+    "batch_dependent",
+    "STRAGGLERS",
+    "MAX_SEGMENT_OPS",
+]
+
+logger = logging.getLogger(__name__)
+
+STRAGGLERS = 0.1
+"""A cut's other crossing tensors may hold at most this fraction of its
+tensor's bytes (they are kept: labels, masks, shape tensors)."""
+
+STREAM_FRACTION = 8
+"""A cut's tensor holds at least 1/this of the median cut tensor's bytes."""
+
+MAX_SEGMENT_OPS = 2000
+"""A segment of more ops is not re-run (its group would not be cheap to check)."""
+
+
+def turn_level(view: nx.DiGraph) -> int:
+    """The end of the forward pass: the first level of a gradient op that reads another
+    (:func:`~tflms.graph.view.is_gradient_op`; ops of the batch's shapes aside), else the
+    level where the most bytes are held across.
+
+    Args:
+        view: the analysis view, with levels.
+
+    Returns:
+        The level.
+    """
+    levels = nx.get_node_attributes(view, "level")
+    activations = batch_dependent(view)
+    shapes = folded_to_constants(view)  # computed from the batch's shapes alone: run early
+    gradients = {
+        name
+        for name in activations - shapes
+        if is_gradient_op(name, view.nodes[name]["type"])
+        and view.nodes[name]["type"] not in NEVER_SWAP_PRODUCERS
+    }
+    # in the chain from the loss's gradient on (not an embedding's indices read early)
+    backward = [
+        levels[name]
+        for name in gradients
+        if any(src in gradients for src, _ in data_inputs(view, name))
+    ]
+    if backward:
+        return min(backward)
+    delta: dict[int, int] = {}
+    for name, data in view.nodes(data=True):
+        if data["type"] in NEVER_SWAP_PRODUCERS or name not in activations:
+            continue
+        lp = levels[name]
+        for info in data["outputs"]:
+            last = max((levels[c] for c, _ in tensor_consumers(view, name, info.index)), default=lp)
+            if last > lp + 1 and info.bytes:
+                delta[lp + 1] = delta.get(lp + 1, 0) + info.bytes
+                delta[last] = delta.get(last, 0) - info.bytes
+    best, held, turn = -1, 0, 0
+    for level in sorted(delta):
+        held += delta[level]
+        if held > best:
+            best, turn = held, level
+    return turn
+
+
+BATCH_SOURCES = frozenset(
+    {
+        "Placeholder",
+        "PlaceholderV2",
+        "PlaceholderWithDefault",
+        "_Arg",
+        "_Recv",
+        "IteratorGetNext",
+        "IteratorGetNextSync",
+        "OptionalGetValue",
+    }
+)
+"""Ops whose outputs (other than resource handles) are the step's batch."""
+
+
+def batch_dependent(view: nx.DiGraph) -> frozenset[str]:
+    """The ops whose outputs depend on the step's batch.
+
+    The others compute from weights and constants alone (a causal mask, a
+    weight's reshape): their tensors are not activations, whenever they run.
+
+    Args:
+        view: the analysis view.
+
+    Returns:
+        Their names.
+    """
+    found: set[str] = set()
+    for name in nx.topological_sort(view):
+        data = view.nodes[name]
+        if data["type"] in BATCH_SOURCES:
+            if any(info.dtype not in ("resource", "variant") for info in data["outputs"]):
+                found.add(name)
+        elif any(src in found for src, _ in data_inputs(view, name)):
+            found.add(name)
+    return frozenset(found)
+
+
+def forward_cuts(view: nx.DiGraph, turn: int) -> list[tuple[str, int]]:
+    """The forward pass's cut tensors, ``(producer, output index)`` by level (see the module doc).
+
+    Args:
+        view: the analysis view, with levels.
+        turn: :func:`turn_level`.
+
+    Returns:
+        One tensor per cut level, in level order.
+    """
+    levels = nx.get_node_attributes(view, "level")
+    activations = batch_dependent(view)
+    spans = []  # (first level it crosses, last level it crosses, bytes, tensor)
+    for name, data in view.nodes(data=True):
+        lp = levels[name]
+        if (
+            lp >= turn
+            or name not in activations
+            or data["type"] in NEVER_SWAP_PRODUCERS
+            or data["control_flow"]
+        ):
+            continue
+        for info in data["outputs"]:
+            forward = [levels[c] for c, _ in tensor_consumers(view, name, info.index)]
+            last = max((lc for lc in forward if lc < turn), default=lp)
+            if last > lp:
+                spans.append((lp, last, info.bytes, (name, info.index)))
+    crossing: dict[int, list[tuple[int, tuple[str, int]]]] = {}
+    for first, last, nbytes, tensor in spans:
+        for level in range(first, last):  # produced at or before, read after
+            crossing.setdefault(level, []).append((nbytes, tensor))
+    found: list[tuple[int, tuple[str, int]]] = []
+    for level in sorted(crossing):
+        held = sorted(crossing[level], reverse=True)
+        top, tensor = held[0]
+        if top and sum(b for b, _ in held[1:]) <= STRAGGLERS * top:
+            if levels[tensor[0]] == level and (not found or found[-1][1] != tensor):
+                found.append((top, tensor))
+    # a tiny tensor alone at a level (a label's cast, a pooled vector) is no stream to cut
+    sizes = sorted(nbytes for nbytes, _ in found)
+    typical = sizes[len(sizes) // 2] if sizes else 0
+    return [tensor for nbytes, tensor in found if nbytes * STREAM_FRACTION >= typical]
+
+
+def plan_segments(
+    view: nx.DiGraph, config: LMSConfig, target: Target, *, taken: frozenset[str] = frozenset()
+) -> tuple[Recompute, ...]:
+    """Plan the segment groups of ``view`` (see the module docstring).
+
+    Args:
+        view: the analysis view (without tflms ops).
+        config: ``recompute_segments`` (every how many cuts a checkpoint is
+            kept), ``swapout_threshold`` (what the backward pass reads far
+            enough from its making), ``swapin_ahead`` (triggers),
+            ``min_tensor_bytes`` (smaller tensors are kept).
+        target: the device that times the clones.
+        taken: ops other groups already re-run.
+
+    Returns:
+        The groups, in forward order.
+    """
+    if not config.recompute_segments:
+        return ()
+    levels = nx.get_node_attributes(view, "level")
+    turn = turn_level(view)
+    cuts = forward_cuts(view, turn)
+    checkpoints = set(cuts[config.recompute_segments - 1 :: config.recompute_segments])
+    bounds = sorted(levels[op] for op, _ in checkpoints) + [turn]
+    kept_free = folded_to_constants(view)
+    activations = batch_dependent(view)  # the rest (a weight's cast, a mask) is kept
+    trigger_ok = trigger_filter(view)
+    memo: dict[str, tuple[bool, float]] = {}
+
+    def rerunnable(op: str) -> bool:
+        if op not in memo:
+            seconds = None
+            if not (
+                op in taken
+                or op not in activations
+                or op in kept_free
+                or aliases_a_variable(view, op)
+                or pinned(view, op, recompute=True)
+            ):
+                seconds = rerun_seconds(view, op, target.device)
+            memo[op] = (seconds is not None, seconds or 0.0)
+        return memo[op][0]
+
+    def far(op: str, consumer: str) -> bool:
+        return levels[consumer] >= turn and levels[consumer] - levels[op] > config.swapout_threshold
+
+    groups = []
+    lo = -1
+    for hi in bounds:
+        targets = [
+            op
+            for op in view
+            if lo < levels[op] <= hi
+            and rerunnable(op)
+            and any(
+                info.bytes >= max(config.min_tensor_bytes, 1)
+                and (op, info.index) not in checkpoints
+                and any(far(op, c) for c, _ in tensor_consumers(view, op, info.index))
+                for info in view.nodes[op]["outputs"]
+            )
+        ]
+        group = _grow(view, targets, lo, checkpoints, rerunnable, config)
+        lo = hi
+        if not group or len(group) > MAX_SEGMENT_OPS:
+            continue
+        ordered = sorted(group, key=lambda op: (levels[op], op))
+        entry = make_group(
+            view, ordered, levels, config, trigger_ok, memo, far=far, per_tensor=True
+        )
+        if entry is not None:
+            groups.append(entry)
+    logger.debug(
+        "%d cuts before the turn at level %d, %d checkpoints, %d segment groups",
+        len(cuts),
+        turn,
+        len(checkpoints),
+        len(groups),
+    )
+    return tuple(groups)
+
+
+def _grow(view, targets, lo, checkpoints, rerunnable, config) -> set[str]:
+    """The ops re-run for ``targets``: back through inputs to what is kept (see the module doc)."""
+    levels = view.nodes
+    group: set[str] = set()
+    todo = list(targets)
+    while todo:
+        op = todo.pop()
+        if op in group:
+            continue
+        group.add(op)
+        for src, k in data_inputs(view, op):
+            info = view.nodes[src]["outputs"][k]
+            if (
+                (src, k) in checkpoints
+                or src in group
+                or levels[src]["level"] <= lo  # another segment's: kept for its forward readers
+                or info.bytes < config.min_tensor_bytes
+                or not rerunnable(src)
+            ):
+                continue
+            todo.append(src)
+    return group
