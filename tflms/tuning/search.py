@@ -67,6 +67,7 @@ TUNED_OPTIONS = (
     "min_tensor_bytes",
     "recompute",
     "recompute_dense",
+    "recompute_segments",
     "reorder",
 )
 """The :class:`~tflms.LMSConfig` fields the auto-tuner searches."""
@@ -78,6 +79,8 @@ _SMALL_THRESHOLDS = (8, 4, 2, 1)
 _SLACKS = (1.0, 1.5, 2.5)
 _PROMISING = 3
 _DENSE_RATIOS = (0.05, 0.1, 0.25)
+_SEGMENTS = (1, 2, 4)
+"""Checkpoint spacings tried (``recompute_segments``): every cut, every second, every fourth."""
 _COLLECT_EVERY = 16
 """Plans evaluated between two explicit garbage collections (the collector is paused)."""
 
@@ -348,6 +351,17 @@ class Search:
             [current]
             + [self.evaluate(retime=e.retime, **_opts(e.config, recompute=True)) for e in top]
         )
+        # Re-run whole segments of the forward pass from checkpoints, around the best
+        # recomputing plans (dense ops included: what swaps cannot hide, or no swap at all).
+        top = [e for e in sorted(self._seen.values(), key=self.rank) if e.config.recompute]
+        current = self.pick(
+            [current]
+            + [
+                self.evaluate(retime=e.retime, **_opts(e.config, recompute_segments=every))
+                for e in top[:2]
+                for every in _SEGMENTS
+            ]
+        )
         # Re-run the convolutions whose copies the link cannot hide (a slow link only).
         if self.link.bandwidth != float("inf"):
             top = [e for e in sorted(self._seen.values(), key=self.rank) if e.config.recompute]
@@ -532,7 +546,7 @@ MOST_SAVING = tuple(
         swapin_ahead=1,
         min_tensor_bytes=0,
         recompute=recompute,
-        **({} if recompute else {"recompute_dense": 0.0}),  # dense re-runs need recompute
+        **({} if recompute else {"recompute_dense": 0.0, "recompute_segments": 0}),
         reorder=False,
     )
     for threshold in (0, 1, 2)

@@ -1,0 +1,178 @@
+"""tflms recomputation against Keras's ``RematScope``, on TensorFlow's real CPU allocator.
+
+Run by ``make bench`` (or ``python benchmarks/bench_remat.py [--families gpt,cnn] [--repeats 3]``).
+
+Four block-stack families (``benchmarks/remat_models.py``: a GPT-style
+decoder, a Conv + BatchNorm + ReLU CNN, a residual MLP, a dilated temporal
+convolution network), each trained by one custom AdamW loop in four ways:
+
+* ``plain``: ``tf.function``;
+* ``rematscope``: each block created inside ``keras.RematScope(mode="full")``
+  (one ``tf.recompute_grad`` per block: what a Keras user would pick);
+* ``tflms_cheap``: ``tflms.function`` with ``swap=False, recompute=True``
+  (the cheap-op groups alone);
+* ``tflms_segments``: the same with ``recompute_segments=2`` (whole
+  segments re-run from checkpoints at every second cut: block boundaries).
+
+Each run is a fresh process (oneDNN's allocator on any x86-64 CPU,
+``tflms.utils.cpu.measurement_env``) that measures the step's allocator peak
+(``measure_cpu_step``, 3 runs after a warm-up), then times 5 more steps (wall
+and process CPU seconds) and hashes the weights. The variants run interleaved
+``--repeats`` times; the JSON keeps every run and the medians, and says for
+each family whether every variant's weights equal plain training's bitwise.
+It also records what ``RematScope`` does to single Keras layers in a
+TensorFlow step. Real training on this CPU, nothing simulated. Writes
+``benchmarks/results/remat.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+VARIANTS = {
+    "plain": None,
+    "rematscope": None,
+    "tflms_cheap": dict(swap=False, recompute=True),
+    "tflms_segments": dict(swap=False, recompute=True, recompute_segments=2),
+}
+FAMILIES = ("gpt", "cnn", "mlp", "tcn")
+TIMED_STEPS = 5
+
+
+def worker(family: str, variant: str) -> dict:
+    """One measured run in this process (see the module doc)."""
+    import keras
+    import tensorflow as tf
+
+    import tflms
+    from benchmarks.remat_models import batch, build
+    from tflms.simulation.measure import measure_cpu_step
+
+    model = build(family, variant == "rematscope")
+    optimizer = keras.optimizers.AdamW(1e-3)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    options = VARIANTS[variant]
+    fn = tflms.function(step, config=tflms.LMSConfig(**options)) if options else tf.function(step)
+    x, y = (tf.constant(a) for a in batch(family))
+    start = time.perf_counter()
+    fn(x, y)  # trace (and plan) once, outside every figure
+    first = time.perf_counter() - start
+    measured = measure_cpu_step(fn, x, y, runs=3, warmup=1, profile=False)
+    wall, cpu = [], []
+    for _ in range(TIMED_STEPS):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn(x, y).numpy()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    out = {
+        "peak_bytes": measured.peak_bytes,
+        "peaks_bytes": list(measured.peaks_bytes),
+        "resident_bytes": measured.resident_bytes,
+        "step_seconds": statistics.median(wall),
+        "step_cpu_seconds": statistics.median(cpu),
+        "first_call_seconds": round(first, 2),
+        "weights": hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights)).hexdigest(),
+        "steps": 1 + 4 + TIMED_STEPS,
+    }
+    if options:
+        plan = fn.plan_for(x, y)
+        out["plan"] = {
+            "groups": len(plan.recomputes),
+            "ops_rerun": sum(len(r.ops) for r in plan.recomputes),
+            "bytes_not_kept": sum(r.bytes for r in plan.recomputes),
+            "check": plan.notes[-1][:300],
+        }
+    return out
+
+
+def _run(family: str, variant: str) -> dict:
+    from tflms.utils.cpu import measurement_env
+
+    done = subprocess.run(
+        [sys.executable, __file__, "--worker", family, variant],
+        capture_output=True,
+        text=True,
+        env=measurement_env(),
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1][:300]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _summary(runs: list[dict]) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[0]["error"]}
+    return {
+        "peak_mib": round(statistics.median(r["peak_bytes"] for r in ok) / 2**20, 1),
+        "step_seconds": round(statistics.median(r["step_seconds"] for r in ok), 4),
+        "step_cpu_seconds": round(statistics.median(r["step_cpu_seconds"] for r in ok), 4),
+        "runs": len(ok),
+        "weights": sorted({r["weights"] for r in ok}),
+        **({"plan": ok[0]["plan"]} if "plan" in ok[0] else {}),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--worker", nargs=2, metavar=("FAMILY", "VARIANT"))
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker)))
+        return
+    from benchmarks.common import write_result
+    from benchmarks.remat_models import BATCH, MODELS, remat_layer_failures
+    from tflms.utils.cpu import cpu_state
+
+    families = args.families.split(",")
+    runs: dict = {f: {v: [] for v in VARIANTS} for f in families}
+    for repeat in range(args.repeats):
+        for family in families:
+            for variant in VARIANTS:  # interleaved: the machine's drift hits every variant alike
+                runs[family][variant].append(_run(family, variant))
+                print(repeat, family, variant, json.dumps(runs[family][variant][-1])[:200])
+    result: dict = {
+        "measured": "TensorFlow's CPU allocator (oneDNN), one process per run; nothing simulated",
+        "cpu": cpu_state(),
+        "repeats": args.repeats,
+        "models": {f: {"blocks_width_input_classes": MODELS[f], "batch": BATCH[f]} for f in families},
+        "variants": {k: v or k for k, v in VARIANTS.items()},
+        "rematscope_single_layers": remat_layer_failures(),
+        "families": {},
+    }
+    for family in families:
+        rows = {v: _summary(r) for v, r in runs[family].items()}
+        plain = rows["plain"]
+        for name, row in rows.items():
+            if "error" in row or name == "plain":
+                continue
+            row["peak_vs_plain"] = round(row["peak_mib"] / plain["peak_mib"], 3)
+            row["cpu_vs_plain"] = round(row["step_cpu_seconds"] / plain["step_cpu_seconds"], 3)
+            row["bitwise_with_plain"] = row["weights"] == plain["weights"]
+        result["families"][family] = {"variants": rows, "runs": runs[family]}
+    print(write_result("remat.json", result))
+
+
+if __name__ == "__main__":
+    main()
