@@ -4,15 +4,17 @@ Run by ``make bench`` (or ``python benchmarks/bench_remat.py [--families gpt,cnn
 
 Four block-stack families (``benchmarks/remat_models.py``: a GPT-style
 decoder, a Conv + BatchNorm + ReLU CNN, a residual MLP, a dilated temporal
-convolution network), each trained by one custom AdamW loop in four ways:
+convolution network), each trained by one custom AdamW loop in five ways:
 
 * ``plain``: ``tf.function``;
 * ``rematscope``: each block created inside ``keras.RematScope(mode="full")``
   (one ``tf.recompute_grad`` per block: what a Keras user would pick);
 * ``tflms_cheap``: ``tflms.function`` with ``swap=False, recompute=True``
   (the cheap-op groups alone);
-* ``tflms_segments``: the same with ``recompute_segments=2`` (whole
-  segments re-run from checkpoints at every second cut: block boundaries).
+* ``tflms_segments2``, ``tflms_segments4``: the same with
+  ``recompute_segments=2`` or ``4`` (whole segments re-run from checkpoints
+  kept at every second or fourth cut: a transformer block has two cuts, a
+  Conv + BatchNorm + ReLU block four).
 
 Each run is a fresh process (oneDNN's allocator on any x86-64 CPU,
 ``tflms.utils.cpu.measurement_env``) that measures the step's allocator peak
@@ -43,7 +45,8 @@ VARIANTS = {
     "plain": None,
     "rematscope": None,
     "tflms_cheap": dict(swap=False, recompute=True),
-    "tflms_segments": dict(swap=False, recompute=True, recompute_segments=2),
+    "tflms_segments2": dict(swap=False, recompute=True, recompute_segments=2),
+    "tflms_segments4": dict(swap=False, recompute=True, recompute_segments=4),
 }
 FAMILIES = ("gpt", "cnn", "mlp", "tcn")
 TIMED_STEPS = 5
@@ -137,13 +140,24 @@ def main() -> None:
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--worker", nargs=2, metavar=("FAMILY", "VARIANT"))
+    parser.add_argument(
+        "--layers-only",
+        action="store_true",
+        help="only re-record what RematScope does to single layers, into the existing JSON",
+    )
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(*args.worker)))
         return
-    from benchmarks.common import write_result
+    from benchmarks.common import RESULTS, write_result
     from benchmarks.remat_models import BATCH, MODELS, remat_layer_failures
     from tflms.utils.cpu import cpu_state
+
+    if args.layers_only:
+        result = json.loads((RESULTS / "remat.json").read_text())
+        result["rematscope_single_layers"] = remat_layer_failures()
+        print(write_result("remat.json", result))
+        return
 
     families = args.families.split(",")
     runs: dict = {f: {v: [] for v in VARIANTS} for f in families}
@@ -156,7 +170,9 @@ def main() -> None:
         "measured": "TensorFlow's CPU allocator (oneDNN), one process per run; nothing simulated",
         "cpu": cpu_state(),
         "repeats": args.repeats,
-        "models": {f: {"blocks_width_input_classes": MODELS[f], "batch": BATCH[f]} for f in families},
+        "models": {
+            f: {"blocks_width_input_classes": MODELS[f], "batch": BATCH[f]} for f in families
+        },
         "variants": {k: v or k for k, v in VARIANTS.items()},
         "rematscope_single_layers": remat_layer_failures(),
         "families": {},
@@ -170,7 +186,15 @@ def main() -> None:
             row["peak_vs_plain"] = round(row["peak_mib"] / plain["peak_mib"], 3)
             row["cpu_vs_plain"] = round(row["step_cpu_seconds"] / plain["step_cpu_seconds"], 3)
             row["bitwise_with_plain"] = row["weights"] == plain["weights"]
-        result["families"][family] = {"variants": rows, "runs": runs[family]}
+        segments = [
+            rows[v] for v in ("tflms_segments2", "tflms_segments4") if "error" not in rows[v]
+        ]
+        best = min(segments, key=lambda row: row["peak_mib"]) if segments else None
+        result["families"][family] = {
+            "variants": rows,
+            "best_segments": best,
+            "runs": runs[family],
+        }
     print(write_result("remat.json", result))
 
 

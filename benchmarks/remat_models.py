@@ -24,6 +24,8 @@ Families (``MODELS``):
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 
@@ -153,5 +155,15 @@ def remat_layer_failures() -> dict[str, str]:
             step(x)
             found[name] = "ran"
         except Exception as err:  # noqa: BLE001 - the error is the finding
-            found[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+            found[name] = f"{type(err).__name__}: {_cause(str(err))}"
     return found
+
+
+def _cause(message: str) -> str:
+    """The line of a Keras error that says what went wrong (before "Arguments received")."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in message.splitlines()]
+    lines = [line for line in lines if line]
+    for i, line in enumerate(lines):
+        if line.startswith("Arguments received by") and i:
+            return lines[i - 1][:200]
+    return lines[-1][:200] if lines else ""

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import tflms
 from benchmarks.remat_models import batch, build
+from tests.tflms.models import tape_step
 from tflms.apply.core import apply_plan
 from tflms.errors import ConfigError
 from tflms.plan.recompute import make_group
@@ -35,13 +36,7 @@ def _train(family, devices, config, *, steps=3, blocks=2):
     optimizer = keras.optimizers.AdamW(1e-3)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
-
+    step = tape_step(model, optimizer, loss_fn)
     fn = tflms.function(step, config=config) if config is not None else tf.function(step)
     with tf.device(devices.compute):
         x, y = (tf.constant(a) for a in batch(family))
