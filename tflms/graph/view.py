@@ -84,6 +84,7 @@ SWAP_ATTR = "_tflms_swap"
 see :class:`tflms.plan.entries.Recompute`)."""
 
 CLONE_KINDS = frozenset({"recompute", "gate"})
+"""Kinds of tflms ops that recompute: a swap-in may feed them as it feeds an original."""
 
 _GRADIENT_SCOPES = ("gradients", "gradient_tape")
 _GRADIENT_OP = re.compile(r"Grad(Grad)?(V\d+)?$|Backprop")
@@ -105,7 +106,7 @@ def is_gradient_op(name: str, op_type: str) -> bool:
     return any(s == g or s.startswith(g + "_") for s in scopes for g in _GRADIENT_SCOPES) or bool(
         _GRADIENT_OP.search(op_type)
     )
-"""Kinds of tflms ops that recompute: a swap-in may feed them as it feeds an original."""
+
 
 FUNCTIONAL_CONTROL_FLOW = frozenset(
     {"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase", "For"}
