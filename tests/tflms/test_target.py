@@ -93,9 +93,9 @@ def test_autotune_plans_every_candidate_on_its_own_target(view, monkeypatch):
     seen = []
     original = levers.plan_recomputes
 
-    def spy(view, config, target):
+    def spy(view, config, target, **options):
         seen.append(target.device.name)
-        return original(view, config, target)
+        return original(view, config, target, **options)
 
     monkeypatch.setattr(levers, "plan_recomputes", spy)
     budget = tflms.simulate(view, device="A100-80GB", accounting="tensors").device_peak_bytes

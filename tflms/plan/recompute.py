@@ -124,8 +124,8 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict, *, gated: bool = Fa
         rerouted: ``{(op, output index): [(consumer, input index), ...]}``
             the far consumers that would read clones.
         gated: the clones read gates and are left to Grappler
-            (:func:`gates_for`), which folds them as it folds their
-            originals; kept clones are not folded.
+            (:func:`gates_for`), which folds a chain of clones as it folds
+            the originals; kept clones are not folded.
 
     Returns:
         A reason, or ``None`` when the rewrite is neutral.
@@ -143,13 +143,15 @@ def veto(view: nx.DiGraph, group: list[str], rerouted: dict, *, gated: bool = Fa
             if len(readers) == 1 and foldable_link(view, src, readers[0][0]):
                 return f"a clone reading {src}:{k} would stop Grappler folding it into its consumer"
     for (op, k), far in rerouted.items():
-        reason = reroute_veto(view, op, k, far, gated=gated)
+        reason = reroute_veto(view, op, k, far, gated=gated, members=members)
         if reason is not None:
             return reason
     return None
 
 
-def reroute_veto(view: nx.DiGraph, op: str, k: int, far, *, gated: bool = False) -> str | None:
+def reroute_veto(
+    view: nx.DiGraph, op: str, k: int, far, *, gated: bool = False, members=frozenset()
+) -> str | None:
     """Why the far consumers ``far`` of tensor ``op:k`` may not read a clone, or ``None``.
 
     Args:
@@ -158,6 +160,7 @@ def reroute_veto(view: nx.DiGraph, op: str, k: int, far, *, gated: bool = False)
         k: the output index.
         far: ``[(consumer, input index), ...]`` rerouted to the clone.
         gated: as for :func:`veto`.
+        members: the group's ops (clones of those that read ``op:k`` read its clone too).
 
     Returns:
         A reason, or ``None``.
@@ -172,9 +175,12 @@ def reroute_veto(view: nx.DiGraph, op: str, k: int, far, *, gated: bool = False)
         ctype = view.nodes[c]["type"]
         if removed_at_run_time(view, c):
             return f"a far consumer ({ctype}) is removed by Grappler before the step runs"
-        if not gated and view.nodes[op]["type"] in ARITHMETIC_CHAIN and ctype in ARITHMETIC_CHAIN:
-            # the clone is kept from Grappler's arithmetic optimizer, the original is not
-            return f"Grappler may fold {op} into its far consumer {c}, but not a clone"
+        if view.nodes[op]["type"] in ARITHMETIC_CHAIN and ctype in ARITHMETIC_CHAIN:
+            # a kept clone is never folded where the original may be; a gated clone read by
+            # this consumer alone may be folded into it where the original (read by others)
+            # is not; read by another clone too, neither is folded
+            if not gated or (len(far) == 1 and not any(r in members for r, _ in uses)):
+                return f"Grappler may fold {op} or its clone into its far consumer {c}, not both"
         if k and ctype in NAME_SENSITIVE:
             return f"a far consumer ({ctype}) of output {k} is commutative"
         if CPU_PAIRED_INPUTS.get(ctype) == i and compute_device_type(view, view.nodes[c]) == "CPU":
@@ -368,7 +374,7 @@ def make_group(
         rerouted = {
             (op, k): readers
             for (op, k), readers in rerouted.items()
-            if reroute_veto(view, op, k, readers, gated=bool(gates)) is None
+            if reroute_veto(view, op, k, readers, gated=bool(gates), members=set(group)) is None
         }
     if not rerouted:
         return None
