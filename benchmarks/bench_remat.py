@@ -59,19 +59,14 @@ def worker(family: str, variant: str) -> dict:
 
     import tflms
     from benchmarks.remat_models import batch, build
+    from tests.tflms.models import tape_step
     from tflms.simulation.measure import measure_cpu_step
 
     model = build(family, variant == "rematscope")
     optimizer = keras.optimizers.AdamW(1e-3)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
-
+    step = tape_step(model, optimizer, loss_fn)
     options = VARIANTS[variant]
     fn = tflms.function(step, config=tflms.LMSConfig(**options)) if options else tf.function(step)
     x, y = (tf.constant(a) for a in batch(family))

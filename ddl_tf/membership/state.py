@@ -101,9 +101,15 @@ class State(abc.ABC):
         """Make ``payload`` (from :meth:`mirror_payload`) the last commit, and restore it.
 
         Raises:
-            NotImplementedError: The state cannot be mirrored.
+            MirrorError: This state gives a commit (:meth:`mirror_payload`) but does
+                not say how to put one back.
         """
-        raise NotImplementedError(f"{type(self).__name__} cannot be loaded from a mirror")
+        raise mirror.MirrorError(
+            f"{type(self).__name__}.mirror_payload() gave a commit, but {type(self).__name__} "
+            "has no load_mirror(): override load_mirror(payload) to restore what "
+            "mirror_payload() returns, or return None from mirror_payload() (the state is then "
+            "not kept across a node crash)."
+        )
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank when hosts changed (collective).
