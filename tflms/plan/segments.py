@@ -65,6 +65,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import weakref
 
 import networkx as nx
 
@@ -162,11 +163,16 @@ BATCH_SOURCES = frozenset(
 """Ops whose outputs (other than resource handles) are the step's batch."""
 
 
+_BATCH_DEPENDENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def batch_dependent(view: nx.DiGraph) -> frozenset[str]:
     """The ops whose outputs depend on the step's batch.
 
     The others compute from weights and constants alone (a causal mask, a
     weight's reshape): their tensors are not activations, whenever they run.
+
+    Computed once per view (and again when its node count changes).
 
     Args:
         view: the analysis view.
@@ -174,6 +180,9 @@ def batch_dependent(view: nx.DiGraph) -> frozenset[str]:
     Returns:
         Their names.
     """
+    cached = _BATCH_DEPENDENT.get(view)
+    if cached is not None and cached[0] == view.number_of_nodes():
+        return cached[1]
     found: set[str] = set()
     for name in nx.topological_sort(view):
         data = view.nodes[name]
@@ -182,7 +191,9 @@ def batch_dependent(view: nx.DiGraph) -> frozenset[str]:
                 found.add(name)
         elif any(src in found for src, _ in data_inputs(view, name)):
             found.add(name)
-    return frozenset(found)
+    result = frozenset(found)
+    _BATCH_DEPENDENT[view] = (view.number_of_nodes(), result)  # the planner asks 3x per plan
+    return result
 
 
 def forward_cuts(view: nx.DiGraph, turn: int) -> list[tuple[str, int]]:
