@@ -17,12 +17,14 @@ import tensorflow as tf
 import tflms
 from benchmarks.remat_models import batch, build
 from tests.tflms.models import tape_step
-from tflms.apply.core import apply_plan
+from tflms.apply.core import apply_plan, apply_with
+from tflms.apply.proto_editor import ProtoEditor
 from tflms.errors import ConfigError
 from tflms.plan.recompute import make_group
 from tflms.plan.segments import forward_cuts, plan_segments, turn_level
 from tflms.plan.triggers import trigger_filter
 from tflms.simulation.grappler.optimize import grappler_optimize
+from tflms.simulation.grappler.rewrites import compare_rewrites
 
 ROOT = Path(__file__).resolve().parents[2]
 SEGMENTS = dict(
@@ -102,6 +104,51 @@ def test_clones_behind_gates_are_fused_like_their_originals():
     assert ops[clone][1][0] == group.gate_name(0)  # not merged with the original
 
 
+def test_holds_keep_the_forward_pass_as_grappler_rewrites_it(devices):
+    """GELU's ``0.5 * x`` is read by the GELU's product and by its gradient. Once the
+    gradient reads the clone, the original has one reader and Grappler's arithmetic
+    optimizer moves the constant into the product: the forward pass computes otherwise.
+    Its hold keeps the second reader: the check agrees at once, nothing pinned, and the
+    same plan without its holds is rewritten apart."""
+    model = build("gpt", False, blocks=2)
+    step = tf.function(
+        tape_step(
+            model,
+            keras.optimizers.AdamW(1e-3),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    )
+    with tf.device(devices.compute):
+        x, y = (tf.constant(a) for a in batch("gpt"))
+        graph = step.get_concrete_function(x, y).graph
+    plan = tflms.LMS(**SEGMENTS, device=devices.compute).plan(graph)
+    assert plan.notes[-1].endswith("(1 round(s), 0 op(s) pinned)"), plan.notes[-1]
+    halves = [t for r in plan.recomputes for t in r.tensors if t.endswith("Gelu/mul:0")]
+    assert halves, plan.summary()
+    holds = {r.hold_name(i) for r in plan.recomputes for i in range(len(r.held))}
+    original, rewritten = graph.as_graph_def(), graph.as_graph_def()
+    apply_with(ProtoEditor(rewritten), plan)
+    nodes = {n.name: n for n in rewritten.node}
+    for r in plan.recomputes:
+        for i, (op, k) in enumerate(r.held):
+            hold = nodes[r.hold_name(i)]
+            assert hold.op == "Identity" and hold.attr["_grappler_do_not_remove"].b
+            assert list(hold.input) == [f"{op}:{k}" if k else op]
+    without = type(rewritten)()
+    for node in rewritten.node:
+        if node.name not in holds:
+            kept = without.node.add()
+            kept.CopyFrom(node)
+            del kept.input[:]
+            kept.input.extend(i for i in node.input if i.lstrip("^") not in holds)
+    without.library.CopyFrom(rewritten.library)
+    fetches = [t.op.name for t in graph.outputs] + [op.name for op in graph.control_outputs]
+    check = dict(fetches=fetches, device="/device:CPU:0")
+    assert compare_rewrites(original, rewritten, **check).agree
+    apart = compare_rewrites(original, without, **check)
+    assert any("Gelu/mul" in d.op for d in apart.differences), apart.summary()
+
+
 def test_a_chain_is_checkpointed_every_nth_cut():
     view = nx.DiGraph(name="toy")
     from tflms.graph.view import TensorInfo, assign_levels
@@ -128,6 +175,39 @@ def test_a_chain_is_checkpointed_every_nth_cut():
         sizes[every] = [len(g.ops) for g in groups]
     assert sizes[1] == []  # every tensor kept as a checkpoint: nothing between them
     assert max(sizes[4]) > max(sizes[2]) > 0
+
+
+def test_a_tensor_kept_for_its_backward_reader_is_read_not_rerun():
+    """On CPU a ``MaxPoolGrad`` must read its ``MaxPool``'s own output (oneDNN links the
+    two through a workspace), so ``pool`` stays kept: the clones read it instead of
+    re-running it, and re-run the rest of the segment."""
+    view = nx.DiGraph(name="toy")
+    from tflms.graph.view import TensorInfo, assign_levels
+
+    def op(name, kind, *ins):
+        out = TensorInfo(f"{name}:0", 0, "float32", (8, 1024), 1 << 15)
+        view.add_node(name, type=kind, device="/device:CPU:0", placement="compute",
+                      outputs=(out,), control_flow=False, functions=(), stateful=False,
+                      tflms=None)  # fmt: skip
+        for i, src in enumerate(ins):
+            view.add_edge(src, name, tensors=[(0, i)], control=False)
+
+    op("x", "Placeholder")
+    op("t0", "Tanh", "x")
+    op("pool", "MaxPool", "t0")
+    for i in range(1, 6):
+        op(f"t{i}", "Tanh", f"t{i - 1}" if i > 1 else "pool")
+    op("loss", "Sum", "t5")
+    for i in reversed(range(1, 6)):
+        op(f"g{i}", "TanhGrad", f"t{i}", "loss" if i == 5 else f"g{i + 1}")
+    op("gpool", "MaxPoolGrad", "t0", "pool", "g1")
+    op("g0", "TanhGrad", "t0", "gpool")
+    assign_levels(view)
+    config = tflms.LMSConfig(recompute=True, recompute_segments=8, swapout_threshold=1,
+                             swapin_ahead=1, min_tensor_bytes=0)  # fmt: skip
+    (group,) = plan_segments(view, config, config.target())
+    assert "pool" not in {op for _, _, op, _ in group.consumers}  # gpool reads the original
+    assert "pool" not in group.ops and {"t0", "t1", "t2"} <= set(group.ops), group.ops
 
 
 def test_bad_segment_options_are_named():

@@ -92,8 +92,10 @@ class Editor(Protocol):
             source: ``(op name, output index)`` of the tensor the Identity reads.
             device: Device string to place the op on; ``""`` leaves it unplaced.
             kind: ``"out"`` for a swap-out (host side), ``"in"`` for a swap-in
-                (compute side) or ``"gate"`` (what a recompute clone reads
-                through); stored in the marker attribute.
+                (compute side), ``"gate"`` (what a recompute clone reads
+                through) or ``"hold"`` (what keeps a recomputed original's
+                readers, see :class:`~tflms.plan.entries.Recompute`); stored
+                in the marker attribute.
         """
 
     def reroute(self, consumer: str, input_index: int, source: tuple[str, int]) -> None:
@@ -255,10 +257,21 @@ def _clone_group(editor: Editor, recompute) -> int:
         editor.add_clone(recompute.clone_name(op), op, inputs, recompute.device, keep=not wanted)
     for consumer, index, op, k in recompute.consumers:
         editor.reroute(consumer, index, (recompute.clone_name(op), k))
+    entries = [
+        recompute.clone_name(op)
+        for op in recompute.entry_ops(lambda o: [src for src, _ in reads[o]])
+    ]
     if recompute.trigger is not None and not wanted:
-        for op in recompute.entry_ops(lambda o: [src for src, _ in reads[o]]):
-            editor.add_control(recompute.trigger, recompute.clone_name(op))
-    return len(recompute.ops) + len(gates)
+        for clone in entries:
+            editor.add_control(recompute.trigger, clone)
+    # each original keeps a reader where its far consumers were (Recompute's doc: holds)
+    started = list(gates.values()) or entries
+    for i, (op, k) in enumerate(recompute.held):
+        hold = recompute.hold_name(i)
+        editor.add_identity(hold, (op, k), editor.device_of(op), "hold")
+        for name in started:
+            editor.add_control(hold, name)
+    return len(recompute.ops) + len(gates) + len(recompute.held)
 
 
 def _check_plan_matches(editor: Editor, plan: SwapPlan) -> None:

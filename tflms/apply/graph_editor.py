@@ -121,7 +121,7 @@ class GraphEditor:
             name: Name of the new op.
             source: ``(op name, output index)`` of the tensor it reads.
             device: Device string; ``""`` leaves the op unplaced.
-            kind: ``"out"`` (swap-out), ``"in"`` (swap-in) or ``"gate"``.
+            kind: ``"out"`` (swap-out), ``"in"`` (swap-in), ``"gate"`` or ``"hold"``.
 
         Raises:
             ValidationError: TensorFlow gave the op another name than ``name``.

@@ -185,7 +185,7 @@ class ProtoEditor:
             name: Name of the new op.
             source: ``(op name, output index)`` of the tensor it reads.
             device: Device string; ``""`` leaves the op unplaced.
-            kind: ``"out"`` (swap-out), ``"in"`` (swap-in) or ``"gate"``.
+            kind: ``"out"`` (swap-out), ``"in"`` (swap-in), ``"gate"`` or ``"hold"``.
 
         Raises:
             ValidationError: ``source`` names no node, or an output a function

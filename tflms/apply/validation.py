@@ -101,6 +101,9 @@ def _structural(view: nx.DiGraph, host: str) -> list[str]:
         if kind == "gate":
             problems.extend(_structural_gate(view, name, data))
             continue
+        if kind == "hold":
+            problems.extend(_structural_hold(view, name, data))
+            continue
         if data["type"] != "Identity":
             problems.append(f"swap op {name} is a {data['type']}, not an Identity")
         inputs = _data_inputs(view, name)
@@ -219,6 +222,17 @@ def _structural_gate(view: nx.DiGraph, name: str, data: dict) -> list[str]:
     return problems
 
 
+def _structural_hold(view: nx.DiGraph, name: str, data: dict) -> list[str]:
+    problems = []
+    inputs = _data_inputs(view, name)
+    if data["type"] != "Identity" or len(inputs) != 1:
+        problems.append(f"hold {name} is not an Identity of one input")
+    readers = [s for s, e in view.succ[name].items() if e.get("tensors")]
+    if readers:
+        problems.append(f"hold {name} must give its tensor to no one, not to {readers}")
+    return problems
+
+
 def _against_plan(view: nx.DiGraph, plan: SwapPlan) -> list[str]:
     problems = []
     for recompute in plan.recomputes:
@@ -292,6 +306,10 @@ def _recompute_against_plan(view: nx.DiGraph, plan: SwapPlan, recompute) -> list
         read = _data_inputs(view, consumer).get(index)
         if read is None or meaning(read) != (op, k) or read[0] == op:
             problems.append(f"input {index} of {consumer} does not read {recompute.clone_name(op)}")
+    for i, tensor in enumerate(recompute.held):
+        hold = recompute.hold_name(i)
+        if hold not in view or _data_inputs(view, hold).get(0) != tensor:
+            problems.append(f"hold {hold} does not read {tensor[0]}:{tensor[1]}")
     for i, tensor in enumerate(recompute.gates):
         gate = recompute.gate_name(i)
         read = _data_inputs(view, gate).get(0) if gate in view else None

@@ -193,7 +193,7 @@ class ViewEditor:
             name: Name of the new op.
             source: ``(op name, output index)`` of the tensor it reads.
             device: Device string; ``""`` leaves the op unplaced.
-            kind: ``"out"`` (swap-out), ``"in"`` (swap-in) or ``"gate"``.
+            kind: ``"out"`` (swap-out), ``"in"`` (swap-in), ``"gate"`` or ``"hold"``.
         """
         src_info = self.view.nodes[source[0]]["outputs"][source[1]]
         info = TensorInfo(

@@ -80,11 +80,13 @@ logger = logging.getLogger(__name__)
 
 SWAP_ATTR = "_tflms_swap"
 """Attribute set on every op tflms inserts: ``b"out"`` or ``b"in"`` (swaps),
-``b"recompute"`` (a recompute clone), ``b"gate"`` (what a clone reads through,
-see :class:`tflms.plan.entries.Recompute`)."""
+``b"recompute"`` (a recompute clone), ``b"gate"`` (what a clone reads through)
+or ``b"hold"`` (the reader a recomputed original keeps; both in
+:class:`tflms.plan.entries.Recompute`)."""
 
-CLONE_KINDS = frozenset({"recompute", "gate"})
-"""Kinds of tflms ops that recompute: a swap-in may feed them as it feeds an original."""
+CLONE_KINDS = frozenset({"recompute", "gate", "hold"})
+"""Kinds of tflms ops a recomputation inserts: they read tensors as ordinary ops do (a
+swap-in may feed a clone as it feeds an original)."""
 
 _GRADIENT_SCOPES = ("gradients", "gradient_tape")
 _GRADIENT_OP = re.compile(r"Grad(Grad)?(V\d+)?$|Backprop")

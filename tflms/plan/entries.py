@@ -142,6 +142,17 @@ class Recompute:
             originals (no merge) and start them at the trigger. Empty: every
             clone is kept from Grappler and the trigger edge goes into the
             clones themselves (a group that reads only constants).
+
+    Every original tensor whose far consumers now read a clone (:attr:`held`)
+    keeps one reader in their place: a *hold* (:meth:`hold_name`), an
+    Identity kept by Grappler that reads the original as soon as it exists
+    and gives nothing to anyone (a control edge into the gates, or into the
+    first clones, keeps it in the step). Grappler's rewrites of the forward
+    pass count readers (the remapper fuses a ``MatMul`` with its GELU only
+    when nothing else reads the GELU's intermediates; the arithmetic
+    optimizer folds an op into its one reader): with a hold the originals
+    keep the readers they had, so the forward pass is rewritten as it is
+    without the plan.
     """
 
     ops: tuple[str, ...]
@@ -186,9 +197,30 @@ class Recompute:
         return f"{self.clone_name(self.ops[0])}_gate{i}"
 
     @property
+    def held(self) -> tuple[tuple[str, int], ...]:
+        """``(op, output index)`` of each original tensor the far consumers no longer read,
+        in :attr:`consumers` order: each gets a hold (see the class doc)."""
+        return tuple(dict.fromkeys((op, k) for _, _, op, k in self.consumers))
+
+    def hold_name(self, i: int) -> str:
+        """Name of the hold of ``held[i]``: ``<first op>-lms/recompute[_<group>]_hold<i>``.
+
+        Args:
+            i: Index into :attr:`held`.
+
+        Returns:
+            The hold's name.
+        """
+        return f"{self.clone_name(self.ops[0])}_hold{i}"
+
+    @property
     def inserted(self) -> tuple[str, ...]:
-        """Names of every op the group inserts: clones, then gates."""
-        return self.clone_names + tuple(self.gate_name(i) for i in range(len(self.gates)))
+        """Names of every op the group inserts: clones, then gates, then holds."""
+        return (
+            self.clone_names
+            + tuple(self.gate_name(i) for i in range(len(self.gates)))
+            + tuple(self.hold_name(i) for i in range(len(self.held)))
+        )
 
     @property
     def tensors(self) -> tuple[str, ...]:

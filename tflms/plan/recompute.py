@@ -168,9 +168,8 @@ def reroute_veto(
     uses = tensor_consumers(view, op, k)
     if order_sensitive(view, op) or any(order_sensitive(view, c) for c, _ in uses):
         return f"an AddN of 3+ inputs reads or writes {op}:{k}"
-    near = [c for c in uses if c not in far]
-    if len(near) == 1 and foldable_link(view, op, near[0][0]):
-        return f"rerouting would let Grappler fold {op}:{k} into its one remaining consumer"
+    # no rule for the consumers left to the original: a hold keeps its readers as they were
+    # (Recompute's doc), so Grappler folds it, or not, as it does without the plan
     for c, i in far:
         ctype = view.nodes[c]["type"]
         if removed_at_run_time(view, c):
@@ -348,7 +347,8 @@ def make_group(
         far: ``far(op, consumer)``: whether a consumer outside the group reads
             the clone; default: more than ``swapout_threshold`` levels later.
         per_tensor: a tensor whose rerouting :func:`reroute_veto` refuses is
-            left to its original (kept) instead of the whole group refused.
+            left to its original (kept) instead of the whole group refused,
+            and the clones read it rather than re-run it (:func:`_trim`).
 
     Returns:
         The :class:`~tflms.plan.entries.Recompute`, or None.
@@ -378,6 +378,9 @@ def make_group(
         }
     if not rerouted:
         return None
+    if per_tensor:
+        group = _trim(view, group, rerouted, levels)
+        gates = gates_for(view, group)
     reason = veto(view, group, rerouted, gated=bool(gates))
     if reason is not None:
         logger.debug("not recomputing %s: %s", group[-1], reason)
@@ -412,6 +415,46 @@ def make_group(
             f"({seconds * 1e3:.3f} ms predicted)"
         ),
     )
+
+
+def _trim(view, group, rerouted, levels) -> list[str]:
+    """``group`` without the ops its clones need not re-run, in the same order.
+
+    An op none of whose tensors is rerouted, and whose tensors the group reads
+    are alive anyway when the clones run (a reader outside the group at or
+    after the earliest rerouted consumer: a tensor whose rerouting was vetoed
+    stays kept), is read where it is instead of re-run; then every op whose
+    clone no longer feeds a rerouted tensor is dropped. Besides saving the
+    work, a clone then reads what its original reads: had the group re-run
+    such an op, its clone would have one reader where the original has
+    several, and Grappler rewrites the two apart (GELU's ``0.5 * x``: the
+    arithmetic optimizer moves the constant into the clone's product).
+    """
+    earliest = min(levels[c] for readers in rerouted.values() for c, _ in readers)
+
+    def alive(op: str, inside: set[str]) -> bool:
+        for info in view.nodes[op]["outputs"]:
+            if (op, info.index) in rerouted:
+                return False
+            readers = tensor_consumers(view, op, info.index)
+            if any(c in inside for c, _ in readers) and not any(
+                c not in inside and levels[c] >= earliest for c, _ in readers
+            ):
+                return False
+        return True
+
+    members = list(group)
+    while True:
+        inside = set(members)
+        kept = [op for op in members if not alive(op, inside)]
+        needed: set[str] = {op for op, _ in rerouted}
+        for op in reversed(kept):
+            if op in needed:
+                needed.update(src for src, _ in data_inputs(view, op))
+        kept = [op for op in kept if op in needed]
+        if kept == members:
+            return members
+        members = kept
 
 
 CONSTANT_TYPES = frozenset({"Const", "HostConst"})

@@ -24,9 +24,12 @@ cheap-op groups of :mod:`tflms.plan.recompute`, dense ops included:
    tensors depend on, to checkpoints, resident tensors (weights, inputs, small
    tensors) and tensors of other segments. An op that cannot be re-run (a
    stateful op, control flow, an op Grappler rewrites differently once it is
-   cloned) keeps its outputs instead. The backward readers are rerouted to the
-   clones, which start at a trigger ``swapin_ahead`` levels before the first of
-   them; the forward readers keep the originals.
+   cloned) keeps its outputs instead, and the clones read what is kept rather
+   than re-run it. The backward readers are rerouted to the clones, which
+   start at a trigger ``swapin_ahead`` levels before the first of them; the
+   forward readers keep the originals, and a *hold* stands in for the
+   rerouted ones, so Grappler rewrites the forward pass as it does without the
+   plan (:class:`~tflms.plan.entries.Recompute`).
 
 Each group costs its ops' predicted time once more (the forward pass of its
 segment, as Chen's and Keras's ``RematScope(mode="full")`` do); with

@@ -91,8 +91,9 @@ _FUNCTIONAL_CONTROL_FLOW = frozenset(
     {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
 )
 _LOWER = "_lower_using_switch_merge"
-_READ_THROUGH = frozenset({"out", "in", "gate"})
-"""tflms ops the comparison reads through: swaps and gates pass their input on."""
+_READ_THROUGH = frozenset({"out", "in", "gate", "hold"})
+"""tflms ops the comparison reads through: swaps and gates pass their input on (a hold
+passes it to no one, but is a reader all the same: :attr:`Structure.readers`)."""
 
 
 @dataclass
