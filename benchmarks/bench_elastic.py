@@ -277,6 +277,94 @@ def node_crash_rehearsal(link: str = "1gbit") -> dict:
     }
 
 
+GROWTH_RUNS = 3
+
+
+def growth_rehearsal(link: str = "1gbit", runs: int = GROWTH_RUNS) -> dict:
+    """Growth without a pause, on the rehearsal cluster: a node listed while the job trains.
+
+    ``ddlrun --rehearse 2 --link 1gbit --min-np 2 --max-np 4`` with a discovery
+    script listing ``node0:2``; rank 0 adds ``node1:2`` after batch 3 of epoch 1
+    and trains on (no wait). Rank 0 starts the 2 new ranks through ``node1``'s
+    daemon in the background; they import TensorFlow and connect while the
+    job trains (steps sleep 0.1 s, as a node's own cores would leave the
+    others' free), and join at the first commit after that. Per run: seconds
+    from the write to the first step at 4 ranks (discovery's 1 s poll
+    included), the survivors' longest pause between two steps around the
+    growth against their median step (the steps lost to growth), the steps
+    trained at 2 ranks while the newcomers started, and whether replicas end
+    bitwise equal. ``runs`` runs; the seconds are each run's and their median.
+    """
+    from ddl_tf.cluster.netns import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        return {"skipped": f"rehearsal cluster unavailable: {reason}"}
+    rows = []
+    for _ in range(runs):
+        rows.append(_growth_run(link))
+        print(f"growth: {rows[-1]}", flush=True)
+    seconds = [r["growth_seconds"] for r in rows]
+    lost = [r["steps_lost"] for r in rows]
+    return {
+        "cluster": f"2 virtual nodes, links {link} each direction",
+        "grown": "node1:2 listed by discovery while node0's 2 ranks train (steps of 0.1 s)",
+        "ranks_before": 2,
+        "ranks_after": min(r["ranks_after"] for r in rows),
+        "growth_seconds": round(statistics.median(seconds), 3),
+        "growth_seconds_max": max(seconds),
+        "pause_seconds": round(statistics.median(r["pause_seconds"] for r in rows), 3),
+        "steps_lost": round(statistics.median(lost), 1),
+        "steps_lost_max": max(lost),
+        "step_seconds": round(statistics.median(r["step_seconds"] for r in rows), 3),
+        "steps_while_starting": min(r["steps_while_starting"] for r in rows),
+        "replicas_bitwise_equal": all(r["replicas_bitwise_equal"] for r in rows),
+        "runs": rows,
+    }
+
+
+def _growth_run(link: str) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        script = _discovery(out, "node0:2\n")
+        options = [
+            "--rehearse", "2", "--link", link, "--min-np", "2", "--max-np", "4",
+            "--host-discovery-script", str(script),
+        ]  # fmt: skip
+        results = _job(
+            out,
+            options,
+            ELASTIC_GROW="node1:2",
+            ELASTIC_GROW_AT="1,3",
+            ELASTIC_GROW_WAIT="0",
+            ELASTIC_SLEEP="0.1",
+            ELASTIC_EPOCHS="8",
+        )
+        added = float((out / "added").read_text())
+    return _growth_figures(results, added)
+
+
+def _growth_figures(results: dict[int, dict], added: float) -> dict:
+    """Growth's figures from rank 0's steps ``(time, size, epoch, batch)`` and the write time."""
+    steps = results[0]["steps"]
+    times = [t for t, *_ in steps]
+    first = next(i for i, (t, size, _, _) in enumerate(steps) if size == 4 and t > added)
+    before = [b - a for a, b in zip(times, times[1:first], strict=False) if b <= added]
+    step = statistics.median(before)
+    # the survivors' longest gap between two steps from the write to the first step at 4
+    around = [b - a for a, b in zip(times, times[1:], strict=False) if added <= b <= times[first]]
+    pause = max(around) - step
+    return {
+        "growth_seconds": round(times[first] - added, 3),
+        "ranks_after": results[0]["size"],
+        "step_seconds": round(step, 3),
+        "pause_seconds": round(pause, 3),
+        "steps_lost": round(pause / step, 1),
+        "steps_while_starting": sum(1 for t, size, _, _ in steps if size == 2 and t > added),
+        "replicas_bitwise_equal": _equal(results),
+    }
+
+
 def _median_step(results: dict[int, dict]) -> float:
     steps = [t for t, _, epoch, _ in results[0]["steps"] if epoch >= 1]
     return statistics.median(b - a for a, b in zip(steps, steps[1:], strict=False))
@@ -310,6 +398,7 @@ PARTS = {
     "growth": growth,
     "node_loss_rehearsal": node_loss_rehearsal,
     "node_crash_rehearsal": node_crash_rehearsal,
+    "growth_rehearsal": growth_rehearsal,
     "cost": cost,
 }
 

@@ -62,6 +62,8 @@ __all__ = [
     "DDL_ELASTIC_MIRROR",
     "DDL_ELASTIC_RESUMED",
     "DDL_ELASTIC_LOST_HOSTS",
+    "DDL_ELASTIC_PRESTART",
+    "DDL_ELASTIC_PARKED",
     "HOROVOD_ELASTIC",
     # Horovod fallbacks
     "HOROVOD_FUSION_THRESHOLD",
@@ -261,6 +263,13 @@ DDL_ELASTIC_RESUMED = "DDL_ELASTIC_RESUMED"
 DDL_ELASTIC_LOST_HOSTS = "DDL_ELASTIC_LOST_HOSTS"
 """Hosts an earlier launch of this elastic job lost with their Open MPI daemon (comma
 separated): the relaunched ranks keep them out as blacklisted."""
+DDL_ELASTIC_PRESTART = "DDL_ELASTIC_PRESTART"
+"""``0`` makes a growing elastic job wait for its new ranks at the commit that sees the new
+hosts (the old way); by default (``1``) rank 0 starts them in the background while the job
+trains, and they join at the first commit after they are ready (see docs/elastic.md)."""
+DDL_ELASTIC_PARKED = "DDL_ELASTIC_PARKED"
+"""Set on ranks a growing elastic job starts ahead: their ``init()`` waits, connected to rank 0
+only, until the job admits them at a commit (or dismisses them when it ends first)."""
 HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
 
 HOROVOD_RANK = "HOROVOD_RANK"

@@ -219,6 +219,10 @@ def _resolve_comm(MPI: Any, comm: Any, elastic: bool) -> tuple[Any, bool]:
             )
         merged = parent.Merge(high=True)
         parent.Disconnect()
+        if env.get(env.DDL_ELASTIC_PARKED):  # started ahead: connected to rank 0 alone
+            from ddl_tf.membership.reform import wait_for_admission
+
+            merged = wait_for_admission(merged)
         return merged, True
     if comm is None:
         return MPI.COMM_WORLD, False
@@ -279,6 +283,8 @@ def shutdown() -> None:
         if old is None:
             return
         _restore_excepthook()
+        if old.elastic:
+            _dismiss_ranks_started_ahead()
         old.close()
         if old.elastic and old.rank == 0 and old.engine.state.closed and not old.engine.state.lost:
             # the final membership finished: tell ddlrun (its status is this, not mpirun's)
@@ -286,6 +292,15 @@ def shutdown() -> None:
                 f"{env.ELASTIC_FINISHED} on {old.size} rank(s) ({', '.join(sorted(set(old.hosts)))})\n"
             )
             sys.stdout.flush()
+
+
+def _dismiss_ranks_started_ahead() -> None:
+    """An elastic job that ends: ranks it started ahead for new hosts, not yet in, leave."""
+    from ddl_tf.membership import reform
+
+    members = reform.current_membership()
+    if members is not None:
+        members.dismiss_pending("the job finished before they were admitted")
 
 
 def collective_stats(reset: bool = False) -> dict[str, dict[str, float]]:

@@ -64,12 +64,26 @@ class ElasticJobError(DDLError):
 
 @dataclass(frozen=True)
 class HostChange:
-    """What rank 0 decided at a commit: hosts that leave, and ranks to add per new host."""
+    """What rank 0 decided at a commit: hosts that leave, ranks to add per new host, and
+    (growth without a pause) ranks to start ahead, or to send away.
+
+    ``added`` re-forms the job with the ranks (spawned then, or started ahead and
+    ready); ``ahead`` starts ranks in the background and the job trains on;
+    ``dismiss`` sends the ranks started ahead away. It is true when it holds any
+    of them; :attr:`reforms` says whether the job re-forms.
+    """
 
     removed: tuple[str, ...] = ()
     added: tuple[tuple[str, int], ...] = ()
+    ahead: tuple[tuple[str, int], ...] = ()
+    dismiss: bool = False
 
     def __bool__(self) -> bool:
+        return bool(self.removed or self.added or self.ahead or self.dismiss)
+
+    @property
+    def reforms(self) -> bool:
+        """Whether the job re-forms for it (hosts leave or ranks join)."""
         return bool(self.removed or self.added)
 
 
@@ -106,6 +120,29 @@ class _Watcher:
             self._stop.wait(self.settings.discovery_interval)
 
 
+ADMIT_TAG = 4517
+"""Message tag of rank 0's word to ranks it started ahead (``admit`` or ``leave``), and of the
+intercommunicator that joins them to the job."""
+
+
+@dataclass
+class _Prestart:
+    """Ranks started ahead for new hosts: spawned in a background thread, then parked.
+
+    ``bridge`` is the job's ranks (first) and the new ranks, merged, once they
+    connected; ``ready`` is set then, or when the spawn failed (``error``).
+    ``spare`` is the duplicate of the job's communicator the spawn runs on.
+    """
+
+    added: tuple[tuple[str, int], ...]
+    spare: Any = None
+    started: float = field(default_factory=time.monotonic)
+    ready: threading.Event = field(default_factory=threading.Event)
+    bridge: Any = None
+    error: BaseException | None = None
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+
 class Membership:
     """This process's view of the elastic job's membership (one per process).
 
@@ -118,6 +155,7 @@ class Membership:
         self.blacklist = Blacklist(settings.cooldown)
         self._watcher: _Watcher | None = None
         self._pending = HostChange()
+        self._prestart: _Prestart | None = None  # rank 0: new ranks started ahead, not yet in
         # hosts that had ranks of this job (a remote one cannot take ranks again: _used_up)
         self.hosted: set[str] = {
             h.split(":")[0] for h in (env.get(env.DDL_ELASTIC_HOSTS) or "").split(",") if h
@@ -142,6 +180,7 @@ class Membership:
         MPI = mpi.load()
         job = basics.job()
         job.abandon()
+        self.abandon_pending()
         started = time.perf_counter()
         survivors = job.comm.Shrink()
         old = MPI.Group.Translate_ranks(
@@ -197,7 +236,11 @@ class Membership:
         decision = job.engine.broadcast_object(decision, 0, name="elastic.hosts")
         if isinstance(decision, str):
             raise DiscoveryError(decision)
-        if decision:
+        if decision.dismiss:
+            self.dismiss_pending("their host left, or they failed to start")
+        if decision.ahead:
+            self._start_ahead(job, decision.ahead)
+        if decision.reforms:
             self._pending = decision
             raise HostsUpdatedInterrupt(
                 skip_sync=not decision.added,
@@ -230,7 +273,9 @@ class Membership:
         if leaving:
             self._leave(job, f"its host {job.hosts[job.rank]} left the discovered hosts")
         self._count_reset(job, f"hosts changed ({change})")
-        if change.added:
+        if change.added and self.settings.prestart:
+            stay = self._admit(stay, change.added)
+        elif change.added:
             stay = self._spawn(stay, change.added)
         new = self._rebuild(job, stay)
         if new.rank == 0:
@@ -257,12 +302,130 @@ class Membership:
         if watcher.hosts is None:
             return HostChange()
         self.hosted.update(job.hosts)
-        return plan_change(
-            current=job.hosts,
+        pending = self._prestart
+        ahead = tuple(h for h, n in pending.added for _ in range(n)) if pending else ()
+        change = plan_change(
+            current=job.hosts + ahead,
             discovered=watcher.hosts,
             blocked=lambda h: self.blacklist.blocked(h, time.monotonic()) or self._used_up(h),
             max_np=self.settings.max_np,
         )
+        if not self.settings.prestart:
+            return change
+        removed = tuple(h for h in change.removed if h in job.hosts)
+        ahead = change.added if pending is None else ()
+        admitted: tuple[tuple[str, int], ...] = ()
+        dismiss = False
+        if pending is not None and removed:
+            dismiss = True  # they are merged with ranks that leave now: send them away
+        elif pending is not None and pending.ready.is_set():
+            gone = [h for h, _ in pending.added if h in change.removed]
+            if pending.error is not None or pending.bridge is None or gone:
+                dismiss = True
+            else:
+                admitted = pending.added
+        return HostChange(removed=removed, added=admitted, ahead=ahead, dismiss=dismiss)
+
+    def _start_ahead(self, job: Job, added: tuple[tuple[str, int], ...]) -> None:
+        """Spawn ranks for ``added`` in a background thread; the job trains on (collective).
+
+        Every rank runs ``MPI_Comm_spawn`` and the merge with the new ranks in
+        a thread of its own, on a duplicate of the job's communicator, while
+        its main thread trains: the new ranks start (Python, TensorFlow's
+        import, ``MPI_Init``) meanwhile, and their ``init()`` then parks
+        (:func:`wait_for_admission`) until a commit admits them (:meth:`_admit`).
+        These are the calls a growth always made, in the same order; only
+        their thread differs.
+        """
+        MPI = mpi.load()
+        pending = _Prestart(added, spare=job.comm.Dup())
+        self._prestart = pending
+        self.hosted.update(host for host, _ in added)
+        commands, argvs, counts, infos = self._spawn_arguments(job.size, added, MPI, parked=True)
+        if job.rank == 0:
+            logger.warning(
+                "starting %d rank(s) on %s ahead, while the job trains on; they join at the "
+                "first commit after they connected",
+                sum(n for _, n in added),
+                _where(added),
+            )
+
+        def spawn() -> None:
+            try:
+                with _deadline(self.settings.spawn_timeout, added, pending.abandoned):
+                    inter = pending.spare.Spawn_multiple(commands, argvs, counts, infos, root=0)
+                    bridge = inter.Merge(high=False)
+                    inter.Disconnect()
+                pending.bridge = bridge
+            except Exception as err:  # noqa: BLE001 - rank 0's _decide sends them away
+                pending.error = err
+            finally:
+                pending.ready.set()
+
+        threading.Thread(target=spawn, name="ddl_tf-spawn-ahead", daemon=True).start()
+
+    def dismiss_pending(self, why: str) -> None:
+        """Send the ranks started ahead away (collective over the ranks that started them).
+
+        Each rank waits for its spawn thread, up to what is left of the spawn
+        timeout; rank 0 then tells the new ranks to leave.
+        """
+        pending, self._prestart = self._prestart, None
+        if pending is None:
+            return
+        left = self.settings.spawn_timeout - (time.monotonic() - pending.started)
+        if not pending.ready.wait(max(0.0, left)) or pending.bridge is None:
+            return
+        bridge = pending.bridge
+        if bridge.rank == 0:
+            first = bridge.size - sum(n for _, n in pending.added)
+            for peer in range(first, bridge.size):
+                bridge.send("leave", dest=peer, tag=ADMIT_TAG)
+            logger.warning("the ranks started ahead on %s leave: %s", _where(pending.added), why)
+
+    def abandon_pending(self) -> None:
+        """After a failure: forget the ranks started ahead (their spawn included a lost rank).
+
+        Rank 0 tells them to leave if they connected already; otherwise they
+        fail to connect, or wait for ``--elastic-timeout`` and leave.
+        """
+        pending, self._prestart = self._prestart, None
+        if pending is None:
+            return
+        pending.abandoned.set()  # its spawn may never end now: no deadline kills this rank
+        if pending.ready.is_set() and pending.bridge is not None and pending.bridge.rank == 0:
+            first = pending.bridge.size - sum(n for _, n in pending.added)
+            with contextlib.suppress(Exception):
+                for peer in range(first, pending.bridge.size):
+                    pending.bridge.send("leave", dest=peer, tag=ADMIT_TAG)
+
+    def _admit(self, comm: Any, added: tuple[tuple[str, int], ...]) -> Any:
+        """Take the ranks started ahead into the job (collective over ``comm``, the job's ranks).
+
+        They are merged after the job's ranks already (the spawn thread did
+        it); rank 0 tells them they are in, and the merged communicator
+        becomes the job's.
+        """
+        pending, self._prestart = self._prestart, None
+        assert pending is not None, "nothing to admit"
+        left = self.settings.spawn_timeout - (time.monotonic() - pending.started)
+        with _deadline(max(1.0, left), added):
+            pending.ready.wait()
+        merged = pending.bridge
+        if merged is None:  # rank 0 saw this rank's spawn succeed: the same collective
+            raise ElasticJobError(f"the ranks started ahead on {_where(added)} did not connect")
+        if merged.rank == 0:
+            for peer in range(comm.size, merged.size):
+                merged.send("admit", dest=peer, tag=ADMIT_TAG)
+            logger.warning(
+                "admitting the %d rank(s) started ahead on %s (%.1f s after they were started)",
+                merged.size - comm.size,
+                _where(added),
+                time.monotonic() - pending.started,
+            )
+        comm.Free()
+        pending.spare.Free()
+        return merged
 
     def _used_up(self, host: str) -> bool:
         """Whether ``host`` had ranks of this job and is not mpirun's machine (no ranks again).
@@ -343,21 +506,7 @@ class Membership:
     def _spawn(self, comm: Any, added: tuple[tuple[str, int], ...]) -> Any:
         """Start ``added`` ranks running this program and merge them after ``comm``'s ranks."""
         MPI = mpi.load()
-        first = comm.size
-        commands: list[str] = []
-        argvs: list[list[str]] = []
-        counts: list[int] = []
-        infos: list[Any] = []
-        for host, count in added:
-            for _ in range(count):
-                commands.append(sys.executable)
-                argvs.append(worker_arguments(host, first + len(argvs)))
-                counts.append(1)
-                info = MPI.Info.Create()
-                if not self._is_launch_host(host):
-                    info.Set("host", host)
-                    info.Set("PMIX_ADD_HOST", host)
-                infos.append(info)
+        commands, argvs, counts, infos = self._spawn_arguments(comm.size, added, MPI)
         self.hosted.update(host for host, _ in added)
         with _deadline(self.settings.spawn_timeout, added):
             inter = comm.Spawn_multiple(commands, argvs, counts, infos, root=0)
@@ -365,6 +514,26 @@ class Membership:
         inter.Disconnect()
         comm.Free()
         return merged
+
+    def _spawn_arguments(
+        self, first: int, added: tuple[tuple[str, int], ...], MPI: Any, parked: bool = False
+    ) -> tuple[list[str], list[list[str]], list[int], list[Any]]:
+        """``Spawn_multiple``'s arguments: one command per new rank, numbered from ``first``."""
+        commands: list[str] = []
+        argvs: list[list[str]] = []
+        counts: list[int] = []
+        infos: list[Any] = []
+        for host, count in added:
+            for _ in range(count):
+                commands.append(sys.executable)
+                argvs.append(worker_arguments(host, first + len(argvs), parked=parked))
+                counts.append(1)
+                info = MPI.Info.Create()
+                if not self._is_launch_host(host):
+                    info.Set("host", host)
+                    info.Set("PMIX_ADD_HOST", host)
+                infos.append(info)
+        return commands, argvs, counts, infos
 
     def _leave(self, job: Job, why: str) -> None:
         logger.warning("rank %d leaves the elastic job: %s", job.rank, why)
@@ -408,8 +577,12 @@ def plan_change(
     return HostChange(removed=removed, added=tuple(added))
 
 
-def worker_arguments(host: str, rank: int) -> list[str]:
-    """``python`` arguments that start one more rank of this program on ``host``."""
+def worker_arguments(host: str, rank: int, parked: bool = False) -> list[str]:
+    """``python`` arguments that start one more rank of this program on ``host``.
+
+    ``parked``: the rank is started ahead; its ``init()`` waits to be admitted
+    (:func:`wait_for_admission`).
+    """
     program = env.get(env.DDL_ELASTIC_COMMAND)
     if program is None:
         raise ConfigError(
@@ -419,8 +592,11 @@ def worker_arguments(host: str, rank: int) -> list[str]:
     passed = [
         f"{k}={v}"
         for k, v in sorted(env.ddl_variables().items())
-        if k != env.DDL_ELASTIC_RESUMED  # a newcomer joins the running job; it resumes nothing
+        # a newcomer joins the running job: it resumes nothing, and parks only if told to
+        if k not in (env.DDL_ELASTIC_RESUMED, env.DDL_ELASTIC_PARKED)
     ]
+    if parked:
+        passed.append(f"{env.DDL_ELASTIC_PARKED}=1")
     if env.get(env.PYTHONPATH) is not None:
         passed.append(f"{env.PYTHONPATH}={env.get(env.PYTHONPATH)}")
     args = ["-m", "ddl_tf.launch.worker", "--hostname", host, "--rank", str(rank)]
@@ -430,7 +606,9 @@ def worker_arguments(host: str, rank: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float, added: tuple[tuple[str, int], ...]):
+def _deadline(
+    seconds: float, added: tuple[tuple[str, int], ...], cancel: threading.Event | None = None
+):
     """End this process (SIGKILL, after a message) if the block takes over ``seconds``.
 
     ``MPI_Comm_spawn`` cannot be interrupted; when a new rank dies before it
@@ -440,7 +618,7 @@ def _deadline(seconds: float, added: tuple[tuple[str, int], ...]):
     done = threading.Event()
 
     def expire() -> None:
-        if not done.wait(seconds):
+        if not done.wait(seconds) and not (cancel is not None and cancel.is_set()):
             where = ", ".join(f"{h}:{n}" for h, n in added)
             logger.error(
                 "the new ranks on %s did not connect within %g s (%s; see their errors above); "
@@ -460,6 +638,45 @@ def _deadline(seconds: float, added: tuple[tuple[str, int], ...]):
         done.set()
 
 
+def _where(added: tuple[tuple[str, int], ...]) -> str:
+    return ", ".join(f"{h}:{n}" for h, n in added)
+
+
+def wait_for_admission(bridge: Any) -> Any:
+    """In a rank started ahead: wait for rank 0's word, then join the job (or leave).
+
+    ``bridge`` is the job's ranks and the ranks started with this one, merged.
+    Rank 0 says ``admit`` at the commit that takes them in, or ``leave`` when
+    the job ended first or their host left. Waits at most ``--elastic-timeout``
+    seconds; polling keeps the waiting rank off the CPU.
+
+    Returns:
+        ``bridge``, now the job's communicator.
+    """
+    settings = ElasticSettings.from_env()
+    deadline = time.monotonic() + settings.timeout
+    while not bridge.Iprobe(source=0, tag=ADMIT_TAG):
+        if time.monotonic() > deadline:
+            logger.error(
+                "this rank, started ahead for a growing elastic job, was not admitted within "
+                "%g s (--elastic-timeout); it leaves",
+                settings.timeout,
+            )
+            _exit_now(1)
+        time.sleep(0.01)
+    word = bridge.recv(source=0, tag=ADMIT_TAG)
+    if word != "admit":
+        logger.info("this rank, started ahead for a growing elastic job, leaves: told %r", word)
+        _exit_now(0)
+    return bridge
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # MPI_Finalize would wait for the job that did not take this rank
+
+
 def _is_local(host: str) -> bool:
     import socket
 
@@ -467,6 +684,11 @@ def _is_local(host: str) -> bool:
 
 
 _membership: Membership | None = None
+
+
+def current_membership() -> Membership | None:
+    """This process's :class:`Membership` if one was made, else None (makes none)."""
+    return _membership
 
 
 def membership() -> Membership:

@@ -53,6 +53,9 @@ class ElasticSettings:
         timeout: Seconds to wait for ``min_np`` slots.
         launch_hosts: The job's host names that are mpirun's machine.
         spawn_timeout: Seconds to wait for spawned ranks to connect.
+        prestart: Start new ranks in the background while the job trains, and admit
+            them at the first commit after they connected (False: spawn them at the
+            commit that sees the new hosts, the job waiting for them).
     """
 
     min_np: int = 1
@@ -65,6 +68,7 @@ class ElasticSettings:
     timeout: float = DEFAULT_TIMEOUT
     launch_hosts: tuple[str, ...] = ()
     spawn_timeout: float = DEFAULT_SPAWN_TIMEOUT
+    prestart: bool = True
 
     def __post_init__(self) -> None:
         if self.min_np < 1:
@@ -122,4 +126,5 @@ class ElasticSettings:
                 h for h in (env.get(env.DDL_ELASTIC_LAUNCH_HOSTS, environ) or "").split(",") if h
             ),
             spawn_timeout=number(env.DDL_ELASTIC_SPAWN_TIMEOUT, float) or DEFAULT_SPAWN_TIMEOUT,
+            prestart=(env.get(env.DDL_ELASTIC_PRESTART, environ) or "1").strip() != "0",
         )

@@ -82,7 +82,15 @@ def _run(
         job = subprocess.Popen(
             command,
             cwd=tmp_path,
-            env=mpi_env({"DDL_ELASTIC_DISCOVERY_INTERVAL": "0.1", **(env or {})}),
+            # Horovod's records assume the paused join: new hosts' ranks join at the commit
+            # that sees them (growth without a pause is tested in test_ddl_elastic.py)
+            env=mpi_env(
+                {
+                    "DDL_ELASTIC_DISCOVERY_INTERVAL": "0.1",
+                    "DDL_ELASTIC_PRESTART": "0",
+                    **(env or {}),
+                }
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

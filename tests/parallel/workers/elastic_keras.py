@@ -17,6 +17,8 @@ benchmarks/bench_elastic.py. Settings come from the environment:
 * ``ELASTIC_GROW``: ``host:slots``: rank 0 appends it to the ``hosts`` file
   the discovery script prints, after batch 3 of epoch 1, or at
   ``ELASTIC_GROW_AT`` (``epoch,batch``) (writing ``added``);
+* ``ELASTIC_GROW_WAIT=0``: rank 0 trains on after that write instead of waiting
+  until the change is discovered and the new ranks are ready (growth without a pause);
 * ``ELASTIC_SLEEP``: seconds each batch sleeps after it ends (a slower step);
 * ``ELASTIC_COMMIT``: batches per commit (default 1); ``ELASTIC_FIXED=1`` runs
   the same training without elastic state (the cost comparison);
@@ -46,6 +48,7 @@ launch_rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD
 kill = os.environ.get("ELASTIC_KILL")
 pause = float(os.environ.get("ELASTIC_SLEEP", "0"))
 grow = os.environ.get("ELASTIC_GROW")
+grow_wait = os.environ.get("ELASTIC_GROW_WAIT", "1") != "0"
 grow_at = tuple(int(v) for v in os.environ.get("ELASTIC_GROW_AT", "1,3").split(","))
 kill_host = os.environ.get("ELASTIC_KILL_HOST") == "1"
 kill_node = os.environ.get("ELASTIC_KILL_NODE") == "1"
@@ -136,6 +139,7 @@ class CommitLog(keras.callbacks.Callback):
 
 class Recorder(keras.callbacks.Callback):
     keras_epoch = 0
+    awaiting = False  # rank 0: ranks started ahead for the grown host are not in yet
 
     def on_epoch_begin(self, epoch, logs=None):
         self.keras_epoch = epoch  # the fixed job's epoch (it has no state)
@@ -159,9 +163,17 @@ class Recorder(keras.callbacks.Callback):
             (out / "added").write_text(str(time.time()))
             # as Horovod's elastic test script does: wait until the change is discovered, so
             # that a fast job does not finish before its next commit can see it
-            deadline = time.monotonic() + (60 if _valid(grow) else 0)
-            while not membership().poll_hosts() and time.monotonic() < deadline:
+            deadline = time.monotonic() + (60 if _valid(grow) and grow_wait else 0)
+            while not (change := membership().poll_hosts()) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            # started ahead (the default): the next commit starts the new ranks; wait at the
+            # batches after it until they are ready, so that they join before the job ends
+            self.awaiting = bool(change.ahead) and grow_wait
+        elif self.awaiting and hvd.rank() == 0:
+            deadline = time.monotonic() + 60
+            while not membership().poll_hosts().added and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.awaiting = False
 
 
 def train(state) -> None:
