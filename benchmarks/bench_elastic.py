@@ -28,10 +28,17 @@ All runs use ``ddlrun`` and the Keras worker of the tests
   job committing every batch and every 10 batches. The configurations run
   interleaved, ``ROUNDS`` times, so that ratios come from the same minutes.
 
+* **Growth without a pause, on the rehearsal cluster** (``--rehearse 2``): a
+  node listed while the job trains; see :func:`growth_rehearsal`.
+* **Twenty in a row** (``--repeat 20``, only then): the node-crash and growth
+  rehearsals 20 times each, alternating, counting the runs that needed a
+  retry and why; see :func:`repeat`.
+
 ``python benchmarks/bench_elastic.py`` writes ``results/elastic.json`` (about
 15 minutes on a 2-core machine; the rehearsal part needs root, and is recorded
 as skipped without); ``--only PART`` measures one part again and keeps the
-others (``measured`` says when each part ran).
+others (``measured`` says when each part ran); ``--repeat 20`` runs only the
+twenty-run check (about 20 minutes) and keeps the rest.
 """
 
 from __future__ import annotations
@@ -69,7 +76,9 @@ CONFIGS = {
 MODELS = {"mlp": {"ELASTIC_STEPS": "40"}, "mobilenet": {"ELASTIC_STEPS": "24"}}
 
 
-def _job(out: Path, options: list[str], **env: str) -> dict[int, dict]:
+def _job(
+    out: Path, options: list[str], transcript: list[str] | None = None, **env: str
+) -> dict[int, dict]:
     variables = {
         **os.environ,
         "ELASTIC_OUT": str(out),
@@ -88,6 +97,8 @@ def _job(out: Path, options: list[str], **env: str) -> dict[int, dict]:
         timeout=900,
         check=False,
     )
+    if transcript is not None:
+        transcript.append(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"job {options} {env} failed:\n{(done.stdout + done.stderr)[-3000:]}")
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))}
@@ -206,6 +217,40 @@ def node_loss_rehearsal(link: str = "1gbit") -> dict:
 CRASH_RUNS = 3
 
 
+def _crash_run(link: str, transcript: list[str] | None = None) -> dict:
+    """One node-crash rehearsal run (see :func:`node_crash_rehearsal`); its figures."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        results = _job(
+            out,
+            ["--rehearse", "2", "--link", link, "-np", "4", "--min-np", "2"],
+            transcript,
+            ELASTIC_KILL="3,0,8",
+            ELASTIC_KILL_NODE="1",
+            ELASTIC_COMMIT_LOG="1",
+            ELASTIC_SLEEP="0.1",
+        )
+        killed = float((out / "killed").read_text())
+        log = [json.loads(line) for line in (out / "commits.jsonl").read_text().splitlines()]
+    survivors = [r for r in log if r["relaunch"] == 0 and r["host"] == "node0"]
+    committed = [r for r in survivors if "entered" not in r]
+    reformed = [r["time"] for r in survivors if r.get("entered") and r["size"] == 2]
+    entered = [r for r in log if r["relaunch"] == 1 and r.get("entered")]
+    resumed = entered[0]["commit"]
+    digests = [r["digest"] for r in committed if r["commit"] == resumed]
+    return {
+        "recovery_seconds": round(min(t for t, *_ in results[0]["steps"]) - killed, 3),
+        "in_job_reform_seconds": round(min(reformed) - killed, 3) if reformed else None,
+        "ranks_after": results[0]["size"],
+        "processes_restarted": all(r["relaunch"] == 1 for r in results.values()),
+        "newest_survivor_commit": max(r["commit"] for r in committed),
+        "resumed_commit": resumed,
+        "resumed_bitwise_from_that_commit": bool(digests)
+        and all(r["digest"] == digests[-1] for r in entered),
+        "replicas_bitwise_equal": _equal(results),
+    }
+
+
 def node_crash_rehearsal(link: str = "1gbit") -> dict:
     """A virtual node crashing whole: its ranks and its Open MPI daemon SIGKILLed at once.
 
@@ -228,37 +273,7 @@ def node_crash_rehearsal(link: str = "1gbit") -> dict:
         return {"skipped": f"rehearsal cluster unavailable: {reason}"}
     runs = []
     for _ in range(CRASH_RUNS):
-        with tempfile.TemporaryDirectory() as folder:
-            out = Path(folder)
-            results = _job(
-                out,
-                ["--rehearse", "2", "--link", link, "-np", "4", "--min-np", "2"],
-                ELASTIC_KILL="3,0,8",
-                ELASTIC_KILL_NODE="1",
-                ELASTIC_COMMIT_LOG="1",
-                ELASTIC_SLEEP="0.1",
-            )
-            killed = float((out / "killed").read_text())
-            log = [json.loads(line) for line in (out / "commits.jsonl").read_text().splitlines()]
-        survivors = [r for r in log if r["relaunch"] == 0 and r["host"] == "node0"]
-        committed = [r for r in survivors if "entered" not in r]
-        reformed = [r["time"] for r in survivors if r.get("entered") and r["size"] == 2]
-        entered = [r for r in log if r["relaunch"] == 1 and r.get("entered")]
-        resumed = entered[0]["commit"]
-        digests = [r["digest"] for r in committed if r["commit"] == resumed]
-        runs.append(
-            {
-                "recovery_seconds": round(min(t for t, *_ in results[0]["steps"]) - killed, 3),
-                "in_job_reform_seconds": round(min(reformed) - killed, 3) if reformed else None,
-                "ranks_after": results[0]["size"],
-                "processes_restarted": all(r["relaunch"] == 1 for r in results.values()),
-                "newest_survivor_commit": max(r["commit"] for r in committed),
-                "resumed_commit": resumed,
-                "resumed_bitwise_from_that_commit": bool(digests)
-                and all(r["digest"] == digests[-1] for r in entered),
-                "replicas_bitwise_equal": _equal(results),
-            }
-        )
+        runs.append(_crash_run(link))
         print(f"node crash: {runs[-1]}", flush=True)
     seconds = [r["recovery_seconds"] for r in runs]
     return {
@@ -323,7 +338,7 @@ def growth_rehearsal(link: str = "1gbit", runs: int = GROWTH_RUNS) -> dict:
     }
 
 
-def _growth_run(link: str) -> dict:
+def _growth_run(link: str, transcript: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         script = _discovery(out, "node0:2\n")
@@ -334,6 +349,7 @@ def _growth_run(link: str) -> dict:
         results = _job(
             out,
             options,
+            transcript,
             ELASTIC_GROW="node1:2",
             ELASTIC_GROW_AT="1,3",
             ELASTIC_GROW_WAIT="0",
@@ -363,6 +379,110 @@ def _growth_figures(results: dict[int, dict], added: float) -> dict:
         "steps_while_starting": sum(1 for t, size, _, _ in steps if size == 2 and t > added),
         "replicas_bitwise_equal": _equal(results),
     }
+
+
+REPEAT_RUNS = 20
+OUTCOMES = (
+    # (text in the job's output, why it counts) - the first that matches names a failed run
+    ("listener thread failed to start", "mpirun failed at start-up (PMIx listener thread)"),
+    ("relaunching the elastic job", "Open MPI lost a daemon; ddlrun relaunched the job"),
+    ("mpirun died of", "mpirun crashed (PRRTE 3.0 connect defect)"),
+    ("Open MPI lost its daemon", "Open MPI lost a daemon"),
+    ("did not connect within", "the new ranks did not connect in time"),
+)
+NOTES = (
+    # (text, note) on runs that succeeded: what ddlrun survived on its own
+    ("ddlrun: mpirun failed at start-up", "ddlrun launched again after a start-up failure"),
+    ("after the elastic job finished", "mpirun crashed after the job finished (exit 0)"),
+    ("pmix_server_dyn.c at line", "PRRTE's connect defect printed its PMIX ERROR"),
+)
+
+
+def _attempt(kind: str, link: str) -> dict:
+    """One rehearsal run of ``kind`` (``node_crash`` or ``growth``): its figures, or why not."""
+    transcript: list[str] = []
+    started = time.monotonic()
+    try:
+        figures = (_crash_run if kind == "node_crash" else _growth_run)(link, transcript)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "why": "hang (no end within the bench's 900 s limit)"}
+    except Exception as err:  # noqa: BLE001 - a failed run is a result here
+        text = "".join(transcript) + str(err)
+        why = next((w for key, w in OUTCOMES if key in text), None)
+        if why is None:
+            lines = [line for line in text.splitlines() if line.strip()]
+            why = f"{type(err).__name__}: {lines[-1][:200] if lines else err}"
+        elif kind == "growth" and "relaunching" in text:
+            why = "the new node's daemon was lost (PRRTE's connect defect); relaunched without it"
+        return {"ok": False, "why": why, "seconds": round(time.monotonic() - started, 1)}
+    text = "".join(transcript)
+    notes = [note for key, note in NOTES if key in text]
+    return {"ok": True, **figures, "notes": notes, "seconds": round(time.monotonic() - started, 1)}
+
+
+def repeat(runs: int = REPEAT_RUNS, link: str = "1gbit") -> dict:
+    """The node-crash and growth rehearsals ``runs`` times each in a row, alternating.
+
+    A run that fails (no finished job, no growth, wrong figures, a hang) is run
+    once more: it *needed a retry*, and its reason is counted; a run whose
+    retry fails too is *lost*. Runs that succeeded may still have needed
+    ddlrun's own recovery (a start-up failure launched again, mpirun crashing
+    after the job finished): counted as notes.
+    """
+    from collections import Counter
+
+    from ddl_tf.cluster.netns import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        return {"skipped": f"rehearsal cluster unavailable: {reason}"}
+    attempts: dict[str, list[list[dict]]] = {"node_crash": [], "growth": []}
+    for index in range(runs):
+        for kind, tries in attempts.items():
+            first = _attempt(kind, link)
+            tries.append([first] if first["ok"] else [first, _attempt(kind, link)])
+            print(f"{kind} {index + 1}/{runs}: {[t.get('why', 'ok') for t in tries[-1]]}")
+    summary = {"runs_each": runs, "cluster": f"2 virtual nodes, links {link} each direction"}
+    for kind, tries in attempts.items():
+        done = [t[-1] for t in tries if t[-1]["ok"]]
+        figure = "recovery_seconds" if kind == "node_crash" else "growth_seconds"
+        row = {
+            "runs": runs,
+            "ok_first_try": sum(1 for t in tries if len(t) == 1),
+            "needed_a_retry": sum(1 for t in tries if len(t) == 2),
+            "lost": sum(1 for t in tries if not t[-1]["ok"]),
+            "hangs": sum(1 for t in tries for a in t if a.get("why", "").startswith("hang")),
+            "retry_reasons": dict(Counter(a["why"] for t in tries for a in t if not a["ok"])),
+            "notes": dict(Counter(n for a in done for n in a["notes"])),
+            "retry_reasons_text": _counted(a["why"] for t in tries for a in t if not a["ok"]),
+            "notes_text": _counted(n for a in done for n in a["notes"]),
+            f"{figure}_median": round(statistics.median(a[figure] for a in done), 3)
+            if done
+            else None,
+            f"{figure}_max": max((a[figure] for a in done), default=None),
+            "replicas_bitwise_equal": all(a["replicas_bitwise_equal"] for a in done),
+        }
+        if kind == "growth" and done:
+            row["steps_lost_median"] = round(statistics.median(a["steps_lost"] for a in done), 1)
+            row["pause_seconds_median"] = round(
+                statistics.median(a["pause_seconds"] for a in done), 3
+            )
+            row["within_10_s"] = sum(1 for a in done if a["growth_seconds"] <= 10.0)
+        if kind == "node_crash" and done:
+            row["commits_lost_max"] = max(
+                a["newest_survivor_commit"] - a["resumed_commit"] for a in done
+            )
+        row["attempts"] = [[{k: v for k, v in a.items() if k != "runs"} for a in t] for t in tries]
+        summary[kind] = row
+    return summary
+
+
+def _counted(items) -> str:
+    """``'2 x why; 1 x other'``, or ``'none'`` (for the docs, which quote it as is)."""
+    from collections import Counter
+
+    counts = Counter(items)
+    return "; ".join(f"{n} x {what}" for what, n in counts.most_common()) or "none"
 
 
 def _median_step(results: dict[int, dict]) -> float:
@@ -411,13 +531,22 @@ def main() -> None:
         action="append",
         help="measure these parts again and keep the others from results/elastic.json",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        metavar="N",
+        help="only run the node-crash and growth rehearsals N times each in a row (issue 45's "
+        "twenty-run check, N=20) and keep the other parts",
+    )
     args = parser.parse_args()
     path = RESULTS / "elastic.json"
     started = time.time()
-    result = json.loads(path.read_text()) if args.only and path.exists() else {}
+    keep = args.only or args.repeat
+    result = json.loads(path.read_text()) if keep and path.exists() else {}
     result["machine"] = machine_info()
     measured = result.setdefault("measured", {})
-    for name, part in PARTS.items():
+    parts = {"repeat": lambda: repeat(args.repeat)} if args.repeat else PARTS
+    for name, part in parts.items():
         if args.only and name not in args.only:
             continue
         result[name] = part()

@@ -514,7 +514,11 @@ def main(argv: list[str] | None = None) -> int:
                 if again is not None:
                     finished = FinishedWatch(_say)
                     code = run_rehearsal(
-                        spec, command, child_env, watch=finished, again=again.after(finished)
+                        spec,
+                        command,
+                        child_env,
+                        watch=finished,
+                        again=_retrying(finished, again.after(finished), command, child_env),
                     )
                     return finished.status(128 - code if code < 0 else code)
                 return exit_code(run_rehearsal(spec, command, child_env), report=_say)
@@ -659,6 +663,25 @@ class _Relauncher:
         command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
         print("ddlrun: running: " + shlex.join(command), flush=True)
         return command, child_environment(plan, as_root=as_root)
+
+
+def _retrying(watch: FinishedWatch, again, command: list[str], child_env: dict[str, str]):
+    """``again(code)`` that first launches the last command again after a start-up failure.
+
+    :meth:`FinishedWatch.retry_start` decides (mpirun failed before any rank ran);
+    otherwise ``again`` decides (a relaunch after a node crash).
+    """
+    last = [(command, child_env)]
+
+    def after(code: int):
+        if watch.retry_start(128 - code if code < 0 else code):
+            return last[0]
+        relaunch = again(code)
+        if relaunch is not None:
+            last[0] = relaunch
+        return relaunch
+
+    return after
 
 
 def _hosts_list(hosts: dict[str, int]) -> list:

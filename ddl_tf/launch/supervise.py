@@ -223,6 +223,8 @@ def run_elastic(
         code = run_job(
             command, child_env, report=report, watch=finished, stop=finished.spawn_failed
         )
+        if finished.retry_start(code):
+            continue
         relaunch = again(finished) if again is not None and finished.relaunchable(code) else None
         if relaunch is None:
             return finished.status(code)
@@ -261,6 +263,15 @@ class FinishedWatch:
     SIGABRT, at exit or (rarely) while the job runs (measured in docs/elastic.md). PRRTE 4
     rewrote the function; Open MPI 5.0.x ships PRRTE 3.0."""
 
+    START_FAILED = b"The PMIx server's listener thread failed to start"
+    """What Open MPI's runtime (OpenPMIx's server in mpirun) prints when it cannot start: an
+    intermittent failure at start-up, before any rank runs (seen once in CI). mpirun then
+    exits; :meth:`retry_start` launches the same job again, at most :data:`START_RETRIES`
+    times."""
+
+    START_RETRIES = 2
+    """Launches again after :data:`START_FAILED`, per job."""
+
     SPAWN_FAILED = b"did not connect within"
     """What a growing job's ranks print (:mod:`ddl_tf.membership.reform`) before they end,
     when the ranks they spawned never connected (``DDL_ELASTIC_SPAWN_TIMEOUT``)."""
@@ -273,6 +284,7 @@ class FinishedWatch:
 
     def __init__(self, report: Callable[[str], None]) -> None:
         self.report = report
+        self.start_retries = 0
         self.reset()
 
     def reset(self) -> None:
@@ -283,6 +295,38 @@ class FinishedWatch:
         self.lost_hosts: list[str] = []
         self.connect_defect = False
         self.spawn_failed = threading.Event()
+        self.start_failed = False
+
+    def retry_start(self, code: int) -> bool:
+        """Whether to launch the same job again: mpirun failed at start-up (:data:`START_FAILED`).
+
+        OpenPMIx's server in mpirun prints it when it fails to start, and mpirun
+        then ends during its own start-up, before it launches any rank: running
+        the same command again repeats nothing. Only when the job did not
+        finish, mpirun's status is a failure that ddlrun did not cause, and fewer
+        than :data:`START_RETRIES` retries were made; says so, and forgets this
+        launch.
+
+        Args:
+            code: mpirun's status as :func:`run_job` returns it.
+        """
+        if (
+            not self.start_failed
+            or self.finished.is_set()
+            or code == 0
+            or code in self.STOPPED_BY_DDLRUN
+            or self.start_retries >= self.START_RETRIES
+        ):
+            return False
+        self.start_retries += 1
+        self.report(
+            "ddlrun: mpirun failed at start-up, before any rank ran (\"The PMIx server's "
+            "listener thread failed to start\": an intermittent failure of Open MPI's "
+            f"runtime); launching the job again (retry {self.start_retries} of "
+            f"{self.START_RETRIES})"
+        )
+        self.reset()
+        return True
 
     def relaunchable(self, code: int) -> bool:
         """Whether the launch ended because Open MPI lost a host's daemon, the job unfinished.
@@ -310,6 +354,8 @@ class FinishedWatch:
                 self.connect_defect = True
             if self.SPAWN_FAILED in line and b"ends the elastic job" in line:
                 self.spawn_failed.set()
+            if self.START_FAILED in line:
+                self.start_failed = True
             host = ""
             if self.daemon_lost and b"Remote host:" in line:
                 host = line.split(b":", 1)[1].strip().decode(errors="replace")

@@ -187,3 +187,38 @@ def test_a_relaunch_after_a_lost_daemon_leaves_the_lost_host_out(tmp_path, capsy
     assert "relaunching the elastic job on a:2 (2 rank(s), relaunch 1)" in capsys.readouterr().err
     assert relaunch(watch) is None
     assert "lost its daemon on host a; no relaunch: ddlrun: --min-np 2" in capsys.readouterr().err
+
+
+def test_ddlrun_launches_the_last_command_again_after_a_start_up_failure_on_virtual_nodes():
+    """The rehearsal path's ``again``: a start-up failure repeats the last launch (the first,
+    or the latest relaunch); otherwise the relaunch after a node crash decides."""
+    import os
+
+    from ddl_tf.ddlrun import _retrying
+    from ddl_tf.launch.supervise import FinishedWatch
+
+    said: list[str] = []
+    watch = FinishedWatch(said.append)
+    relaunches = [(["mpirun", "relaunch"], {"R": "1"})]
+    after = _retrying(watch, lambda code: relaunches.pop() if relaunches else None, ["m"], {})
+    reader, writer = os.pipe()
+    with os.fdopen(writer, "wb") as out:
+        out.write(b"The PMIx server's listener thread failed to start. We cannot\n")
+
+    class Sink:
+        class buffer:  # noqa: N801 - what FinishedWatch writes through
+            @staticmethod
+            def write(_line):
+                return None
+
+        @staticmethod
+        def flush():
+            return None
+
+    with os.fdopen(reader, "rb") as stream:
+        watch(stream, Sink())
+    assert after(1) == (["m"], {}) and "retry 1 of 2" in said[0]
+    assert after(1) == (["mpirun", "relaunch"], {"R": "1"})  # no start-up failure now
+    watch.start_failed = True
+    assert after(1) == (["mpirun", "relaunch"], {"R": "1"}), "the latest launch again"
+    assert after(1) is None

@@ -126,6 +126,61 @@ def test_a_discovered_host_joins_at_a_commit_and_gets_the_state(tmp_path):
     assert all(e < 3 for r in results.values() for _, _, e, _ in r["steps"]), "trained past epoch 3"
 
 
+def test_a_discovered_host_joins_without_pausing_the_training(tmp_path):
+    """Issue 45 (b): the new ranks start (Python, TensorFlow, MPI_Init) while the job trains,
+    and join at a commit after they are ready; nothing waits for them (ELASTIC_GROW_WAIT=0)."""
+    script = _discovery(tmp_path, "localhost:2\n")
+    started = time.monotonic()
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
+        ELASTIC_GROW="127.0.0.1:2", ELASTIC_GROW_AT="0,3", ELASTIC_GROW_WAIT="0",
+        ELASTIC_SLEEP="0.05", ELASTIC_EPOCHS="20",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - started < 2 * HANG_SECONDS
+    assert "starting 2 rank(s) on 127.0.0.1:2 ahead, while the job trains on" in done.stderr
+    assert "admitting the 2 rank(s) started ahead on 127.0.0.1:2" in done.stderr
+    results = _results(tmp_path)
+    assert sorted(results) == [0, 1, 2, 3], done.stderr[-3000:]
+    assert all(r["size"] == 4 for r in results.values())
+    weights = [r["weights"] for r in results.values()]
+    assert all(np.array_equal(weights[0], w) for w in weights[1:]), "newcomers out of step"
+    added = float((tmp_path / "added").read_text())
+    steps = results[0]["steps"]
+    first = min(t for t, size, _, _ in steps if size == 4)
+    trained = [t for t, size, _, _ in steps if size == 2 and t > added]
+    # the survivors kept training while the newcomers started: more than a step or two
+    assert len(trained) >= 10 and max(trained) > added + 2.0, (len(trained), first - added)
+    # every rank trains the same steps at 4 ranks, up to the end of the 20 epochs
+    at_four = {r: [(e, b) for _, size, e, b in x["steps"] if size == 4] for r, x in results.items()}
+    assert at_four[0][-1] == (19, 15) and all(s == at_four[0] for s in at_four.values())
+    assert all(r["state"] == [20, 0] for r in results.values())
+
+
+def test_ranks_started_ahead_leave_when_the_job_ends_before_they_join(tmp_path):
+    """A host listed near the end: the job finishes at its size, and the ranks it started ahead
+    are sent away once connected (status 0, nothing left running), not waited for by mpirun."""
+    script = _discovery(tmp_path, "localhost:2\n")
+    started = time.monotonic()
+    done = _ddlrun(
+        tmp_path,
+        "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
+        ELASTIC_GROW="127.0.0.1:2", ELASTIC_GROW_AT="2,0", ELASTIC_GROW_WAIT="0",
+        ELASTIC_SLEEP="0.1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - started < 2 * HANG_SECONDS
+    results = _results(tmp_path)
+    assert sorted(results) == [0, 1] and all(r["size"] == 2 for r in results.values())
+    assert "elastic job finished on 2 rank(s) (localhost)" in done.stdout
+    assert "starting 2 rank(s) on 127.0.0.1:2 ahead" in done.stderr
+    assert (
+        "the ranks started ahead on 127.0.0.1:2 leave: the job finished before they were "
+        "admitted" in done.stderr
+    ), done.stderr[-3000:]
+
+
 def test_a_discovery_script_that_turns_to_garbage_ends_the_job_after_the_timeout(tmp_path):
     script = _discovery(tmp_path, "localhost:2\n")
     done = _ddlrun(

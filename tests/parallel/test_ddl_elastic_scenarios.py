@@ -519,3 +519,54 @@ def test_rehearsal_a_node_crashing_whole_costs_only_its_ranks(tmp_path, no_clust
     first = min(t for t, _, _, _ in results[0]["steps"])
     assert first - killed < HANG_SECONDS, "the survivors never trained on"
     assert set(Path("/dev/shm").glob("ddl_tf-*")) <= mirrors, "the commits' mirror was left"
+
+
+def _keras_job(folder: Path, options: list[str], **variables: str) -> subprocess.CompletedProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text("node0:2\n")
+    script = folder / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {folder / 'hosts'}\n")
+    script.chmod(0o755)
+    return subprocess.run(
+        [str(DDLRUN), *options, "--host-discovery-script", str(script), str(KERAS_WORKER)],
+        cwd=folder,
+        env=mpi_env({"ELASTIC_OUT": str(folder), **variables}),
+        capture_output=True,
+        text=True,
+        timeout=2 * HANG_SECONDS + PROCESS_MARGIN_SECONDS,
+        check=False,
+    )
+
+
+@rehearsal
+def test_rehearsal_a_listed_node_joins_without_pausing_the_training(tmp_path, no_cluster_left):
+    """Issue 45 (b) on virtual nodes: node1 is listed while node0's ranks train; its 2 ranks
+    start through node1's daemon (import TensorFlow, connect) while training goes on, and join
+    at a commit after they are ready. Run once more only if lost to PRRTE's connect defect
+    (see :func:`_run_growing`)."""
+    mpirun_executable()  # skips without an MPI
+    options = ["--rehearse", "2", "--link", "1gbit", "--min-np", "2", "--max-np", "4"]
+    variables = {
+        "ELASTIC_GROW": "node1:2",
+        "ELASTIC_GROW_AT": "1,3",
+        "ELASTIC_GROW_WAIT": "0",
+        "ELASTIC_SLEEP": "0.1",
+        "ELASTIC_EPOCHS": "8",
+    }
+    folder = tmp_path / "1"
+    done = _keras_job(folder, options, **variables)
+    if done.returncode != 0 and "pmix_server_dyn.c" in done.stderr:
+        folder = tmp_path / "2"
+        done = _keras_job(folder, options, **variables)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "starting 2 rank(s) on node1:2 ahead" in done.stderr, done.stderr[-3000:]
+    results = {int(p.stem[4:]): json.loads(p.read_text()) for p in folder.glob("rank*.json")}
+    assert sorted(results) == [0, 1, 2, 3], done.stderr[-3000:]
+    assert {r["host"] for r in results.values()} == {"node0", "node1"}
+    weights = [r["weights"] for r in results.values()]
+    assert all(w == weights[0] for w in weights[1:]), "replicas differ after the growth"
+    added = float((folder / "added").read_text())
+    steps = results[0]["steps"]
+    first = min(t for t, size, _, _ in steps if size == 4)
+    assert sum(1 for t, size, _, _ in steps if size == 2 and t > added) >= 10, "training paused"
+    assert first - added < HANG_SECONDS, "the new node's ranks never trained"
