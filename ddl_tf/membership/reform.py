@@ -20,12 +20,17 @@ rest build a new job.
 ``discovery_interval`` seconds in a background thread. At each ``commit()``
 it broadcasts what changed (:meth:`Membership.check_host_updates`): hosts
 gone from the list, and new hosts (up to ``max_np`` ranks, blacklisted hosts
-excluded until their cooldown ends). On a change every rank raises
-:class:`~ddl_tf.errors.HostsUpdatedInterrupt`; then
-:meth:`Membership.update_hosts` lets the ranks of removed hosts leave and
-spawns ranks on the new ones (``MPI_Comm_spawn`` of this same program,
-through :mod:`ddl_tf.launch.worker`, then ``MPI_Intercomm_merge``: the new
-ranks come after the old ones).
+excluded until their cooldown ends). Hosts that left: every rank raises
+:class:`~ddl_tf.errors.HostsUpdatedInterrupt`, and
+:meth:`Membership.update_hosts` lets their ranks leave. New hosts: every
+rank starts their ranks in a background thread (``MPI_Comm_spawn`` of this
+same program, through :mod:`ddl_tf.launch.worker`, then
+``MPI_Intercomm_merge``: the new ranks come after the old ones) and trains
+on; the new ranks park in ``init()`` (:func:`wait_for_admission`). At the
+first commit after they connected, every rank raises the interrupt, and
+:meth:`Membership.update_hosts` admits them (growth without a pause). With
+``DDL_ELASTIC_PRESTART=0`` the spawn runs at the commit that sees the new
+hosts, the job waiting for it.
 
 Every membership change counts against ``reset_limit``; a job that has fewer
 than ``min_np`` ranks and no host to grow to within ``timeout`` seconds

@@ -222,3 +222,51 @@ def test_ddlrun_launches_the_last_command_again_after_a_start_up_failure_on_virt
     watch.start_failed = True
     assert after(1) == (["mpirun", "relaunch"], {"R": "1"}), "the latest launch again"
     assert after(1) is None
+
+
+def _deciding(prestart: bool = True, discovered=None):
+    """A Membership whose discovery watcher saw ``discovered``, and a 2-rank job on host a."""
+    from types import SimpleNamespace
+
+    from ddl_tf.membership.reform import Membership
+    from ddl_tf.membership.settings import ElasticSettings
+
+    members = Membership(ElasticSettings(discovery="/bin/true", max_np=4, prestart=prestart))
+    members._watcher = SimpleNamespace(hosts=discovered or {"a": 2, "b": 2}, error=None)
+    members._ensure_watcher = lambda: None
+    return members, SimpleNamespace(hosts=("a", "a"), rank=0, size=2)
+
+
+def test_a_new_host_is_started_ahead_then_admitted_once_ready():
+    """Growth without a pause, rank 0's decisions: start ahead (no re-forming), nothing while
+    they start, admit them when ready; with DDL_ELASTIC_PRESTART=0 the old paused join."""
+    from ddl_tf.membership.reform import HostChange, _Prestart
+
+    members, job = _deciding()
+    first = members._decide(job)
+    assert first == HostChange(ahead=(("b", 2),)) and first and not first.reforms
+    members._prestart = pending = _Prestart((("b", 2),))
+    assert members._decide(job) == HostChange(), "started once, not again while they start"
+    pending.bridge, _ = object(), pending.ready.set()
+    ready = members._decide(job)
+    assert ready == HostChange(added=(("b", 2),)) and ready.reforms
+    paused, job = _deciding(prestart=False)
+    assert paused._decide(job) == HostChange(added=(("b", 2),))
+
+
+def test_ranks_started_ahead_are_sent_away_when_they_failed_or_their_host_left():
+    from ddl_tf.membership.reform import HostChange, _Prestart
+
+    members, job = _deciding()
+    members._prestart = pending = _Prestart((("b", 2),))
+    pending.error, _ = RuntimeError("spawn failed"), pending.ready.set()
+    assert members._decide(job) == HostChange(dismiss=True)
+    members, job = _deciding(discovered={"a": 2})
+    members._prestart = pending = _Prestart((("b", 2),))
+    pending.bridge, _ = object(), pending.ready.set()
+    assert members._decide(job) == HostChange(dismiss=True), "their host left the list"
+    # a host of the job leaves while they start: they were merged with its ranks
+    members, job = _deciding()
+    job.hosts = ("a", "c")
+    members._prestart = _Prestart((("b", 2),))
+    assert members._decide(job) == HostChange(removed=("c",), dismiss=True)
