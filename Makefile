@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-EXTRAS ?= lms,ddl,cpu,mpi,dev
+EXTRAS ?= lms,ddl,cpu,mpi,dev,hub-deps
 PYTEST_ARGS ?=
 
 export TF_CPP_MIN_LOG_LEVEL ?= 3
@@ -23,10 +23,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when the packaging metadata changes; the install is editable,
-# so source edits need no reinstall.
+# so source edits need no reinstall. With 'hub-deps' in EXTRAS, KerasHub itself follows
+# without its requirement tensorflow-text, which would pull the full tensorflow wheel over
+# tensorflow-cpu (setup.cfg, 'hub'); its pin there and here: tests/tflms/test_kerashub.py.
 $(STAMP): $(PY) setup.cfg setup.py pyproject.toml ddl_tf/core/numerics/halfkernels.c \
 	  tflms/simulation/kernels.c
 	$(PY) -m pip install --disable-pip-version-check -q -e '.[$(EXTRAS)]'
+	$(if $(findstring hub-deps,$(EXTRAS)),$(PY) -m pip install --disable-pip-version-check -q \
+	  --no-deps 'keras-hub==0.32.*; python_version >= "3.11"')
 	@touch $@
 
 # The suite: everything not marked bench. Its target is about 20 minutes on 2 cores: a
