@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import tables_anchors  # noqa: F401 - registers the real-GPU anchor tables
-import tables_capacity  # noqa: F401 - registers the transformer capacity table
+import tables_capacity  # registers the transformer capacity table; recompute_only cells
 from results_tables import (
     MISSING,
     Results,
@@ -47,6 +47,7 @@ def capacity(r: Results) -> str:
         "ratio",
         "Grappler: without / with LMS (ratio)",
         "first 2x-oversubscribed size: PCIe3 / NVLink2 overhead",
+        "recompute only, no copies (ratio, overhead)",
     ]
     rows = []
     models = r.get("models")
@@ -86,6 +87,7 @@ def capacity(r: Results) -> str:
                 f"{r.get(f'models.{name}.with_lms.grappler.size')} "
                 f"({fmt_ratio(r.get(f'summary.{name}.ratio_grappler'))}x)",
                 f"{over.get('size', MISSING)}: {at_2x}",
+                tables_capacity.recompute_only(r, f"models.{name}.recompute_only", "size"),
             ]
         )
     return markdown_table(header, rows)
@@ -556,7 +558,7 @@ def demo_memory(r: Results) -> str:
         if r.get("memory.simulated") is True
         else "*These peaks are not marked as simulated in the file.*"
     )
-    return markdown_table(header, rows, "lrrrrr") + "\n\n" + note
+    return markdown_table(header, rows, "lrrrrrr") + "\n\n" + note
 
 
 # --------------------------------------------------------------------------- recomputation
@@ -568,7 +570,13 @@ _REMAT_FAMILIES = {
     "mlp": "residual MLP, 8 blocks",
     "tcn": "dilated Conv1D (TCN), 6 blocks",
 }
-_REMAT_VARIANTS = ("rematscope", "tflms_cheap", "tflms_segments2", "tflms_segments4")
+_REMAT_VARIANTS = (
+    "rematscope",
+    "tflms_cheap",
+    "tflms_segments2",
+    "tflms_segments4",
+    "tflms_segments2_ahead2",
+)
 
 
 @table("remat", "remat.json")
@@ -581,6 +589,7 @@ def remat(r: Results) -> str:
         "tflms cheap ops",
         "tflms segments, every 2nd cut",
         "tflms segments, every 4th cut",
+        "tflms segments, every 2nd cut, re-run 2 levels ahead",
     ]
     rows = []
     families = r.get("families")
@@ -602,4 +611,4 @@ def remat(r: Results) -> str:
         "fresh processes per cell, run interleaved; CPU is the step's process CPU time over "
         "plain training's. Nothing simulated."
     )
-    return markdown_table(header, rows, "lrrrrr") + "\n\n" + note
+    return markdown_table(header, rows, "lrrrrrr") + "\n\n" + note
