@@ -20,6 +20,12 @@ docs/real-anchors.md for how far that model is from real GPUs):
   keeps swapped tensors on the device longer, so the size steps down until
   the tuner finds one.
 
+Beside them, "recompute only": the largest size at which a plan that copies
+nothing fits (``RECOMPUTE_ONLY``: ``swap=False`` with cheap-op groups or
+segments every 1, 2 or 4 cuts; the lowest peak wins), with its predicted
+compute overhead; ``--recompute-only`` (re)computes that column alone into
+the existing file.
+
 Each verdict is cross-checked by Grappler on a fresh trace rewritten with the
 same plan. Grappler counts tensors only, so its peak plus the same non-tensor
 terms is compared with the device (like with like): Grappler's largest size
@@ -79,6 +85,12 @@ PLANS = {
     "default+weight_gradients": {"swap_weight_gradients": True},
 }
 """Every plan the "largest with LMS" search tries at each size; the lowest peak wins."""
+RECOMPUTE_ONLY = {
+    "cheap": dict(swap=False, recompute=True),
+    **{f"segments{n}": dict(swap=False, recompute=True, recompute_segments=n) for n in (1, 2, 4)},
+}
+"""Plans that copy nothing (``swap=False``): the "recompute only" column tries each at
+every size, cheap-op groups and segments every 1, 2 and 4 cuts; the lowest peak wins."""
 TUNED = tflms.LMSConfig(swap_weight_gradients=True)
 """What the auto-tuner starts from. Capacity is judged with weight-gradient swaps
 allowed (the default leaves them out to keep training bitwise identical; they
@@ -145,6 +157,22 @@ class Workload:
             peaks = {k: r.device_peak_bytes for k, (_, r) in tried.items()}
             self._best[n] = (winner, *tried[winner], peaks)
         return self._best[n]
+
+    def recompute_only(self, n):
+        """Every plan of ``RECOMPUTE_ONLY`` at size ``n``: ``(winner, its result, {name: peak})``."""
+        key = ("recompute", n)
+        if key not in self._best:
+            view, tried = self.view(n), {}
+            for name, options in RECOMPUTE_ONLY.items():
+                plan = tflms.make_plan(view, tflms.LMSConfig(**options))
+                tried[name] = tflms.simulate(view, plan, device=DEVICE, baseline=False)
+            winner = min(tried, key=lambda k: tried[k].device_peak_bytes)
+            self._best[key] = (
+                winner,
+                tried[winner],
+                {k: r.device_peak_bytes for k, r in tried.items()},
+            )
+        return self._best[key]
 
     def fits_with_lms(self, n):
         return self.best(n)[2].device_peak_bytes <= BUDGET
@@ -416,6 +444,32 @@ def at_targets(work, size):
     }
 
 
+def recompute_study(work, plain_size, cube):
+    """The "recompute only" column: the largest size a plan that copies nothing fits,
+    searched up from the size that fits without LMS, and its predicted compute overhead
+    (the plan's step time over the plain step's at that size, on the same device model)."""
+    t0 = time.time()
+    size = largest(
+        lambda n: work.recompute_only(n)[1].device_peak_bytes <= BUDGET,
+        max(work.step_size, plain_size),
+        work.step_size,
+    )
+    winner, result, peaks = work.recompute_only(size)
+    entry = {
+        "size": size,
+        "plan": winner,
+        "options": RECOMPUTE_ONLY[winner],
+        "peak_bytes": result.device_peak_bytes,
+        "peaks_of_every_plan": peaks,
+        "overhead": result.step_time_s / work.plain(size).step_time_s - 1,
+        "ratio": (size / plain_size) ** 3 if cube else size / plain_size,
+        "search_s": round(time.time() - t0),
+        "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # --recompute-only
+    }
+    print(f"  recompute only: {size} ({winner}, overhead {entry['overhead']:+.1%})", flush=True)
+    return entry
+
+
 def workloads():
     resnet = Workload(
         "resnet50",
@@ -460,12 +514,32 @@ def explain(work, result, cube):
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--recompute-only",
+        action="store_true",
+        help="only (re)compute the recompute-only column, into the existing capacity.json",
+    )
+    args = parser.parse_args()
     setup_logging()
     resnet, unet = workloads()
+    if args.recompute_only:
+        data = json.loads((RESULTS / "capacity.json").read_text())
+        data["recompute_only_plans"] = RECOMPUTE_ONLY
+        for work, cube in ((resnet, False), (unet, True)):
+            print(f"== {work.name}", flush=True)
+            plain = data["models"][work.name]["without_lms"]["ours"]
+            entry = recompute_study(work, plain, cube)
+            data["models"][work.name]["recompute_only"] = entry
+            data["summary"][work.name]["ratio_recompute_only"] = entry["ratio"]
+        print(write_result("capacity.json", data))
+        return 0
     results, at = {}, {}
     for work, cube in ((resnet, False), (unet, True)):
         results[work.name] = study(work)
+        results[work.name]["recompute_only"] = recompute_study(
+            work, results[work.name]["without_lms"]["ours"], cube
+        )
         at[work.name] = explain(work, results[work.name], cube)
     summary = {}
     for name, cube in (("resnet50", False), ("isensee2017", True)):
@@ -477,6 +551,7 @@ def main() -> int:
             "ratio_is": "voxels" if cube else "batch size",
             "largest_with_lms": res["with_lms"]["best"]["size"],
             "largest_without_lms": res["without_lms"]["ours"],
+            "ratio_recompute_only": res["recompute_only"]["ratio"],
             "best_plan": res["with_lms"]["best"]["plan"],
             "grappler_agrees_at_largest": res["with_lms"]["best"]["grappler_fits"],
             "overhead_at_2x_pcie3": over["pcie3"].get("overhead"),
@@ -511,6 +586,7 @@ def main() -> int:
         "budget_bytes": BUDGET,
         "device": f"{DEVICE} (virtual, accounting='realistic', stack tf2)",
         "plans_tried": PLANS,
+        "recompute_only_plans": RECOMPUTE_ONLY,
         "targets": TARGETS,
         "anchors": {
             "tflms_paper_resnet50_batch_ratio": "4.7x (arXiv 1807.02037)",

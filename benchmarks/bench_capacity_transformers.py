@@ -14,7 +14,10 @@ fits a V100-16GB as ``tflms.simulate`` models it by default (``accounting=
   (``LMSConfig(max_op_bytes=...)``, :mod:`tflms.plan.splits`), which cuts
   the vocabulary loss into row chunks so that no op holds its logits and
   its gradient on the device at once, and draws each dropout mask in its
-  layer rather than all as the step starts.
+  layer rather than all as the step starts;
+* ``recompute_only``: the best plan that copies nothing (``swap=False``:
+  cheap-op groups, or segments every 1, 2 or 4 cuts,
+  ``bench_capacity.RECOMPUTE_ONLY``), with its predicted compute overhead.
 
 At the largest batch of each LMS variant, ``tflms.autotune`` over PCIe3 and
 NVLink2 (no safety margin) gives the predicted step-time overhead (or says the
@@ -31,7 +34,7 @@ published anchor, not reproduced. Writes
 ``benchmarks/results/capacity_transformers.json``.
 
 Run: ``.venv/bin/python benchmarks/bench_capacity_transformers.py [--models gpt2,bert]
-[--variants plain,lms,split]`` (a partial run keeps the other entries of the file).
+[--variants plain,lms,split,recompute]`` (a partial run keeps the other entries of the file).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tflms  # noqa: E402
-from benchmarks.bench_capacity import PLANS, TUNED  # noqa: E402
+from benchmarks.bench_capacity import PLANS, RECOMPUTE_ONLY, TUNED  # noqa: E402
 from benchmarks.common import RESULTS, provenance, setup_logging, write_result  # noqa: E402
 from tflms import zoo  # noqa: E402
 from tflms.apply.split import finish_view, split_graph  # noqa: E402
@@ -155,6 +158,19 @@ class Model:
                 tried[winner],
                 {k: r.device_peak_bytes for k, r in tried.items()},
             )
+        return self._best[key]
+
+    def recompute_only(self, batch: int):
+        """Every plan of ``RECOMPUTE_ONLY`` (no copies): ``(winner, its result, {name: peak})``."""
+        key = (batch, "recompute")
+        if key not in self._best:
+            view, tried = self.view(batch), {}
+            for name, options in RECOMPUTE_ONLY.items():
+                plan = tflms.make_plan(view, tflms.LMSConfig(**options))
+                tried[name] = tflms.simulate(view, plan, device=DEVICE, baseline=False)
+            winner = min(tried, key=lambda k: tried[k].device_peak_bytes)
+            peaks = {k: r.device_peak_bytes for k, r in tried.items()}
+            self._best[key] = (winner, tried[winner], peaks)
         return self._best[key]
 
     def tuned(self, batch: int, split: bool, link: str) -> dict:
@@ -270,6 +286,29 @@ def study(name: str, variants: list[str], old: dict) -> dict:
             f"{entry['cap']['peak_op']}",
             flush=True,
         )
+    if "recompute" in variants:
+        t0 = time.perf_counter()
+        most, seen = ladder(
+            lambda b: model.recompute_only(b)[1].device_peak_bytes <= BUDGET,
+            max(start.get("recompute", 1), {**old, **out}.get("without_lms", {}).get("batch", 1)),
+        )
+        winner, result, peaks = model.recompute_only(most)
+        out["recompute_only"] = {
+            "batch": most,
+            "checked": seen,
+            "best_plan": winner,
+            "options": RECOMPUTE_ONLY[winner],
+            "peaks_of_every_plan": peaks,
+            "peak_bytes": result.device_peak_bytes,
+            "overhead": result.step_time_s / model.plain(most).step_time_s - 1,
+            "cap": cap(model.recompute_only(most + 1)[1]),
+            "search_s": round(time.perf_counter() - t0, 1),
+        }
+        print(
+            f"  recompute only: {most} ({winner}, overhead "
+            f"{out['recompute_only']['overhead']:+.1%})",
+            flush=True,
+        )
     out["analysis_s"] = [round(s, 1) for s in model.analysis_s]
     return out
 
@@ -277,7 +316,7 @@ def study(name: str, variants: list[str], old: dict) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="bert,gpt2")
-    parser.add_argument("--variants", default="plain,lms,split")
+    parser.add_argument("--variants", default="plain,lms,split,recompute")
     args = parser.parse_args()
     setup_logging()
     path = RESULTS / "capacity_transformers.json"
@@ -289,7 +328,7 @@ def main() -> int:
         models = json.loads(path.read_text()).get("models", {}) if path.exists() else {}
         merged = models[name] = {**models.get(name, {}), **result}
         plain = merged.get("without_lms", {}).get("batch")
-        for key in ("with_lms", "with_lms_split"):
+        for key in ("with_lms", "with_lms_split", "recompute_only"):
             if plain and key in merged:
                 merged[key]["ratio"] = merged[key]["batch"] / plain
         data = {

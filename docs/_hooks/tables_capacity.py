@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from results_tables import Results, fmt_bytes, fmt_pct, fmt_ratio, markdown_table, table
 
-__all__: list[str] = []  # everything here is registered in results_tables.TABLES
+__all__ = ["recompute_only"]  # the tables here are registered in results_tables.TABLES
 
 
 def _overheads(r: Results, path: str) -> str:
@@ -32,6 +32,17 @@ def _cap(r: Results, path: str) -> str:
     return f"`{'/'.join(op[-2:])}` ({cap.get('peak_op_type')}), {fmt_bytes(cap.get('peak_bytes'))}"
 
 
+def recompute_only(r: Results, path: str, size: str) -> str:
+    """``size (ratio, +overhead, plan)`` of a recompute-only entry of the capacity benches."""
+    return (
+        f"{r.get(f'{path}.{size}')} ({fmt_ratio(r.get(f'{path}.ratio'))}x, "
+        f"{fmt_pct(r.get(f'{path}.overhead'))}; {r.get(f'{path}.{_PLAN[size]}')})"
+    )
+
+
+_PLAN = {"batch": "best_plan", "size": "plan"}
+
+
 @table("capacity_transformers", "capacity_transformers.json")
 def capacity_transformers(r: Results) -> str:
     """Largest batch without LMS, with LMS, with LMS and the split rewrite; what caps it."""
@@ -44,6 +55,7 @@ def capacity_transformers(r: Results) -> str:
         "with LMS + split (ratio)",
         "PCIe3 / NVLink2 overhead",
         "capped at the next batch by",
+        "recompute only, no copies (ratio, overhead)",
     ]
     rows = []
     models = r.get("models")
@@ -59,6 +71,7 @@ def capacity_transformers(r: Results) -> str:
                 f"{r.get(f'{split}.batch')} ({fmt_ratio(r.get(f'{split}.ratio'))}x)",
                 _overheads(r, split),
                 _cap(r, split),
+                recompute_only(r, f"models.{name}.recompute_only", "batch"),
             ]
         )
     return markdown_table(header, rows)
