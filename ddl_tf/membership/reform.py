@@ -308,9 +308,9 @@ class Membership:
             return HostChange()
         self.hosted.update(job.hosts)
         pending = self._prestart
-        ahead = tuple(h for h, n in pending.added for _ in range(n)) if pending else ()
+        starting = tuple(h for h, n in pending.added for _ in range(n)) if pending else ()
         change = plan_change(
-            current=job.hosts + ahead,
+            current=job.hosts + starting,
             discovered=watcher.hosts,
             blocked=lambda h: self.blacklist.blocked(h, time.monotonic()) or self._used_up(h),
             max_np=self.settings.max_np,
