@@ -159,19 +159,10 @@ class Workload:
         return self._best[n]
 
     def recompute_only(self, n):
-        """Every plan of ``RECOMPUTE_ONLY`` at size ``n``: ``(winner, its result, {name: peak})``."""
+        """:func:`best_recompute_only` at size ``n`` (cached)."""
         key = ("recompute", n)
         if key not in self._best:
-            view, tried = self.view(n), {}
-            for name, options in RECOMPUTE_ONLY.items():
-                plan = tflms.make_plan(view, tflms.LMSConfig(**options))
-                tried[name] = tflms.simulate(view, plan, device=DEVICE, baseline=False)
-            winner = min(tried, key=lambda k: tried[k].device_peak_bytes)
-            self._best[key] = (
-                winner,
-                tried[winner],
-                {k: r.device_peak_bytes for k, r in tried.items()},
-            )
+            self._best[key] = best_recompute_only(self.view(n))
         return self._best[key]
 
     def fits_with_lms(self, n):
@@ -196,6 +187,16 @@ class Workload:
         """Grappler confirms the winning plan at size ``n``."""
         _, plan, result, _ = self.best(n)
         return self.grappler_total(n, plan, result) <= BUDGET
+
+
+def best_recompute_only(view):
+    """Every plan of ``RECOMPUTE_ONLY`` on ``view``: ``(winner, its result, {name: peak})``."""
+    tried = {}
+    for name, options in RECOMPUTE_ONLY.items():
+        plan = tflms.make_plan(view, tflms.LMSConfig(**options))
+        tried[name] = tflms.simulate(view, plan, device=DEVICE, baseline=False)
+    winner = min(tried, key=lambda k: tried[k].device_peak_bytes)
+    return winner, tried[winner], {k: r.device_peak_bytes for k, r in tried.items()}
 
 
 def non_tensor_bytes(result) -> int:

@@ -49,7 +49,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tflms  # noqa: E402
-from benchmarks.bench_capacity import PLANS, RECOMPUTE_ONLY, TUNED  # noqa: E402
+from benchmarks.bench_capacity import (  # noqa: E402
+    PLANS,
+    RECOMPUTE_ONLY,
+    TUNED,
+    best_recompute_only,
+)
 from benchmarks.common import RESULTS, provenance, setup_logging, write_result  # noqa: E402
 from tflms import zoo  # noqa: E402
 from tflms.apply.split import finish_view, split_graph  # noqa: E402
@@ -161,16 +166,10 @@ class Model:
         return self._best[key]
 
     def recompute_only(self, batch: int):
-        """Every plan of ``RECOMPUTE_ONLY`` (no copies): ``(winner, its result, {name: peak})``."""
+        """``bench_capacity.best_recompute_only`` at ``batch`` (cached)."""
         key = (batch, "recompute")
         if key not in self._best:
-            view, tried = self.view(batch), {}
-            for name, options in RECOMPUTE_ONLY.items():
-                plan = tflms.make_plan(view, tflms.LMSConfig(**options))
-                tried[name] = tflms.simulate(view, plan, device=DEVICE, baseline=False)
-            winner = min(tried, key=lambda k: tried[k].device_peak_bytes)
-            peaks = {k: r.device_peak_bytes for k, r in tried.items()}
-            self._best[key] = (winner, tried[winner], peaks)
+            self._best[key] = best_recompute_only(self.view(batch))
         return self._best[key]
 
     def tuned(self, batch: int, split: bool, link: str) -> dict:
