@@ -354,7 +354,7 @@ def _growth_run(link: str, transcript: list[str] | None = None) -> dict:
             ELASTIC_GROW_AT="1,3",
             ELASTIC_GROW_WAIT="0",
             ELASTIC_SLEEP="0.1",
-            ELASTIC_EPOCHS="8",
+            ELASTIC_EPOCHS="12",  # 20 s of training after the write: room for a slow start
         )
         added = float((out / "added").read_text())
     return _growth_figures(results, added)
@@ -384,6 +384,10 @@ def _growth_figures(results: dict[int, dict], added: float) -> dict:
 REPEAT_RUNS = 20
 OUTCOMES = (
     # (text in the job's output, why it counts) - the first that matches names a failed run
+    (
+        "the job finished before they were admitted",
+        "the job ended before the new ranks were ready (they were sent away)",
+    ),
     ("listener thread failed to start", "mpirun failed at start-up (PMIx listener thread)"),
     ("relaunching the elastic job", "Open MPI lost a daemon; ddlrun relaunched the job"),
     ("mpirun died of", "mpirun crashed (PRRTE 3.0 connect defect)"),
@@ -414,7 +418,13 @@ def _attempt(kind: str, link: str) -> dict:
             why = f"{type(err).__name__}: {lines[-1][:200] if lines else err}"
         elif kind == "growth" and "relaunching" in text:
             why = "the new node's daemon was lost (PRRTE's connect defect); relaunched without it"
-        return {"ok": False, "why": why, "seconds": round(time.monotonic() - started, 1)}
+        lines = [line for line in text.splitlines() if line.strip() and "oneDNN" not in line]
+        return {
+            "ok": False,
+            "why": why,
+            "seconds": round(time.monotonic() - started, 1),
+            "output_tail": lines[-25:],
+        }
     text = "".join(transcript)
     notes = [note for key, note in NOTES if key in text]
     return {"ok": True, **figures, "notes": notes, "seconds": round(time.monotonic() - started, 1)}
