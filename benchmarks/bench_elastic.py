@@ -77,7 +77,7 @@ MODELS = {"mlp": {"ELASTIC_STEPS": "40"}, "mobilenet": {"ELASTIC_STEPS": "24"}}
 
 
 def _job(
-    out: Path, options: list[str], transcript: list[str] | None = None, **env: str
+    out: Path, options: list[str], *, transcript: list[str] | None = None, **env: str
 ) -> dict[int, dict]:
     variables = {
         **os.environ,
@@ -224,7 +224,7 @@ def _crash_run(link: str, transcript: list[str] | None = None) -> dict:
         results = _job(
             out,
             ["--rehearse", "2", "--link", link, "-np", "4", "--min-np", "2"],
-            transcript,
+            transcript=transcript,
             ELASTIC_KILL="3,0,8",
             ELASTIC_KILL_NODE="1",
             ELASTIC_COMMIT_LOG="1",
@@ -349,7 +349,7 @@ def _growth_run(link: str, transcript: list[str] | None = None) -> dict:
         results = _job(
             out,
             options,
-            transcript,
+            transcript=transcript,
             ELASTIC_GROW="node1:2",
             ELASTIC_GROW_AT="1,3",
             ELASTIC_GROW_WAIT="0",
@@ -506,7 +506,8 @@ def cost() -> dict:
         for model, model_env in MODELS.items():
             for name, (options, env) in CONFIGS.items():
                 with tempfile.TemporaryDirectory() as folder:
-                    results = _job(Path(folder), options, ELASTIC_MODEL=model, **model_env, **env)
+                    variables = {"ELASTIC_MODEL": model, **model_env, **env}
+                    results = _job(Path(folder), options, transcript=None, **variables)
                 seconds[model][name].append(_median_step(results))
                 print(f"{model} {name}: {seconds[model][name][-1] * 1e3:.1f} ms", flush=True)
     rows = {}
