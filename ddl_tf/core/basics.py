@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ddl_tf import env
@@ -42,7 +42,14 @@ from ddl_tf.core.topology.layout import Topology, launcher_hostname, launcher_la
 from ddl_tf.env import HOROVOD_IGNORED
 from ddl_tf.errors import ConfigError, DDLError, StartupError
 
-__all__ = ["engine", "job", "replace_job", "topology", *HOROVOD_BASICS]
+__all__ = [
+    "engine",
+    "job",
+    "replace_job",
+    "topology",
+    "add_elastic_shutdown_hook",
+    *HOROVOD_BASICS,
+]
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +227,7 @@ def _resolve_comm(MPI: Any, comm: Any, elastic: bool) -> tuple[Any, bool]:
         merged = parent.Merge(high=True)
         parent.Disconnect()
         if env.get(env.DDL_ELASTIC_PARKED):  # started ahead: connected to rank 0 alone
-            from ddl_tf.membership.reform import wait_for_admission
+            from ddl_tf.core.admission import wait_for_admission
 
             merged = wait_for_admission(merged)
         return merged, True
@@ -294,13 +301,26 @@ def shutdown() -> None:
             sys.stdout.flush()
 
 
-def _dismiss_ranks_started_ahead() -> None:
-    """An elastic job that ends: ranks it started ahead for new hosts, not yet in, leave."""
-    from ddl_tf.membership import reform
+_ELASTIC_SHUTDOWN_HOOKS: list[Callable[[], None]] = []
 
-    members = reform.current_membership()
-    if members is not None:
-        members.dismiss_pending("the job finished before they were admitted")
+
+def add_elastic_shutdown_hook(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when an elastic job shuts down, before its communicator closes.
+
+    The membership layer registers what it must end with the job (ranks it
+    started ahead for new hosts, not yet admitted, are sent away); the core
+    never imports that layer.
+
+    Args:
+        hook: A function of no arguments; registered once however often given.
+    """
+    if hook not in _ELASTIC_SHUTDOWN_HOOKS:
+        _ELASTIC_SHUTDOWN_HOOKS.append(hook)
+
+
+def _dismiss_ranks_started_ahead() -> None:
+    for hook in _ELASTIC_SHUTDOWN_HOOKS:
+        hook()
 
 
 def collective_stats(reset: bool = False) -> dict[str, dict[str, float]]:

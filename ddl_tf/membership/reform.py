@@ -26,7 +26,7 @@ excluded until their cooldown ends). Hosts that left: every rank raises
 rank starts their ranks in a background thread (``MPI_Comm_spawn`` of this
 same program, through :mod:`ddl_tf.launch.worker`, then
 ``MPI_Intercomm_merge``: the new ranks come after the old ones) and trains
-on; the new ranks park in ``init()`` (:func:`wait_for_admission`). At the
+on; the new ranks park in ``init()`` (:func:`~ddl_tf.core.admission.wait_for_admission`). At the
 first commit after they connected, every rank raises the interrupt, and
 :meth:`Membership.update_hosts` admits them (growth without a pause). With
 ``DDL_ELASTIC_PRESTART=0`` the spawn runs at the commit that sees the new
@@ -51,6 +51,7 @@ from typing import Any
 
 from ddl_tf import env
 from ddl_tf.core import basics
+from ddl_tf.core.admission import ADMIT_TAG
 from ddl_tf.core.job import Job
 from ddl_tf.core.numerics import mpi
 from ddl_tf.errors import ConfigError, DDLError, HostsUpdatedInterrupt
@@ -123,11 +124,6 @@ class _Watcher:
                 self.error = err
                 self.failing_since = self.failing_since or time.monotonic()
             self._stop.wait(self.settings.discovery_interval)
-
-
-ADMIT_TAG = 4517
-"""Message tag of rank 0's word to ranks it started ahead (``admit`` or ``leave``), and of the
-intercommunicator that joins them to the job."""
 
 
 @dataclass
@@ -338,7 +334,7 @@ class Membership:
         a thread of its own, on a duplicate of the job's communicator, while
         its main thread trains: the new ranks start (Python, TensorFlow's
         import, ``MPI_Init``) meanwhile, and their ``init()`` then parks
-        (:func:`wait_for_admission`) until a commit admits them (:meth:`_admit`).
+        (:func:`~ddl_tf.core.admission.wait_for_admission`) until a commit admits them (:meth:`_admit`).
         These are the calls a growth always made, in the same order; only
         their thread differs.
         """
@@ -565,9 +561,9 @@ def plan_change(
 
     Example:
         >>> plan_change(("a", "a"), {"a": 2, "b": 2}, lambda h: False, max_np=3)
-        HostChange(removed=(), added=(('b', 1),))
+        HostChange(removed=(), added=(('b', 1),), ahead=(), dismiss=False)
         >>> plan_change(("a", "b"), {"a": 1}, lambda h: False, max_np=None)
-        HostChange(removed=('b',), added=())
+        HostChange(removed=('b',), added=(), ahead=(), dismiss=False)
     """
     removed = tuple(sorted({h for h in current if h not in discovered}))
     size = sum(1 for h in current if h not in removed)
@@ -586,7 +582,7 @@ def worker_arguments(host: str, rank: int, parked: bool = False) -> list[str]:
     """``python`` arguments that start one more rank of this program on ``host``.
 
     ``parked``: the rank is started ahead; its ``init()`` waits to be admitted
-    (:func:`wait_for_admission`).
+    (:func:`~ddl_tf.core.admission.wait_for_admission`).
     """
     program = env.get(env.DDL_ELASTIC_COMMAND)
     if program is None:
@@ -647,41 +643,6 @@ def _where(added: tuple[tuple[str, int], ...]) -> str:
     return ", ".join(f"{h}:{n}" for h, n in added)
 
 
-def wait_for_admission(bridge: Any) -> Any:
-    """In a rank started ahead: wait for rank 0's word, then join the job (or leave).
-
-    ``bridge`` is the job's ranks and the ranks started with this one, merged.
-    Rank 0 says ``admit`` at the commit that takes them in, or ``leave`` when
-    the job ended first or their host left. Waits at most ``--elastic-timeout``
-    seconds; polling keeps the waiting rank off the CPU.
-
-    Returns:
-        ``bridge``, now the job's communicator.
-    """
-    settings = ElasticSettings.from_env()
-    deadline = time.monotonic() + settings.timeout
-    while not bridge.Iprobe(source=0, tag=ADMIT_TAG):
-        if time.monotonic() > deadline:
-            logger.error(
-                "this rank, started ahead for a growing elastic job, was not admitted within "
-                "%g s (--elastic-timeout); it leaves",
-                settings.timeout,
-            )
-            _exit_now(1)
-        time.sleep(0.01)
-    word = bridge.recv(source=0, tag=ADMIT_TAG)
-    if word != "admit":
-        logger.info("this rank, started ahead for a growing elastic job, leaves: told %r", word)
-        _exit_now(0)
-    return bridge
-
-
-def _exit_now(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # MPI_Finalize would wait for the job that did not take this rank
-
-
 def _is_local(host: str) -> bool:
     import socket
 
@@ -694,6 +655,15 @@ _membership: Membership | None = None
 def current_membership() -> Membership | None:
     """This process's :class:`Membership` if one was made, else None (makes none)."""
     return _membership
+
+
+def _dismiss_at_shutdown() -> None:
+    """The job ends: ranks started ahead for new hosts, not yet admitted, leave."""
+    if _membership is not None:
+        _membership.dismiss_pending("the job finished before they were admitted")
+
+
+basics.add_elastic_shutdown_hook(_dismiss_at_shutdown)
 
 
 def membership() -> Membership:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddl_tf import env
+from ddl_tf.core.admission import DEFAULT_TIMEOUT
 from ddl_tf.errors import ConfigError
 
 __all__ = [
@@ -23,8 +24,6 @@ __all__ = [
     "DEFAULT_SPAWN_TIMEOUT",
 ]
 
-DEFAULT_TIMEOUT = 600.0
-"""Seconds to wait for ``--min-np`` slots (horovodrun's ``--elastic-timeout`` default)."""
 
 DEFAULT_DISCOVERY_INTERVAL = 1.0
 """Seconds between two runs of the discovery script (Horovod polls every second)."""

@@ -339,6 +339,7 @@ def test_the_api_table_lists_exactly_what_basics_defines():
         "job",
         "replace_job",
         "topology",
+        "add_elastic_shutdown_hook",  # for the membership layer, not for users
     }
     for name, module in ddl_tf.tensorflow.API.items():
         assert name in importlib.import_module(module).__all__ or module.endswith(f".{name}"), name

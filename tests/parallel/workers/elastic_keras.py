@@ -217,6 +217,7 @@ result = {
     "steps": steps_log,
     "state": None if state is None else [state.epoch, state.batch],
     "relaunch": relaunch,
+    "mirror": os.environ.get("DDL_ELASTIC_MIRROR"),  # where ddlrun had the commits mirrored
 }
 (out / f"rank{launch_rank}.json").write_text(json.dumps(result))
 print(f"rank {hvd.rank()} (launched as {launch_rank}) finished at size {hvd.size()}", flush=True)
