@@ -557,7 +557,12 @@ def test_rehearsal_a_listed_node_joins_without_pausing_the_training(tmp_path, no
     }
     folder = tmp_path / "1"
     done = _keras_job(folder, options, **variables)
-    if done.returncode != 0 and "pmix_server_dyn.c" in done.stderr:
+    # the defect either ends the job, or leaves the new ranks unconnected until the job ends at
+    # 2 ranks (seen in CI: PMIX_ERROR in pmix_server_dyn.c, then "the job finished before they
+    # were admitted")
+    if "pmix_server_dyn.c" in done.stderr and (
+        done.returncode != 0 or "before they were admitted" in done.stderr
+    ):
         folder = tmp_path / "2"
         done = _keras_job(folder, options, **variables)
     assert done.returncode == 0, done.stderr[-3000:]
