@@ -89,7 +89,13 @@ from ddl_tf.launch.hosts import (
     parse_hostfile,
     place_ranks,
 )
-from ddl_tf.launch.supervise import FinishedWatch, exit_code, run_elastic, run_job
+from ddl_tf.launch.supervise import (
+    SPAWN_FAILED_GRACE_S,
+    FinishedWatch,
+    exit_code,
+    run_elastic,
+    run_job,
+)
 
 if TYPE_CHECKING:
     from ddl_tf.cluster.spec import ClusterSpec
@@ -519,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
                         child_env,
                         watch=finished,
                         again=_retrying(finished, again.after(finished), command, child_env),
+                        stop=finished.spawn_failed,
+                        grace=SPAWN_FAILED_GRACE_S,
                     )
                     return finished.status(128 - code if code < 0 else code)
                 return exit_code(run_rehearsal(spec, command, child_env), report=_say)
@@ -554,15 +562,18 @@ CLEANUP_TIMEOUT_S = 30.0
 
 
 class _Relauncher:
-    """After Open MPI lost a host's daemon (a node crash): relaunch the job on the survivors.
+    """After Open MPI lost a host's daemon (a node crash), or the ranks spawned onto a new host
+    never connected: relaunch the job on the other hosts.
 
     Open MPI 5.0's runtime ends every rank when it loses a daemon. The ranks
     mirrored each commit in their host's memory (``DDL_ELASTIC_MIRROR``), so
     ddlrun starts the job again on the hosts that are left (the discovery
     script's, or ``-H``'s, without the lost ones), with ``DDL_ELASTIC_RESUMED``:
     the new ranks resume from the newest commit a survivor held, and keep the
-    lost hosts out (``DDL_ELASTIC_LOST_HOSTS``). Each relaunch drops at least
-    one host, so there are fewer relaunches than hosts.
+    lost hosts out (``DDL_ELASTIC_LOST_HOSTS``). A host whose spawned ranks
+    never connected (``DDL_ELASTIC_SPAWN_TIMEOUT``; the spawning ranks ended
+    themselves) is dropped the same way. Each relaunch drops at least one
+    host, so there are fewer relaunches than hosts.
 
     Args:
         base: The plan before it was made elastic (its ``-np``, environment, program).
@@ -627,25 +638,32 @@ class _Relauncher:
 
         def again(code: int):
             code = 128 - code if code < 0 else code
-            return self(watch) if watch.relaunchable(code) else None
+            relaunch = self(watch) if watch.relaunchable(code) else None
+            if relaunch is not None:
+                watch.reset()  # as run_elastic does: the relaunch starts afresh
+            return relaunch
 
         return again
 
     def __call__(self, watch: FinishedWatch) -> tuple[list[str], dict[str, str]] | None:
         from ddl_tf.launch.elastic import find_hosts, make_elastic
 
-        new = [h for h in watch.lost_hosts if h not in self.lost]
+        new = [h for h in watch.dropped_hosts if h not in self.lost]
         if not new:
+            _say(
+                f"ddlrun: {watch.why_dropped(watch.dropped_hosts)}; no relaunch: this job "
+                "dropped that host before (each relaunch must drop a new host)"
+            )
             return None
         self.lost += new
-        lost = ", ".join(new)
+        why = watch.why_dropped(new)
         try:
             hosts = find_hosts(self.settings, _hosts_list(self.hosts), exclude=self.lost)
             plan = copy.deepcopy(self.base)
             plan.np = 0  # as many ranks as the surviving hosts give (up to --max-np)
             make_elastic(plan, self.settings, hosts)
         except DDLError as err:
-            _say(f"ddlrun: Open MPI lost its daemon on host {lost}; no relaunch: {err}")
+            _say(f"ddlrun: {why}; no relaunch: {err}")
             return None
         if self.spec is not None:
             _rehearsal_plan(plan, self.spec, elastic=True)
@@ -654,8 +672,7 @@ class _Relauncher:
         plan.env[env.DDL_ELASTIC_RESUMED] = str(self.count)
         plan.env[env.DDL_ELASTIC_LOST_HOSTS] = ",".join(self.lost)
         _say(
-            f"ddlrun: Open MPI lost its daemon on host {lost} (a node crash: Open MPI 5.0's "
-            "runtime then ends every rank); relaunching the elastic job on "
+            f"ddlrun: {why}; relaunching the elastic job on "
             f"{','.join(f'{h}:{n}' for h, n in hosts.items())} ({plan.np} rank(s), relaunch "
             f"{self.count}), from the last commit the surviving ranks kept in host memory"
         )

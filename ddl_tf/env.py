@@ -248,7 +248,8 @@ DDL_ELASTIC_LAUNCH_HOSTS = "DDL_ELASTIC_LAUNCH_HOSTS"
 name; ``node0`` on the rehearsal cluster), comma-separated: ranks spawned there need no
 host key, and only there can a host take ranks again after it had some (see docs/elastic.md)."""
 DDL_ELASTIC_SPAWN_TIMEOUT = "DDL_ELASTIC_SPAWN_TIMEOUT"
-"""Seconds a growing job waits for its new ranks to connect before it ends (default 120)."""
+"""Seconds a growing job waits for its new ranks to connect (default 120); then its ranks end
+themselves, and ``ddlrun`` drops that host and relaunches the job without it from the last commit."""
 ELASTIC_FINISHED = "ddl_tf: elastic job finished"
 """What an elastic job's final rank 0 prints when it shuts down cleanly (``ddlrun`` looks for it)."""
 DDL_ELASTIC_COMMAND = "DDL_ELASTIC_COMMAND"
@@ -258,11 +259,12 @@ DDL_ELASTIC_MIRROR = "DDL_ELASTIC_MIRROR"
 elastic job keeps a copy of its last commit, for a relaunch after a node crash
 (:mod:`ddl_tf.membership.mirror`); ``ddlrun`` sets it."""
 DDL_ELASTIC_RESUMED = "DDL_ELASTIC_RESUMED"
-"""Set by ``ddlrun`` on the ranks it relaunches after a node crash (the relaunch's number,
+"""Set by ``ddlrun`` on the ranks it relaunches after a node crash, or after the ranks spawned
+onto a new host never connected (the relaunch's number,
 1 for the first): they resume from the newest commit the survivors hold in host memory."""
 DDL_ELASTIC_LOST_HOSTS = "DDL_ELASTIC_LOST_HOSTS"
-"""Hosts an earlier launch of this elastic job lost with their Open MPI daemon (comma
-separated): the relaunched ranks keep them out as blacklisted."""
+"""Hosts an earlier launch of this elastic job lost with their Open MPI daemon, or whose spawned
+ranks never connected (comma separated): the relaunched ranks keep them out as blacklisted."""
 DDL_ELASTIC_PRESTART = "DDL_ELASTIC_PRESTART"
 """``0`` makes a growing elastic job wait for its new ranks at the commit that sees the new
 hosts (the old way); by default (``1``) rank 0 starts them in the background while the job

@@ -18,12 +18,13 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import IO
 
 from ddl_tf.cluster import counters
 from ddl_tf.cluster.cluster import Cluster
-from ddl_tf.cluster.netns import unavailable_reason
+from ddl_tf.cluster.netns import kill_processes, unavailable_reason
 from ddl_tf.cluster.spec import ClusterSpec
 from ddl_tf.errors import LaunchError
 from ddl_tf.launch.hosts import Host
@@ -90,6 +91,8 @@ def run_rehearsal(
     report: Callable[[str], None] | None = None,
     watch: Callable[[IO[bytes], IO[str]], None] | None = None,
     again: Callable[[int], tuple[list[str], dict[str, str]] | None] | None = None,
+    stop: threading.Event | None = None,
+    grace: float = 1.0,
 ) -> int:
     """Create the cluster, run ``command`` (mpirun) inside node 0, tear down; mpirun's return code.
 
@@ -110,6 +113,11 @@ def run_rehearsal(
         again: Called with mpirun's exit code when it ends: the next command and
             environment to run inside node 0 of the same cluster (an elastic job
             relaunched on the nodes that survived a node crash), or None to stop.
+        stop: If given and set while a launch runs (``watch`` read that it cannot go
+            on: an elastic job's spawned ranks never connected), that launch gets
+            ``grace`` seconds to end by itself; then every process in the cluster's
+            nodes is killed (mpirun, its daemons, ranks that hang), and ``again`` decides.
+        grace: Seconds a launch stopped through ``stop`` gets.
 
     Returns:
         The last mpirun's exit code (negative if a signal ended it).
@@ -125,7 +133,9 @@ def run_rehearsal(
                     thread = threading.Thread(target=watch, args=(stream, sink), daemon=True)
                     readers.append(thread)
                     thread.start()
-            code = proc.wait()  # an exception or signal here stops it in Cluster.close()
+            code = _wait(proc, stop, grace)  # an exception or signal: Cluster.close() stops it
+            if stop is not None and stop.is_set() and cluster.tools is not None:
+                kill_processes(cluster.tools, list(spec.node_namespaces), grace=0.0)
             for reader in readers:
                 reader.join(timeout=READER_GRACE_S)
             relaunch = again(code) if again is not None else None
@@ -138,3 +148,18 @@ def run_rehearsal(
             else:
                 report(line)
         return code
+
+
+def _wait(proc: subprocess.Popen, stop: threading.Event | None, grace: float) -> int:
+    """``proc``'s return code; ``grace`` seconds after ``stop`` is set, SIGKILL it first."""
+    stopped_at = None
+    while True:
+        try:
+            return proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if stop is None or not stop.is_set():
+                continue
+            stopped_at = stopped_at or time.monotonic()
+            if time.monotonic() - stopped_at > grace:
+                proc.kill()
+                return proc.wait()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,7 @@ from ddl_tf import env
 __all__ = [
     "FORWARDED_SIGNALS",
     "STOP_GRACE_S",
+    "SPAWN_FAILED_GRACE_S",
     "FinishedWatch",
     "run_job",
     "run_elastic",
@@ -63,6 +65,12 @@ send SIGTERM), a terminal's Ctrl-C, a closed session."""
 STOP_GRACE_S = 5.0
 """Seconds mpirun gets to end the ranks after a forwarded signal before the whole job is
 killed (SIGKILL to every process of mpirun's session: mpirun and every rank it started here)."""
+
+SPAWN_FAILED_GRACE_S = 1.0
+"""Seconds an elastic job whose spawned ranks never connected gets to end by itself before ddlrun
+kills what is left of it: the spawning ranks end themselves at once (each prints why first), and
+only the unconnected ranks, which may hang, and mpirun are left; waiting longer delays the
+relaunch without it."""
 
 KILL_WAIT_S = 2.0
 """Seconds to wait, after a SIGKILL, for the killed processes to be gone (they cannot refuse;
@@ -90,6 +98,10 @@ def session_processes(session: int) -> list[psutil.Process]:
 def kill_session(session: int, signum: int = signal.SIGKILL) -> None:
     """Send ``signum`` to every process left in ``session``; after a SIGKILL, wait until they are gone.
 
+    A killed process counts as gone once it is a zombie: it runs no more, and
+    its parent (mpirun, or whoever adopted it) reaps it when it will. Waiting
+    for the reaping too cost 1.7 s here, where the adopting process reaps late.
+
     Args:
         session: The session id (mpirun's pid).
         signum: The signal (SIGKILL: then wait at most :data:`KILL_WAIT_S` for them to go).
@@ -99,7 +111,17 @@ def kill_session(session: int, signum: int = signal.SIGKILL) -> None:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             proc.send_signal(signum)  # psutil refuses a pid reused since the scan
     if signum == signal.SIGKILL and members:
-        psutil.wait_procs(members, timeout=KILL_WAIT_S)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while any(_running(proc) for proc in members) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` still runs (a zombie does not)."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone (or, not ours to ask about, past our signals anyway)
+        return False
 
 
 def run_job(
@@ -109,6 +131,7 @@ def run_job(
     report: Callable[[str], None],
     watch: Callable[[IO[bytes], Any], None] | None = None,
     stop: threading.Event | None = None,
+    grace: float = STOP_GRACE_S,
 ) -> int:
     """Run mpirun and wait; a stop signal ends the whole job within seconds.
 
@@ -128,8 +151,10 @@ def run_job(
             and error (a thread each) instead of them going straight to
             ddlrun's, and passes them on to ``sink``.
         stop: If given and set while the job runs (the job cannot go on, as
-            ``watch`` read in its output), the job gets :data:`STOP_GRACE_S`
-            to end by itself; then every process of its session is killed.
+            ``watch`` read in its output), the job gets ``grace`` seconds to
+            end by itself; then every process of its session is killed.
+        grace: Seconds a job stopped through ``stop`` gets (:data:`STOP_GRACE_S`;
+            a forwarded signal always gets :data:`STOP_GRACE_S`).
 
     Returns:
         ``128 + N`` after ddlrun received signal N; else, without ``watch``,
@@ -167,13 +192,14 @@ def run_job(
             except subprocess.TimeoutExpired:
                 if (received or (stop is not None and stop.is_set())) and stopped_at is None:
                     stopped_at = time.monotonic()
-                if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+                allowed = STOP_GRACE_S if received else grace
+                if stopped_at is not None and time.monotonic() - stopped_at > allowed:
                     kill_session(proc.pid)
                     code = proc.wait()
                     break
         if received or stopped_at is not None or (stop is not None and stop.is_set()):
             # mpirun may return before its local ranks are gone: wait for them
-            deadline = (stopped_at or time.monotonic()) + STOP_GRACE_S
+            deadline = (stopped_at or time.monotonic()) + (STOP_GRACE_S if received else grace)
             psutil.wait_procs(
                 session_processes(proc.pid), timeout=max(0.0, deadline - time.monotonic())
             )
@@ -191,8 +217,10 @@ def run_job(
 
 
 Relaunch = Callable[["FinishedWatch"], "tuple[list[str], dict[str, str]] | None"]
-"""``again(watch)``: after mpirun lost a daemon, the command and environment that relaunch the
-job on the surviving hosts, or None when it cannot be relaunched (it says why)."""
+"""``again(watch)``: after mpirun lost a daemon, or the ranks spawned onto a new host never
+connected, the command and environment that relaunch the job on the other hosts
+(:attr:`FinishedWatch.dropped_hosts` left out), or None when it cannot be relaunched (it says
+why)."""
 
 
 def run_elastic(
@@ -205,9 +233,13 @@ def run_elastic(
     """Run an elastic job: its status is whether its final ranks finished, not mpirun's.
 
     When Open MPI's runtime ends the job because it lost a host's daemon (a
-    node crash), ``again`` gives the command that relaunches it on the
-    surviving hosts; the relaunched ranks resume from the last commit the
-    survivors mirrored in host memory (:mod:`ddl_tf.membership.mirror`).
+    node crash), or the job's ranks end themselves because the ranks they
+    spawned onto a new host never connected (``DDL_ELASTIC_SPAWN_TIMEOUT``;
+    ddlrun then ends what is left of the job within
+    :data:`SPAWN_FAILED_GRACE_S`), ``again`` gives the command that relaunches
+    it on the other hosts, that host left out; the relaunched ranks resume
+    from the last commit the ranks mirrored in host memory
+    (:mod:`ddl_tf.membership.mirror`).
 
     Args:
         command: The mpirun argument list.
@@ -221,7 +253,12 @@ def run_elastic(
     finished = FinishedWatch(report)
     while True:
         code = run_job(
-            command, child_env, report=report, watch=finished, stop=finished.spawn_failed
+            command,
+            child_env,
+            report=report,
+            watch=finished,
+            stop=finished.spawn_failed,
+            grace=SPAWN_FAILED_GRACE_S,
         )
         if finished.retry_start(code):
             continue
@@ -243,8 +280,9 @@ class FinishedWatch:
     report of a lost daemon, and for the trace of a defect of Open MPI 5.0's
     runtime that makes mpirun itself crash (:data:`CONNECT_DEFECT`), and for
     the ranks' report that ranks spawned onto a new host never connected
-    (:data:`SPAWN_FAILED`: the job cannot go on, and those ranks may keep
-    mpirun alive, so :func:`run_elastic` stops it).
+    (:data:`SPAWN_FAILED`: the spawning ranks end themselves, and the
+    unconnected ranks may keep mpirun alive, so :func:`run_elastic` stops the
+    rest and relaunches the job without that host, as after a lost daemon).
 
     Args:
         report: Called with what :meth:`status` has to say about a job that
@@ -276,6 +314,13 @@ class FinishedWatch:
     """What a growing job's ranks print (:mod:`ddl_tf.membership.reform`) before they end,
     when the ranks they spawned never connected (``DDL_ELASTIC_SPAWN_TIMEOUT``)."""
 
+    SPAWN_FAILED_END = b"this rank ends itself"
+    """The rest of that line (together with :data:`SPAWN_FAILED`: a rank's own line, not a
+    program's output that happens to hold the words)."""
+
+    UNCONNECTED = re.compile(rb"the new ranks on (.+?) did not connect within")
+    """Where that line names the new ranks' hosts (``host:count, host:count``)."""
+
     CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)
     """Signals that end mpirun on its own (ddlrun forwards only :data:`FORWARDED_SIGNALS`)."""
 
@@ -285,16 +330,23 @@ class FinishedWatch:
     def __init__(self, report: Callable[[str], None]) -> None:
         self.report = report
         self.start_retries = 0
+        self.finished = threading.Event()
+        self.spawn_failed = threading.Event()
         self.reset()
 
     def reset(self) -> None:
-        """Forget what the last launch printed (before a relaunch)."""
-        self.finished = threading.Event()
+        """Forget what the last launch printed (before a relaunch).
+
+        The events are cleared, not replaced: a caller may hold them for every
+        launch (:func:`~ddl_tf.cluster.rehearse.run_rehearsal`'s ``stop``).
+        """
+        self.finished.clear()
+        self.spawn_failed.clear()
         self.daemon_lost = False
         self.lost_host = ""
         self.lost_hosts: list[str] = []
+        self.unconnected_hosts: list[str] = []
         self.connect_defect = False
-        self.spawn_failed = threading.Event()
         self.start_failed = False
 
     def retry_start(self, code: int) -> bool:
@@ -329,19 +381,55 @@ class FinishedWatch:
         return True
 
     def relaunchable(self, code: int) -> bool:
-        """Whether the launch ended because Open MPI lost a host's daemon, the job unfinished.
+        """Whether the launch ended, the job unfinished, because Open MPI lost a host's daemon,
+        or because the ranks spawned onto a new host never connected (the hosts to leave out
+        are :attr:`dropped_hosts`).
 
         Args:
             code: mpirun's status as :func:`run_job` returns it (a stop signal
                 ddlrun received and forwarded is never relaunched).
         """
+        lost = self.daemon_lost and bool(self.lost_hosts)
+        unconnected = self.spawn_failed.is_set() and bool(self.unconnected_hosts)
         return (
-            self.daemon_lost
-            and bool(self.lost_hosts)
+            (lost or unconnected)
             and not self.finished.is_set()
-            and not self.spawn_failed.is_set()
             and code not in self.STOPPED_BY_DDLRUN
         )
+
+    @property
+    def dropped_hosts(self) -> list[str]:
+        """The hosts a relaunch leaves out: those whose daemon was lost, and those whose
+        spawned ranks never connected."""
+        lost = self.lost_hosts if self.daemon_lost else []
+        return list(dict.fromkeys([*lost, *self.unconnected_hosts]))
+
+    def why_dropped(self, hosts: list[str]) -> str:
+        """What happened to ``hosts`` (some of :attr:`dropped_hosts`), for ddlrun's message.
+
+        Example:
+            >>> watch = FinishedWatch(print)
+            >>> watch.unconnected_hosts = ["node2"]
+            >>> watch.why_dropped(["node2"])  # doctest: +ELLIPSIS
+            'the ranks spawned onto the new host node2 never connected within ...'
+        """
+        unconnected = [h for h in hosts if h in self.unconnected_hosts]
+        lost = [h for h in hosts if h not in unconnected]
+        parts = []
+        if lost:
+            parts.append(
+                f"Open MPI lost its daemon on host {', '.join(lost)} (a node crash: Open MPI "
+                "5.0's runtime then ends every rank)"
+            )
+        if unconnected:
+            parts.append(
+                f"the ranks spawned onto the new host {', '.join(unconnected)} never connected "
+                "within DDL_ELASTIC_SPAWN_TIMEOUT (the spawning ranks ended themselves: "
+                "MPI_Comm_spawn cannot be interrupted); that host is dropped (blacklisted "
+                "for the job, or for its --blacklist-cooldown-range) and the job goes on "
+                "without it"
+            )
+        return "; ".join(parts)
 
     def __call__(self, stream, sink=None) -> None:
         sink = sink if sink is not None else sys.stdout
@@ -352,7 +440,12 @@ class FinishedWatch:
                 self.daemon_lost = True
             if b"PMIX ERROR" in line and self.CONNECT_DEFECT in line:
                 self.connect_defect = True
-            if self.SPAWN_FAILED in line and b"ends the elastic job" in line:
+            if self.SPAWN_FAILED in line and self.SPAWN_FAILED_END in line:
+                found = self.UNCONNECTED.search(line)
+                for item in found.group(1).split(b", ") if found else ():
+                    host = item.rsplit(b":", 1)[0].strip().decode(errors="replace")
+                    if host and host not in self.unconnected_hosts:
+                        self.unconnected_hosts.append(host)
                 self.spawn_failed.set()
             if self.START_FAILED in line:
                 self.start_failed = True
@@ -407,11 +500,13 @@ class FinishedWatch:
             )
             return code or 1
         if self.spawn_failed.is_set():
+            where = ", ".join(self.unconnected_hosts) or "(see above)"
             self.report(
-                "ddlrun: the elastic job stopped: the ranks it spawned onto a new host never "
-                "connected within DDL_ELASTIC_SPAWN_TIMEOUT (see the ranks' errors above), and "
-                "ddlrun ended what was left of the job, those ranks included. Check that the "
-                "program starts on that host (same path, same Python environment), or raise "
+                f"ddlrun: the elastic job stopped: the ranks it spawned onto the new host {where} "
+                "never connected within DDL_ELASTIC_SPAWN_TIMEOUT (see the ranks' errors above), "
+                "ddlrun ended what was left of that launch, those ranks included, and could not "
+                "relaunch the job without that host (see above why). Check that the program "
+                "starts on that host (same path, same Python environment), or raise "
                 "DDL_ELASTIC_SPAWN_TIMEOUT if it starts slowly; keep checkpoints on rank 0 to "
                 "resume from."
             )

@@ -162,7 +162,8 @@ class Membership:
             h.split(":")[0] for h in (env.get(env.DDL_ELASTIC_HOSTS) or "").split(",") if h
         }
         self._told_not_again: set[str] = set()
-        # hosts an earlier launch of this job lost with their daemon (ddlrun relaunched it)
+        # hosts an earlier launch of this job lost with their daemon, or whose spawned ranks
+        # never connected (ddlrun relaunched it without them)
         for host in (env.get(env.DDL_ELASTIC_LOST_HOSTS) or "").split(","):
             if host:
                 self.blacklist.add(host, time.monotonic())
@@ -614,7 +615,11 @@ def _deadline(
 
     ``MPI_Comm_spawn`` cannot be interrupted; when a new rank dies before it
     connects, the spawning ranks would wait for ever. Every spawning rank
-    runs its own deadline, so the whole job ends and ``ddlrun`` reports it.
+    runs its own deadline and ends itself; ``ddlrun`` reads their message
+    (:class:`~ddl_tf.launch.supervise.FinishedWatch`), ends what is left of
+    the job (the unconnected ranks included), drops the new host and
+    relaunches the job without it, from the last commit the ranks mirrored
+    in host memory (:mod:`ddl_tf.membership.mirror`).
     """
     done = threading.Event()
 
@@ -623,10 +628,12 @@ def _deadline(
             where = ", ".join(f"{h}:{n}" for h, n in added)
             logger.error(
                 "the new ranks on %s did not connect within %g s (%s; see their errors above); "
-                "this rank ends the elastic job",
+                "this rank ends itself (MPI_Comm_spawn cannot be interrupted), and ddlrun "
+                "relaunches the job without %s from the last commit",
                 where,
                 seconds,
                 env.DDL_ELASTIC_SPAWN_TIMEOUT,
+                ", ".join(h for h, _ in added),
             )
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)

@@ -51,7 +51,8 @@ class ElasticSettings:
         cooldown: ``(low, high)`` seconds a failed host stays out; None: for good.
         timeout: Seconds to wait for ``min_np`` slots.
         launch_hosts: The job's host names that are mpirun's machine.
-        spawn_timeout: Seconds to wait for spawned ranks to connect.
+        spawn_timeout: Seconds to wait for spawned ranks to connect; then the spawning
+            ranks end themselves and ``ddlrun`` relaunches the job without that host.
         prestart: Start new ranks in the background while the job trains, and admit
             them at the first commit after they connected (False: spawn them at the
             commit that sees the new hosts, the job waiting for them).

@@ -186,7 +186,67 @@ def test_a_relaunch_after_a_lost_daemon_leaves_the_lost_host_out(tmp_path, capsy
     watch.lost_hosts = ["a"]
     assert "relaunching the elastic job on a:2 (2 rank(s), relaunch 1)" in capsys.readouterr().err
     assert relaunch(watch) is None
-    assert "lost its daemon on host a; no relaunch: ddlrun: --min-np 2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "lost its daemon on host a (a node crash" in err
+    assert "; no relaunch: ddlrun: --min-np 2" in err
+
+
+def test_a_new_host_whose_ranks_never_connect_is_dropped_by_a_relaunch(capsys):
+    """Issue 45 (d), point 3: a spawning rank's watchdog ends it with a line naming the new
+    host (the real line: a process runs the watchdog); ddlrun's watch reads that host from it,
+    the relaunch leaves it out and says it was dropped; dropping it again, or a relaunch below
+    --min-np, is refused with a message."""
+    import io
+    import signal
+    import subprocess
+
+    from ddl_tf.launch.supervise import FinishedWatch
+
+    watchdog = (
+        "import time\nfrom ddl_tf.membership.reform import _deadline\n"
+        "with _deadline(0.2, (('c', 2),)):\n    time.sleep(30)\n"
+    )
+    rank = subprocess.run(
+        [sys.executable, "-c", watchdog], capture_output=True, timeout=60, check=False
+    )
+    assert rank.returncode == -signal.SIGKILL, rank.stderr
+
+    class Sink:
+        buffer = io.BytesIO()
+
+        @staticmethod
+        def flush():
+            return None
+
+    said: list[str] = []
+    watch = FinishedWatch(said.append)
+    watch(io.BytesIO(rank.stderr), Sink())
+    assert watch.spawn_failed.is_set() and watch.dropped_hosts == ["c"]
+    assert watch.relaunchable(137), "ddlrun killed the rest: relaunch"
+    assert not watch.relaunchable(128 + signal.SIGTERM), "ddlrun was told to stop"
+
+    base = LaunchPlan(np=4, program=[sys.executable, "train.py"], env={"DDL_ELASTIC_MIRROR": "m"})
+    relaunch = ddlrun._Relauncher(
+        base, ElasticSettings(min_np=2), {"a": 2, "b": 2}, None, ("mpirun", "openmpi", False)
+    )
+    command, child_env = relaunch(watch)
+    assert command[command.index("-H") + 1] == "a:2,b:2"
+    assert (
+        child_env[env.DDL_ELASTIC_LOST_HOSTS] == "c" and child_env[env.DDL_ELASTIC_RESUMED] == "1"
+    )
+    err = capsys.readouterr().err
+    assert "ddlrun: the ranks spawned onto the new host c never connected within" in err
+    assert "that host is dropped" in err and "relaunching the elastic job on a:2,b:2" in err
+    assert "lost its daemon" not in err
+    assert relaunch(watch) is None
+    assert "no relaunch: this job dropped that host before" in capsys.readouterr().err
+    assert watch.status(137) == 1 and "the new host c never connected" in said[-1]
+
+    short = ddlrun._Relauncher(
+        base, ElasticSettings(min_np=5), {"a": 2, "b": 2}, None, ("mpirun", "openmpi", False)
+    )
+    assert short(watch) is None
+    assert "never connected" in (err := capsys.readouterr().err) and "--min-np 5" in err
 
 
 def test_ddlrun_launches_the_last_command_again_after_a_start_up_failure_on_virtual_nodes():

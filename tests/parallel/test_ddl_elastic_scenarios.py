@@ -287,28 +287,78 @@ def test_process_sets_are_refused_after_a_reset_and_work_once_added_again(tmp_pa
     assert "add its sets again, e.g. in a reset callback" in stale
 
 
-@pytest.mark.parametrize("mode", ["exit", "hang"])
-def test_new_ranks_that_never_connect_end_the_job_within_the_spawn_timeout(tmp_path, mode):
-    """Issue 45 (d), in part: ranks spawned on a new host that never join (they exit, or hang,
-    before ``init()``) hold the job up for DDL_ELASTIC_SPAWN_TIMEOUT at most; the job then
-    ends with a message naming the host and the setting, and ddlrun ends the hung ranks too.
+SPAWN_TIMEOUT = 5
+"""DDL_ELASTIC_SPAWN_TIMEOUT of the tests below (seconds)."""
 
-    Not yet what the issue asks (drop the host and train on): ``MPI_Comm_spawn`` cannot be
-    interrupted (measured: it still waits 60 s after the new ranks exited), so the spawning
-    ranks end themselves (docs/elastic.md).
+RELAUNCH_SECONDS = 30
+"""What a relaunch of the schedule worker may take on top of the spawn timeout, from the spawn
+to the first record after the relaunch (measured here: 0.7 to 2.1 s; docs/elastic.md)."""
+
+
+@pytest.mark.parametrize("prestart", ["0", "1"])
+@pytest.mark.parametrize("mode", ["exit", "hang"])
+def test_a_new_host_whose_ranks_never_connect_is_dropped_and_the_job_goes_on(
+    tmp_path, mode, prestart
+):
+    """Issue 45 (d), point 3: ranks spawned onto a new host that never join (they exit, or
+    hang, before ``init()``) hold the job up for DDL_ELASTIC_SPAWN_TIMEOUT at most. The
+    spawning ranks then end themselves (``MPI_Comm_spawn`` cannot be interrupted: measured, it
+    still waits 60 s after the new ranks exited), ddlrun ends what is left (the hung ranks
+    included), names the host as dropped and relaunches the job without it; the relaunched
+    ranks resume from the commit the ranks mirrored in host memory and the job finishes at
+    its old size, replicas equal. Both with the spawn in the commit (``DDL_ELASTIC_PRESTART=0``)
+    and started ahead in the background (``1``, the default: the job trains on meanwhile).
+    The new host is an alias of this machine (mpirun spawns there itself).
     """
+    _dropped_and_trained_on(tmp_path, mode, prestart, survivor="localhost", new="127.0.0.1")
+
+
+def _dropped_and_trained_on(
+    tmp_path: Path, mode: str, prestart: str, *, survivor: str, new: str, options=()
+) -> None:
+    """Run a 2-rank job on ``survivor`` whose 2 ranks spawned onto ``new`` never join (``mode``:
+    they exit or hang), and check that ``new`` is dropped and the job finishes without it."""
+    epochs = 4 if prestart == "0" else 8
+    wait = 0 if prestart == "0" else 1  # seconds between epochs
     start = time.monotonic()
     done, records = _run(
         tmp_path,
-        schedule=[(0, ["localhost:2"]), (None, ["localhost:2", "127.0.0.1:2"])],
-        script_args=("--newcomers-fail", f"127.0.0.1:{mode}"),
-        env={"DDL_ELASTIC_SPAWN_TIMEOUT": "5"},
+        schedule=[(0, [f"{survivor}:2"]), (None, [f"{survivor}:2", f"{new}:2"])],
+        # started ahead, the spawn runs while the job trains: train past its timeout
+        script_args=("--newcomers-fail", f"{new}:{mode}", "--epochs", str(epochs))
+        + ("--epoch-wait", str(wait)),
+        options=tuple(options),
+        env={"DDL_ELASTIC_SPAWN_TIMEOUT": str(SPAWN_TIMEOUT), "DDL_ELASTIC_PRESTART": prestart},
     )
     assert time.monotonic() - start < HANG_SECONDS, "the job hung after the failed spawn"
-    assert done.returncode != 0
-    assert [r["size"] for r in records] == [2], records
-    assert "the new ranks on 127.0.0.1:2 did not connect within 5 s" in done.stderr
-    assert "spawned onto a new host never connected" in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"the new ranks on {new}:2 did not connect within {SPAWN_TIMEOUT} s" in done.stderr
+    assert (
+        f"ddlrun: the ranks spawned onto the new host {new} never connected within "
+        "DDL_ELASTIC_SPAWN_TIMEOUT" in done.stderr
+    ), done.stderr[-3000:]
+    assert "that host is dropped" in done.stderr
+    assert f"and the job goes on without it; relaunching the elastic job on {survivor}:2" in (
+        done.stderr
+    )
+    assert f"elastic job finished on 2 rank(s) ({survivor})" in done.stdout, done.stdout[-2000:]
+    # at the old size throughout, to the last epoch, relaunched once (no second spawn)
+    assert {r["size"] for r in records} == {2}, records
+    assert records[-1]["epoch"] == epochs - 1, records
+    assert [r["relaunch"] for r in records] == sorted(r["relaunch"] for r in records)
+    assert {r["relaunch"] for r in records} == {0, 1}, records
+    # from the spawn (at the commit that ends epoch 0, after the wait that follows its
+    # record) to the first record of the relaunched job: the spawn timeout, the relaunch,
+    # and an epoch at most
+    spawned = records[0]["time"] + wait
+    resumed = min(r["time"] for r in records if r["relaunch"] == 1)
+    print(f"spawn to the relaunched job's first epoch: {resumed - spawned:.1f} s")
+    assert SPAWN_TIMEOUT <= resumed - spawned < SPAWN_TIMEOUT + RELAUNCH_SECONDS
+    # the relaunch resumed from a commit: no epoch skipped (one logged before the end-of-epoch
+    # commit may be logged again)
+    assert {r["epoch"] for r in records} == set(range(epochs)), records
+    weights = _weights(tmp_path)
+    assert len(weights) == 2 and weights[0] == weights[1], "replicas differ"
 
 
 # ---------------------------------------------------------------- the rehearsal cluster
@@ -399,6 +449,18 @@ def test_rehearsal_a_node_whose_ranks_die_is_replaced_by_a_fresh_one(tmp_path, n
     assert "host node1 is listed again, but it had ranks of this job before" in done.stderr
     weights = _weights(tmp_path / "2") or _weights(tmp_path / "1")
     assert len(weights) == 4 and len(set(map(tuple, weights))) == 1, "replicas differ"
+
+
+@rehearsal
+@pytest.mark.parametrize("mode", ["exit", "hang"])
+def test_rehearsal_a_new_node_whose_ranks_never_connect_is_dropped(tmp_path, no_cluster_left, mode):
+    """Issue 45 (d), point 3, on virtual nodes: the 2 ranks started ahead on node1 (through
+    node1's Open MPI daemon) never join; after DDL_ELASTIC_SPAWN_TIMEOUT node1 is dropped
+    (its hung ranks and the daemon killed with the launch), and the job is relaunched on node0
+    and finishes at 2 ranks, replicas equal."""
+    _dropped_and_trained_on(
+        tmp_path, mode, "1", survivor="node0", new="node1", options=("--rehearse", "2")
+    )
 
 
 def _kill_node1_daemon(job: subprocess.Popen, logfile: Path) -> None:

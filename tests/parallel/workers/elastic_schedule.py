@@ -2,7 +2,8 @@
 
 Horovod 0.28.1's integration tests (``test/integration/elastic_common.py``)
 run a script that trains a few epochs, logs one record per epoch from rank 0
-(epoch, commits, host, rank at launch, size, rendezvous count), makes ranks
+(epoch, commits, host, rank at launch, size, rendezvous count; ours also the
+time and ddlrun's relaunch count), makes ranks
 exit at scheduled ``(epoch, batch)`` points (by exception or by kill) and has
 a discovery script whose hosts change with the number of records. This is
 our version of that script, on ddl_tf's framework-neutral elastic API
@@ -138,6 +139,8 @@ def log_state(state, pair_sum: float | None) -> None:
         "size": basics.size(),
         "rendezvous": state.rendezvous,
         "set_sum": pair_sum,
+        "time": time.time(),
+        "relaunch": int(os.environ.get("DDL_ELASTIC_RESUMED") or 0),
     }
     with open(args.logfile, "a") as log:
         log.write(json.dumps(record) + "\n")
