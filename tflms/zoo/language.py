@@ -36,7 +36,7 @@ import keras
 
 from tflms.zoo.compiling import compiled
 
-__all__ = ["bert", "gpt2", "lstm_lm", "GPT2_SIZES"]
+__all__ = ["bert", "gpt2", "lstm_lm", "GPT2_SIZES", "PositionEmbedding"]
 
 GPT2_SIZES = {
     "small": dict(layers=12, dim=768, heads=12),
@@ -45,17 +45,48 @@ GPT2_SIZES = {
     "xl": dict(layers=48, dim=1600, heads=25),
 }
 """GPT-2's four published sizes (Radford et al., 2019, table 2), as :func:`gpt2` keywords:
-117M parameters (with this zoo's untied head: 162M), 345M (405M), 762M (837M) and 1542M (1.64B)."""
+117M parameters (with this zoo's untied head: 163M), 345M (406M), 762M (838M) and 1542M (1.64B)."""
 
 
 def _token_loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+@keras.saving.register_keras_serializable(package="tflms.zoo")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned embedding of each position to its input (GPT-2's and BERT's).
+
+    A weight of ``(seq, width)`` trained with the rest, initialized as
+    ``keras.layers.Embedding``'s table is. (Calling an ``Embedding`` on
+    ``keras.ops.arange(seq)`` while building a functional model would bake
+    its lookup into the model as a constant: an untrained position signal.)
+
+    Example:
+        >>> layer = PositionEmbedding(8)
+        >>> y = layer(keras.ops.zeros((2, 8, 4)))
+        >>> tuple(y.shape), [tuple(w.shape) for w in layer.weights]
+        ((2, 8, 4), [(8, 4)])
+    """
+
+    def __init__(self, seq: int, **kwargs):
+        super().__init__(**kwargs)
+        self.seq = seq
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(
+            shape=(self.seq, input_shape[-1]), initializer="uniform", name="embeddings"
+        )
+
+    def call(self, x):
+        return x + keras.ops.cast(self.embeddings, x.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "seq": self.seq}
+
+
 def _embedded(tokens, vocab: int, seq: int, dim: int):
     x = keras.layers.Embedding(vocab, dim, name="token_embedding")(tokens)
-    positions = keras.layers.Embedding(seq, dim, name="position_embedding")(keras.ops.arange(seq))
-    return x + positions
+    return PositionEmbedding(seq, name="position_embedding")(x)
 
 
 def bert(

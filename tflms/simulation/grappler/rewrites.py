@@ -82,10 +82,23 @@ __all__ = [
 
 _RECOMPUTE_SUFFIX = f"-{SCOPE}/recompute"
 _COMMUTATIVE = frozenset(
-    {"Add", "AddV2", "Mul", "Maximum", "Minimum", "LogicalAnd", "LogicalOr", "Equal", "NotEqual"}
+    {
+        "Add",
+        "AddV2",
+        "Mul",
+        "Maximum",
+        "Minimum",
+        "SquaredDifference",
+        "LogicalAnd",
+        "LogicalOr",
+        "Equal",
+        "NotEqual",
+    }
 )
 """Two-input ops whose result does not depend on the order of their inputs, bit for bit
-(Grappler orders them by input name, and a constant's name can move)."""
+(Grappler orders them by input name, and a constant's name can move). ``SquaredDifference``
+is one: IEEE subtraction rounds ``b - a`` to exactly ``-(a - b)``, and the square drops the
+sign (a LayerNorm's variance reads its mean and its input in either order)."""
 
 _FUNCTIONAL_CONTROL_FLOW = frozenset(
     {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
