@@ -186,15 +186,6 @@ def _assert_bitwise(name, front, model, plan, devices):
 # Cases not bitwise today (measured: three steps, the weights against plain training's). The
 # same options in the custom loop are bitwise for both models.
 XFAIL: dict[tuple[str, str, str], str] = {
-    ("gpt2", "segments", "fit"): (
-        "model.fit, recompute_segments=2, swap=False (31 groups recomputed): 31 of 36 weights "
-        "differ from plain training by up to 7.45e-09 (transformer_layer_0's key, "
-        "attention_output and feed-forward kernels the most) although the check reports "
-        "Grappler rewriting the step alike (4 rounds; pinned: the five LayerNorms' "
-        "moments/SquaredDifference; 12 ops kept from recomputation, among them compile_loss's "
-        "SparseSoftmaxCrossEntropyWithLogits/Reshape and the feed-forward's BiasAdd and "
-        "Gelu/mul_1)"
-    ),
     ("bert", "segments", "fit"): (
         "model.fit, recompute_segments=2, swap=False (37 groups recomputed): 37 of 41 weights "
         "differ from plain training by up to 5.96e-08 (the token and position embeddings the "

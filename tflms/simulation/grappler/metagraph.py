@@ -31,14 +31,15 @@ from tflms.errors import ConfigError, UnsupportedGraphError
 from tflms.graph.op_signatures import to_var_handle
 from tflms.simulation.grappler.devices import VIRTUAL_GPU
 
-__all__ = ["Prepared", "prepare_metagraph", "node_name"]
+__all__ = ["Prepared", "prepare_metagraph", "node_name", "graph_def_with_handles"]
 
 logger = logging.getLogger(__name__)
 
 _RESOURCE = types_pb2.DT_RESOURCE
 _VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
-_RESOURCE = types_pb2.DT_RESOURCE
-_VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+HANDLE_DTYPES, HANDLE_SHAPES = "_handle_dtypes", "_handle_shapes"
+"""Attributes of a variable's resource placeholder in a GraphDef: its dtype and shape (the
+names TensorFlow's function runtime gives its ``_Arg`` nodes; :func:`graph_def_with_handles`)."""
 _BLACK_BOXES = (
     "PartitionedCall",
     "StatefulPartitionedCall",
@@ -154,6 +155,41 @@ def prepare_metagraph(
     return prepared
 
 
+def graph_def_with_handles(graph: tf.Graph) -> graph_pb2.GraphDef:
+    """``graph.as_graph_def()`` whose variable placeholders keep their variables' dtype and shape.
+
+    ``as_graph_def`` drops what a resource placeholder knows of its variable,
+    so Grappler offline would not know any weight's shape. TensorFlow's
+    function runtime gives each ``_Arg`` of a variable ``_handle_dtypes`` and
+    ``_handle_shapes``; this GraphDef carries the same attributes, and
+    :func:`prepare_metagraph` reads them. Shapes decide rewrites (a sum of
+    three tensors becomes one ``AddN`` only when their shapes provably
+    agree), so a Grappler check of a GraphDef without them misses rewrites
+    that the step's real run makes.
+
+    Args:
+        graph: a ``tf.Graph`` or ``FuncGraph``.
+
+    Returns:
+        The GraphDef.
+    """
+    graph_def, handles, _ = _source(graph)
+    for node in graph_def.node:
+        data = handles.get(node.name)
+        if data is not None:
+            node.attr[HANDLE_DTYPES].list.type.append(data.dtype)
+            node.attr[HANDLE_SHAPES].list.shape.add().CopyFrom(data.shape)
+    return graph_def
+
+
+@dataclass(frozen=True)
+class _Handle:
+    """A variable's dtype enum and ``TensorShapeProto``, read from a GraphDef's attributes."""
+
+    dtype: int
+    shape: object
+
+
 def _source(graph):
     """(GraphDef copy, variable handle data by placeholder name, default fetches)."""
     if isinstance(graph, tf.types.experimental.ConcreteFunction):
@@ -173,7 +209,18 @@ def _source(graph):
     if isinstance(graph, graph_pb2.GraphDef):
         graph_def = graph_pb2.GraphDef()
         graph_def.CopyFrom(graph)
-        return graph_def, {}, ()
+        handles = {
+            node.name: _Handle(
+                node.attr[HANDLE_DTYPES].list.type[0], node.attr[HANDLE_SHAPES].list.shape[0]
+            )
+            for node in graph_def.node
+            if node.op == "Placeholder"
+            and HANDLE_DTYPES in node.attr
+            and HANDLE_SHAPES in node.attr
+            and len(node.attr[HANDLE_DTYPES].list.type) == 1
+            and len(node.attr[HANDLE_SHAPES].list.shape) == 1
+        }
+        return graph_def, handles, ()
     raise UnsupportedGraphError(
         "Grappler needs a tf.Graph, a FuncGraph, a ConcreteFunction or a GraphDef. "
         f"Received a {type(graph).__name__}: {graph!r:.60}. Pass for example "

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
@@ -275,10 +276,47 @@ def grappler_structure(
     for node in unlowered.node:
         if node.op in _FUNCTIONAL_CONTROL_FLOW:
             node.attr[_LOWER].b = False
+    _inputs_as_at_run_time(unlowered)
     optimized = grappler_optimize(
         unlowered, fetches=fetches, device=device, host_device=host_device, batch_size=batch_size
     )
     return structure_of(optimized)
+
+
+def _inputs_as_at_run_time(graph_def: graph_pb2.GraphDef) -> None:
+    """Give the step's inputs their traced shapes in Grappler's eyes, as its real run does.
+
+    Offline, Grappler feeds every ``Placeholder`` and, not trusting a feed,
+    takes its shape as unknown: no activation's shape is known, and the
+    rewrites that need two shapes to agree (``AddOpsRewrite`` making one
+    ``AddN`` of a sum of three tensors, the folding of a gradient's
+    ``BroadcastGradientArgs``) never happen. In the real run the inputs come
+    from ``_Arg`` or ``IteratorGetNext`` ops of known (possibly symbolic)
+    shape, and those rewrites do happen - to the originals, and not always to
+    recompute clones (their symbolic batch dimension can come out as a new
+    one). A ``PlaceholderWithDefault`` of the traced shape is no feed, so the
+    check sees the shapes the run sees: static where the step was traced
+    with a fixed batch, symbolic where it was not (``model.fit``). Its
+    default is a zero ``Const`` stored as one value; nothing runs it.
+    """
+    for node in list(graph_def.node):
+        if node.op != "Placeholder":
+            continue
+        dtype, shape = tf.as_dtype(node.attr["dtype"].type), node.attr["shape"].shape
+        if dtype in (tf.resource, tf.variant) or shape.unknown_rank:
+            continue
+        default = graph_def.node.add(name=f"{node.name}/{SCOPE}-default", op="Const")
+        default.device = node.device
+        default.attr["dtype"].type = dtype.as_datatype_enum
+        zero = b"" if dtype == tf.string else np.zeros((), dtype.as_numpy_dtype)
+        dims = [max(dim.size, 1) for dim in shape.dim]
+        proto = tf.make_tensor_proto(zero, dtype=dtype, shape=dims)
+        default.attr["value"].tensor.CopyFrom(proto)
+        node.op = "PlaceholderWithDefault"
+        node.ClearField("attr")
+        node.attr["dtype"].type = dtype.as_datatype_enum
+        node.attr["shape"].shape.CopyFrom(shape)
+        node.input[:] = [default.name]
 
 
 def structure_of(optimized: graph_pb2.GraphDef) -> Structure:
