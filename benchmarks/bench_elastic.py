@@ -389,6 +389,10 @@ OUTCOMES = (
         "the job ended before the new ranks were ready (they were sent away)",
     ),
     ("listener thread failed to start", "mpirun failed at start-up (PMIx listener thread)"),
+    (
+        "that host is dropped",
+        "the new ranks never connected; ddlrun dropped their host and relaunched the job",
+    ),
     ("relaunching the elastic job", "Open MPI lost a daemon; ddlrun relaunched the job"),
     ("mpirun died of", "mpirun crashed (PRRTE 3.0 connect defect)"),
     ("Open MPI lost its daemon", "Open MPI lost a daemon"),
