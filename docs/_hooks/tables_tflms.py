@@ -573,9 +573,10 @@ _REMAT_FAMILIES = {
 _REMAT_VARIANTS = (
     "rematscope",
     "tflms_cheap",
+    "tflms_segments1",
     "tflms_segments2",
     "tflms_segments4",
-    "tflms_segments2_ahead2",
+    "tflms_segments1_near",
 )
 
 
@@ -587,9 +588,10 @@ def remat(r: Results) -> str:
         "plain",
         "RematScope per block",
         "tflms cheap ops",
+        "tflms segments, every cut",
         "tflms segments, every 2nd cut",
         "tflms segments, every 4th cut",
-        "tflms segments, every 2nd cut, re-run 2 levels ahead",
+        "tflms segments, every cut, near the loss too, re-run 2 levels ahead",
     ]
     rows = []
     families = r.get("families")
@@ -611,4 +613,4 @@ def remat(r: Results) -> str:
         "fresh processes per cell, run interleaved; CPU is the step's process CPU time over "
         "plain training's. Nothing simulated."
     )
-    return markdown_table(header, rows, "lrrrrrr") + "\n\n" + note
+    return markdown_table(header, rows, "lrrrrrrr") + "\n\n" + note
