@@ -175,8 +175,9 @@ class LMSCallback(keras.callbacks.Callback):
 
     Example:
         >>> import keras, numpy as np, tflms
-        >>> model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
-        ...                           keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)])
+        >>> model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64),
+        ...                           keras.layers.LayerNormalization(), keras.layers.Dense(64),
+        ...                           keras.layers.LayerNormalization(), keras.layers.Dense(1)])
         >>> model.compile("sgd", "mse", jit_compile=False)
         >>> lms = tflms.LMSCallback(swapout_threshold=4, min_tensor_bytes=0)
         >>> _ = model.fit(np.ones((16, 32)), np.ones((16, 1)), batch_size=8, verbose=0, callbacks=[lms])
