@@ -36,9 +36,17 @@ job of several ranks also gets ddlrun's start-up check
 (:mod:`ddl_tf.launch.startup`, ``-x DDL_START_ADDR``): ranks report to it
 before MPI starts, and if some do not call ``init()`` within
 ``--start-timeout`` (``DDL_START_TIMEOUT``, 60 s), the others fail naming them. It adds
-``--allow-run-as-root`` only when run as root. Jobs also run without ddlrun:
-plain ``mpirun``/``srun`` (export the ``DDL_*`` variables yourself) or
-``horovodrun --mpi``.
+``--allow-run-as-root`` only when run as root.
+
+When mpirun fails at its own start-up, before any rank ran (Open MPI's
+intermittent "The PMIx server's listener thread failed to start", exit code
+213), ddlrun launches the same job again after a 1 s pause, at most
+``--start-retries`` times (2; 0 turns it off), and says so; a job any rank of
+which reached ddlrun's start-up check, or that ddlrun was told to stop, is
+never launched again (see :class:`~ddl_tf.launch.supervise.StartWatch`).
+
+Jobs also run without ddlrun: plain ``mpirun``/``srun`` (export the ``DDL_*``
+variables yourself) or ``horovodrun --mpi``.
 
 Exit codes:
     0   the job finished successfully
@@ -92,9 +100,10 @@ from ddl_tf.launch.hosts import (
 from ddl_tf.launch.supervise import (
     SPAWN_FAILED_GRACE_S,
     FinishedWatch,
+    StartWatch,
     exit_code,
     run_elastic,
-    run_job,
+    run_fixed,
 )
 
 if TYPE_CHECKING:
@@ -119,7 +128,7 @@ LAUNCH_ONLY_OPTIONS = frozenset(
         "--min-np --max-np --min-num-proc --max-num-proc --host-discovery-script "
         "--slots-per-host --blacklist-cooldown-range --elastic-timeout --fusion-threshold-mb "
         "--stall-warning-seconds --stall-shutdown-seconds --auto-policy --network-interface "
-        "--timeline-filename --cycle-time-ms --skip-checks"
+        "--timeline-filename --cycle-time-ms --skip-checks --start-retries"
     ).split()
 )
 """ddlrun's options that a training script is unlikely to define: after the program, one of
@@ -190,6 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mpirun", help="mpirun to use (default: next to Python, then PATH)")
     parser.add_argument("--mpi-args", default="", help="extra mpirun arguments (one string)")
     parser.add_argument("--log-level", help="DDL_LOG_LEVEL for the ranks (Horovod's names too)")
+    parser.add_argument(
+        "--start-retries",
+        type=int,
+        default=StartWatch.START_RETRIES,
+        metavar="N",
+        help="launch the job again, at most N times (default %(default)s; 0: never), when "
+        "mpirun fails at its own start-up before any rank ran (Open MPI's intermittent \"The "
+        "PMIx server's listener thread failed to start\", exit code 213)",
+    )
     horovod = parser.add_argument_group(
         "horovodrun's options",
         "accepted so that replacing 'horovodrun' with 'ddlrun' is the only change a job "
@@ -313,6 +331,11 @@ def usage_problem(args: argparse.Namespace) -> str | None:
         return f"no program to run; give it after ddlrun's options, e.g. {EXAMPLE}"
     if args.np is not None and args.np < 1:
         return f"-np must be 1 or more. Received -np {args.np}; e.g. {EXAMPLE}"
+    if args.start_retries < 0:
+        return (
+            f"--start-retries must be 0 or more. Received --start-retries {args.start_retries}; "
+            "e.g. --start-retries 0 (never launch the job again)"
+        )
     no_hosts = not (args.hosts or args.hostfile or args.rehearse is not None)
     allocation = env.get(env.SLURM_JOB_ID) or env.get(env.PBS_JOBID)
     if args.np is None and no_hosts and allocation and not _is_elastic(args):
@@ -518,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 if again is not None:
-                    finished = FinishedWatch(_say)
+                    finished = FinishedWatch(_say, args.start_retries)
                     code = run_rehearsal(
                         spec,
                         command,
@@ -536,14 +559,23 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:  # the job was stopped and the cluster removed
                 return 128 + signal.SIGINT
         if again is not None:
-            return run_elastic(command, child_env, report=_say, again=again)
+            return run_elastic(
+                command, child_env, report=_say, again=again, start_retries=args.start_retries
+            )
     finally:
         if again is not None:
             again.remove_mirrors(plan.env[env.DDL_ELASTIC_MIRROR])
     if check is None:
-        return run_job(command, child_env, report=_say)
-    try:
-        return run_job(command, child_env, report=_say, stop=check.stop)
+        return run_fixed(command, child_env, report=_say, retries=args.start_retries)
+    try:  # a rank that reached the check ran the program: that job is never launched again
+        return run_fixed(
+            command,
+            child_env,
+            report=_say,
+            stop=check.stop,
+            ran=check.reached.is_set,
+            retries=args.start_retries,
+        )
     finally:
         check.close()
 

@@ -95,6 +95,11 @@ class StartupCheck:
         bind: Address to listen on (``127.0.0.1`` for a job on this machine,
             ``0.0.0.0`` when ranks run on other hosts).
         advertise: Address the ranks connect to (default: ``bind``).
+
+    Attributes:
+        reached: Set once a rank has connected (from its ``init()``): the
+            job's program has run, so ddlrun never launches this job again
+            (:func:`ddl_tf.launch.supervise.run_fixed`).
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class StartupCheck:
         self._went = False  # every rank reported and was told to go on
         self._started: set[int] = set()
         self.outcome: str | None = None  # "started", or the message of a failed start
+        self.reached = threading.Event()  # some rank connected: its program ran
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddlrun-start-check", daemon=True)
         self._thread.start()
@@ -155,6 +161,7 @@ class StartupCheck:
     def _accept(self) -> None:
         with contextlib.suppress(BlockingIOError):
             conn, _ = self._listener.accept()
+            self.reached.set()
             conn.setblocking(False)
             self._buffers[conn] = b""
             self._selector.register(conn, selectors.EVENT_READ)

@@ -7,6 +7,9 @@ that the job is gone within :data:`STOP_GRACE_S` after that: whatever of the
 session is still there (``mpirun`` and the ranks it started on this machine,
 orphans included) is killed. An elastic job's status is read from its output
 (:class:`FinishedWatch`), since ``mpirun``'s says little under MPI's fault tolerance.
+Any job that mpirun failed to start, before any rank ran (an intermittent failure of
+Open MPI's runtime, :class:`StartWatch`), is launched again, at most twice
+(:func:`run_fixed`, :func:`run_elastic`).
 
 The processes of the session are found and signalled with ``psutil``, which
 walks the process table portably and refuses to signal a process whose PID
@@ -52,6 +55,8 @@ __all__ = [
     "FinishedWatch",
     "run_job",
     "run_elastic",
+    "run_fixed",
+    "StartWatch",
     "Relaunch",
     "exit_code",
     "session_processes",
@@ -216,6 +221,162 @@ def run_job(
     return 128 - code if code < 0 else code
 
 
+class StartWatch:
+    """Passes a job's output through and notes whether mpirun failed at its own start-up.
+
+    The failure is :data:`START_FAILED`: OpenPMIx's server in mpirun could not
+    start its listener, so mpirun ends during its own start-up, before it
+    launches any rank, with status 213 (PRRTE's "error already reported").
+    Here it happens when a killed mpirun left its session directory
+    (``$TMPDIR/ompi.<pid>``, with its rendezvous files) behind and a new
+    mpirun gets the same pid: PMIx will not take over the old files. The
+    message comes from PMIx's server only (ranks are its clients), so it
+    means that no rank ran; the next launch gets another pid and starts.
+
+    The output is passed on as it comes, not by lines (progress bars that
+    redraw with ``\\r`` stay live); the message is found across chunk edges.
+
+    Args:
+        report: Called with what :meth:`retry_start` has to say.
+        retries: Most launches again per job (:data:`START_RETRIES`; 0: none).
+    """
+
+    START_FAILED = b"The PMIx server's listener thread failed to start"
+    """What OpenPMIx's server in mpirun prints when it cannot start, before any rank runs: an
+    intermittent failure (see the class docstring; seen in CI, and in 1 of 60 launches of a
+    plain ``mpirun -np 2`` here while 60 killed mpiruns' session directories lay in /tmp)."""
+
+    START_RETRIES = 2
+    """Launches again after :data:`START_FAILED`, per job (ddlrun's ``--start-retries``)."""
+
+    RETRY_PAUSE_S = 1.0
+    """Seconds between a failed start and the next launch (a stop signal ends the wait)."""
+
+    STOPPED_BY_DDLRUN = tuple(128 + s for s in FORWARDED_SIGNALS)
+    """Statuses of a job that ddlrun stopped on a signal it received (never relaunched)."""
+
+    def __init__(self, report: Callable[[str], None], retries: int = START_RETRIES) -> None:
+        self.report = report
+        self.retries = retries
+        self.start_retries = 0
+        self.start_failed = False
+        self.stopped: int | None = None  # 128 + N: signal N came while waiting to launch again
+
+    def __call__(self, stream, sink=None) -> None:
+        sink = sink if sink is not None else sys.stdout
+        keep = len(self.START_FAILED) - 1
+        tail = b""
+        while chunk := stream.read1(65536):
+            if self.START_FAILED in tail + chunk:
+                self.start_failed = True
+            tail = (tail + chunk)[-keep:]
+            sink.buffer.write(chunk)
+            sink.flush()
+
+    def retry_start(self, code: int, *, ran: bool = False) -> bool:
+        """Whether to launch the same job again: mpirun failed at start-up (:data:`START_FAILED`).
+
+        Only when mpirun printed it, its status is a failure that ddlrun did not
+        cause (a stop signal ddlrun received never gets a retry), no rank ran
+        (``ran``: e.g. a rank reported to ddlrun's start-up check; then the
+        job's code may have had effects that must not happen twice), and
+        fewer than ``retries`` retries were made. Says so, naming mpirun's
+        status and the attempt, then waits :data:`RETRY_PAUSE_S`; a stop
+        signal then ends the wait, and there is no retry (:attr:`stopped`).
+
+        Args:
+            code: mpirun's status as :func:`run_job` returns it.
+            ran: Whether some rank is known to have run.
+        """
+        if (
+            not self.start_failed
+            or ran
+            or code == 0
+            or code in self.STOPPED_BY_DDLRUN
+            or self.start_retries >= self.retries
+        ):
+            return False
+        self.start_retries += 1
+        self.start_failed = False
+        self.report(
+            "ddlrun: mpirun failed at start-up, before any rank ran (exit code "
+            f'{code}; "The PMIx server\'s listener thread failed to start": an intermittent '
+            "failure of Open MPI's runtime, e.g. a stale $TMPDIR/ompi.<pid> of a killed mpirun); "
+            f"launching the job again in {self.RETRY_PAUSE_S:g} s (retry {self.start_retries} "
+            f"of {self.retries}, attempt {self.start_retries + 1}; --start-retries 0 turns this "
+            "off)"
+        )
+        self.stopped = _pause(self.RETRY_PAUSE_S)
+        if self.stopped is not None:
+            self.report(
+                f"ddlrun: {signal.Signals(self.stopped - 128).name} received; the job is not "
+                "launched again"
+            )
+            return False
+        return True
+
+
+def _pause(seconds: float) -> int | None:
+    """Wait ``seconds``; a stop signal (:data:`FORWARDED_SIGNALS`) ends the wait.
+
+    Returns:
+        ``128 + N`` if signal N came, else None.
+    """
+    received: list[int] = []
+    previous = {
+        s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in FORWARDED_SIGNALS
+    }
+    try:
+        deadline = time.monotonic() + seconds
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 + received[0] if received else None
+
+
+def run_fixed(
+    command: list[str],
+    child_env: dict[str, str],
+    *,
+    report: Callable[[str], None],
+    stop: threading.Event | None = None,
+    ran: Callable[[], bool] | None = None,
+    retries: int = StartWatch.START_RETRIES,
+) -> int:
+    """Run a fixed-size job; launch it again if mpirun failed at start-up before any rank ran.
+
+    :func:`run_job` with a :class:`StartWatch` reading mpirun's output: after
+    :data:`StartWatch.START_FAILED` the same command runs again, at most
+    ``retries`` times (see :meth:`StartWatch.retry_start`). With ``retries``
+    0 the output goes straight through, unread, as :func:`run_job` alone does.
+
+    Args:
+        command: The mpirun argument list.
+        child_env: mpirun's environment.
+        report: Called with each line ddlrun has to say.
+        stop: As for :func:`run_job` (ddlrun's start-up check sets it).
+        ran: Whether some rank ran (reached ddlrun's start-up check); such a job
+            is never launched again.
+        retries: Most launches again (0: none).
+
+    Returns:
+        ddlrun's exit code, as :func:`run_job`'s without ``watch``: that of the
+        last launch (a failure is reported), ``128 + N`` after signal N.
+    """
+    if retries <= 0:
+        return run_job(command, child_env, report=report, stop=stop)
+    watch = StartWatch(report, retries)
+    while True:
+        code = run_job(command, child_env, report=report, watch=watch, stop=stop)
+        if not watch.retry_start(code, ran=ran is not None and ran()):
+            break
+    if watch.stopped is not None:
+        return watch.stopped
+    return code if code in watch.STOPPED_BY_DDLRUN else exit_code(code, report=report)
+
+
 Relaunch = Callable[["FinishedWatch"], "tuple[list[str], dict[str, str]] | None"]
 """``again(watch)``: after mpirun lost a daemon, or the ranks spawned onto a new host never
 connected, the command and environment that relaunch the job on the other hosts
@@ -229,6 +390,7 @@ def run_elastic(
     *,
     report: Callable[[str], None],
     again: Relaunch | None = None,
+    start_retries: int = StartWatch.START_RETRIES,
 ) -> int:
     """Run an elastic job: its status is whether its final ranks finished, not mpirun's.
 
@@ -246,11 +408,13 @@ def run_elastic(
         child_env: mpirun's environment.
         report: Called with each line ddlrun has to say.
         again: Builds the relaunch (see :data:`Relaunch`); None: no relaunch.
+        start_retries: Most launches again after mpirun failed at start-up
+            (:meth:`StartWatch.retry_start`).
 
     Returns:
         ddlrun's exit code (see :meth:`FinishedWatch.status`) of the last launch.
     """
-    finished = FinishedWatch(report)
+    finished = FinishedWatch(report, start_retries)
     while True:
         code = run_job(
             command,
@@ -269,7 +433,7 @@ def run_elastic(
         finished.reset()
 
 
-class FinishedWatch:
+class FinishedWatch(StartWatch):
     """Passes an elastic job's output through and notes whether its final ranks finished.
 
     Under MPI's fault tolerance mpirun's exit status says little: a rank that
@@ -283,10 +447,13 @@ class FinishedWatch:
     (:data:`SPAWN_FAILED`: the spawning ranks end themselves, and the
     unconnected ranks may keep mpirun alive, so :func:`run_elastic` stops the
     rest and relaunches the job without that host, as after a lost daemon).
+    Like every job's, it notes mpirun's failure at start-up (:class:`StartWatch`),
+    reading by lines.
 
     Args:
         report: Called with what :meth:`status` has to say about a job that
             did not finish.
+        retries: Most launches again after mpirun failed at start-up.
     """
 
     DAEMON_LOST = (b"A daemon failed to report back", b"lost communication with a remote daemon")
@@ -300,15 +467,6 @@ class FinishedWatch:
     of a one-entry array, which corrupts mpirun's heap: mpirun later dies of SIGSEGV or
     SIGABRT, at exit or (rarely) while the job runs (measured in docs/elastic.md). PRRTE 4
     rewrote the function; Open MPI 5.0.x ships PRRTE 3.0."""
-
-    START_FAILED = b"The PMIx server's listener thread failed to start"
-    """What Open MPI's runtime (OpenPMIx's server in mpirun) prints when it cannot start: an
-    intermittent failure at start-up, before any rank runs (seen once in CI). mpirun then
-    exits; :meth:`retry_start` launches the same job again, at most :data:`START_RETRIES`
-    times."""
-
-    START_RETRIES = 2
-    """Launches again after :data:`START_FAILED`, per job."""
 
     SPAWN_FAILED = b"did not connect within"
     """What a growing job's ranks print (:mod:`ddl_tf.membership.reform`) before they end,
@@ -324,12 +482,10 @@ class FinishedWatch:
     CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)
     """Signals that end mpirun on its own (ddlrun forwards only :data:`FORWARDED_SIGNALS`)."""
 
-    STOPPED_BY_DDLRUN = tuple(128 + s for s in FORWARDED_SIGNALS)
-    """Statuses of a job that ddlrun stopped on a signal it received (never relaunched)."""
-
-    def __init__(self, report: Callable[[str], None]) -> None:
-        self.report = report
-        self.start_retries = 0
+    def __init__(
+        self, report: Callable[[str], None], retries: int = StartWatch.START_RETRIES
+    ) -> None:
+        super().__init__(report, retries)
         self.finished = threading.Event()
         self.spawn_failed = threading.Event()
         self.reset()
@@ -349,34 +505,10 @@ class FinishedWatch:
         self.connect_defect = False
         self.start_failed = False
 
-    def retry_start(self, code: int) -> bool:
-        """Whether to launch the same job again: mpirun failed at start-up (:data:`START_FAILED`).
-
-        OpenPMIx's server in mpirun prints it when it fails to start, and mpirun
-        then ends during its own start-up, before it launches any rank: running
-        the same command again repeats nothing. Only when the job did not
-        finish, mpirun's status is a failure that ddlrun did not cause, and fewer
-        than :data:`START_RETRIES` retries were made; says so, and forgets this
-        launch.
-
-        Args:
-            code: mpirun's status as :func:`run_job` returns it.
-        """
-        if (
-            not self.start_failed
-            or self.finished.is_set()
-            or code == 0
-            or code in self.STOPPED_BY_DDLRUN
-            or self.start_retries >= self.START_RETRIES
-        ):
+    def retry_start(self, code: int, *, ran: bool = False) -> bool:
+        """:meth:`StartWatch.retry_start`, never once the job finished; forgets this launch."""
+        if not super().retry_start(code, ran=ran or self.finished.is_set()):
             return False
-        self.start_retries += 1
-        self.report(
-            "ddlrun: mpirun failed at start-up, before any rank ran (\"The PMIx server's "
-            "listener thread failed to start\": an intermittent failure of Open MPI's "
-            f"runtime); launching the job again (retry {self.start_retries} of "
-            f"{self.START_RETRIES})"
-        )
         self.reset()
         return True
 
@@ -468,8 +600,11 @@ class FinishedWatch:
         (:data:`CONNECT_DEFECT`) ends 0 with a warning: the finished line means
         every rank of the final membership had passed ddl_tf's collective
         shutdown, and mpirun was still alive to pass that line on. Any other
-        crash of mpirun keeps its status (``128 + signal``).
+        crash of mpirun keeps its status (``128 + signal``); a stop signal that came
+        while ddlrun waited to launch the job again gives ``128 + signal``.
         """
+        if self.stopped is not None:
+            return self.stopped
         crash = self._crash_signal(code)
         if self.finished.is_set():
             if crash is not None and self.connect_defect:

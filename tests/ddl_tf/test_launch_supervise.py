@@ -210,3 +210,56 @@ def test_start_up_retries_are_bounded_and_never_repeat_a_job_that_finished(tmp_p
     assert not watch.retry_start(1)
     watch, _ = _watched(b"The PMIx server's listener thread failed to start. We cannot\n")
     assert not watch.retry_start(0) and not watch.retry_start(143) and watch.retry_start(1)
+
+
+def test_a_fixed_size_job_that_failed_to_start_is_launched_again_but_never_one_that_ran(tmp_path):
+    """run_fixed (ddlrun's fixed-size jobs): the same retry as run_elastic's, except after a
+    rank ran (it reached ddlrun's start-up check): that job's effects must not happen twice."""
+    tries = tmp_path / "tries"
+    script = f"echo x >> {tries}; if [ $(wc -l < {tries}) -lt 2 ]; then {_LISTENER}; fi; exit 0"
+    said: list[str] = []
+    assert supervise.run_fixed(["sh", "-c", script], dict(os.environ), report=said.append) == 0
+    assert len(tries.read_text().split()) == 2 and len(said) == 1, said
+    assert "before any rank ran (exit code 1;" in said[0] and "retry 1 of 2, attempt 2" in said[0]
+    tries.unlink()
+    said.clear()
+    code = supervise.run_fixed(
+        ["sh", "-c", script], dict(os.environ), report=said.append, ran=lambda: True
+    )
+    assert code == 1 and len(tries.read_text().split()) == 1
+    assert said == ["ddlrun: job failed with exit code 1"]
+
+
+def test_a_stop_signal_while_waiting_to_launch_again_ends_the_job_with_its_status(tmp_path):
+    said: list[str] = []
+
+    def stop_soon(line: str) -> None:  # the signal comes during the pause that follows the line
+        said.append(line)
+        if "launching the job again" in line:
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    before = signal.getsignal(signal.SIGTERM)
+    code = supervise.run_fixed(["sh", "-c", _LISTENER], dict(os.environ), report=stop_soon)
+    assert code == 143 and signal.getsignal(signal.SIGTERM) == before
+    assert said[-1] == "ddlrun: SIGTERM received; the job is not launched again", said
+
+
+def test_the_start_watch_passes_output_on_as_it_comes_and_finds_the_line_across_reads():
+    line = supervise.StartWatch.START_FAILED
+
+    class Chunks:
+        def __init__(self, *chunks: bytes) -> None:
+            self.chunks = list(chunks)
+
+        def read1(self, _size: int) -> bytes:
+            return self.chunks.pop(0) if self.chunks else b""
+
+    watch, sink = supervise.StartWatch(print), _Sink()
+    watch(Chunks(b"epoch 1 10%\r", b"epoch 1 20%\r" + line[:9], line[9:] + b". We"), sink)
+    assert (
+        watch.start_failed
+        and sink.buffer.getvalue() == b"epoch 1 10%\repoch 1 20%\r" + line + b". We"
+    )
+    quiet = supervise.StartWatch(print)
+    quiet(Chunks(line[:-1], b"\n" + line[-1:]), _Sink())
+    assert not quiet.start_failed
