@@ -152,6 +152,7 @@ def grappler_timeline(
         A :class:`GrapplerTimeline`.
     """
     prepared = _grappler.prepare_metagraph(graph, None, device, host_device, batch_size, None)
+    _grappler.warn_black_boxes(prepared)
     item = _grappler.make_item(prepared.metagraph)
     cluster = _grappler.make_cluster(
         device, host_device, _grappler.VIRTUAL_GPU_BYTES, slowdown=slowdown, timeline=True

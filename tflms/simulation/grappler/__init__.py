@@ -66,7 +66,7 @@ from tflms.simulation.grappler.devices import (
     virtual_cpu,
     virtual_gpu,
 )
-from tflms.simulation.grappler.metagraph import Prepared, prepare_metagraph
+from tflms.simulation.grappler.metagraph import Prepared, prepare_metagraph, warn_black_boxes
 from tflms.simulation.grappler.optimize import grappler_optimize
 from tflms.simulation.grappler.peak import GrapplerPeak, LiveTensor, grappler_peak
 
@@ -85,4 +85,5 @@ __all__ = [
     "prepare_metagraph",
     "virtual_gpu",
     "virtual_cpu",
+    "warn_black_boxes",
 ]

@@ -63,6 +63,8 @@ class Prepared:
         variable_bytes: bytes of the variables on the GPU.
         reads: names of the ``ReadVariableOp`` nodes.
         unknown: placeholders (and variables) that kept an unknown dimension.
+        black_boxes: control-flow and call ops Grappler's simulation takes as one op
+            each, not their bodies (``grappler_optimize`` inlines and lowers them).
     """
 
     metagraph: meta_graph_pb2.MetaGraphDef
@@ -71,6 +73,7 @@ class Prepared:
     variable_bytes: int = 0
     reads: set[str] = field(default_factory=set)
     unknown: list[str] = field(default_factory=list)
+    black_boxes: list[str] = field(default_factory=list)
 
 
 def prepare_metagraph(
@@ -143,16 +146,28 @@ def prepare_metagraph(
         if node.op == "ReadVariableOp":
             prepared.reads.add(node.name)
         if node.op in _BLACK_BOXES:
-            logger.warning(
-                "Grappler simulates %s %r as one op, not its body; run grappler_optimize first "
-                "to inline it",
-                node.op,
-                node.name,
-            )
+            prepared.black_boxes.append(f"{node.op} {node.name!r}")
     prepared.metagraph.graph_def.CopyFrom(graph_def)
     prepared.metagraph.collection_def["train_op"].node_list.value.extend(fetch_names)
     logger.debug("Grappler MetaGraph: %d nodes, fetches %s", len(graph_def.node), fetch_names)
     return prepared
+
+
+def warn_black_boxes(prepared: Prepared) -> None:
+    """Warn that a simulation takes ``prepared``'s control-flow and call ops as one op each.
+
+    Only where Grappler *simulates* the graph (peak, timeline):
+    :func:`~tflms.simulation.grappler.optimize.grappler_optimize` inlines and
+    lowers them itself.
+    """
+    if prepared.black_boxes:
+        logger.warning(
+            "Grappler simulates %d op(s) as one op each, not their bodies (%s%s); run "
+            "grappler_optimize first to inline them",
+            len(prepared.black_boxes),
+            ", ".join(prepared.black_boxes[:3]),
+            ", ..." if len(prepared.black_boxes) > 3 else "",
+        )
 
 
 def graph_def_with_handles(graph: tf.Graph) -> graph_pb2.GraphDef:

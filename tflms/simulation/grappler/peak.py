@@ -22,7 +22,7 @@ from tflms.simulation.grappler.devices import (
     make_cluster,
     make_item,
 )
-from tflms.simulation.grappler.metagraph import prepare_metagraph
+from tflms.simulation.grappler.metagraph import prepare_metagraph, warn_black_boxes
 
 __all__ = ["LiveTensor", "GrapplerPeak", "grappler_peak"]
 
@@ -179,6 +179,7 @@ def grappler_peak(
     prepared = prepare_metagraph(
         graph_or_graphdef, fetches, device, host_device, batch_size, input_shapes
     )
+    warn_black_boxes(prepared)
     if prepared.unknown and not allow_unknown_shapes:
         raise UnsupportedGraphError(
             f"Grappler needs static shapes, but {prepared.unknown} have unknown dimensions, "
