@@ -43,7 +43,11 @@ intermittent "The PMIx server's listener thread failed to start", exit code
 213), ddlrun launches the same job again after a 1 s pause, at most
 ``--start-retries`` times (2; 0 turns it off), and says so; a job any rank of
 which reached ddlrun's start-up check, or that ddlrun was told to stop, is
-never launched again (see :class:`~ddl_tf.launch.supervise.StartWatch`).
+never launched again (see :class:`~ddl_tf.launch.supervise.StartWatch`). The cause
+reproduced, a killed mpirun's session directory that a new mpirun with the same pid
+meets, cannot happen to ddlrun's jobs: each keeps mpirun's session directories in a
+fresh directory of its own, removed when the job ends (:mod:`ddl_tf.launch.session`;
+a base the user set for them wins).
 
 Jobs also run without ddlrun: plain ``mpirun``/``srun`` (export the ``DDL_*``
 variables yourself) or ``horovodrun --mpi``.
@@ -97,6 +101,7 @@ from ddl_tf.launch.hosts import (
     parse_hostfile,
     place_ranks,
 )
+from ddl_tf.launch.session import private_session_base
 from ddl_tf.launch.supervise import (
     SPAWN_FAILED_GRACE_S,
     FinishedWatch,
@@ -469,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:  # the one line that matters, not argparse's long usage above it
         print(f"ddlrun: error: {problem} (ddlrun --help lists the options)", file=sys.stderr)
         return EXIT_USAGE
+    with contextlib.ExitStack() as job:  # what lives as long as the job: mpirun's session base
+        return _run(args, job)
+
+
+def _run(args: argparse.Namespace, job: contextlib.ExitStack) -> int:
+    """Plan, check and run the job of ``args`` (:func:`main` after the usage checks)."""
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     spec = None
     try:
@@ -497,6 +508,15 @@ def main(argv: list[str] | None = None) -> int:
         checks.check_hosts_resolve([] if spec else plan.hosts or [])
         mpirun = find_mpirun(args.mpirun)
         flavor = mpi_flavor(mpirun)
+        same_machine = spec is not None or (
+            elastic is None and not plan.in_allocation and all(is_local(h.name) for h in plan.hosts)
+        )  # every daemon runs here: they all keep their session directories in the job's base
+        session = private_session_base(
+            mpirun, plan.mpi_args, flavor=flavor, same_machine=same_machine
+        )
+        plan.launcher_env.update(job.enter_context(session))
+        if base is not None:  # an elastic relaunch's mpirun too
+            base.launcher_env.update(plan.launcher_env)
         command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
         child_env = child_environment(plan, as_root=as_root)
         topology_text = _describe_topology(args, placement)

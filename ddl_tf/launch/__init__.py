@@ -5,7 +5,8 @@ counts this machine's slots, :mod:`~ddl_tf.launch.command` finds ``mpirun``
 (the one lookup every caller uses) and builds its argument list and
 environment, :mod:`~ddl_tf.launch.checks` runs the pre-flight checks, and
 :mod:`~ddl_tf.launch.supervise` runs ``mpirun`` and ends the whole job on a
-stop signal. It depends on nothing above it: the rehearsal cluster
+stop signal, in a base for ``mpirun``'s session directories of the job's own
+(:mod:`~ddl_tf.launch.session`). It depends on nothing above it: the rehearsal cluster
 (:mod:`ddl_tf.cluster`) uses it, and the ``ddlrun`` command line
 (:mod:`ddl_tf.ddlrun`) sits on top of both.
 """

@@ -49,6 +49,8 @@ class LaunchPlan:
         oversubscribe: Allow more ranks than slots.
         mpi_args: Extra arguments for mpirun, inserted before the program.
         in_allocation: Running inside a Slurm/PBS allocation (let mpirun find hosts).
+        launcher_env: Variables for mpirun itself, not exported to the ranks (where
+            it keeps its session directory, :mod:`~ddl_tf.launch.session`).
     """
 
     np: int
@@ -60,6 +62,7 @@ class LaunchPlan:
     oversubscribe: bool = False
     mpi_args: list[str] = field(default_factory=list)
     in_allocation: bool = False
+    launcher_env: dict[str, str] = field(default_factory=dict)
 
 
 def find_mpirun(explicit: str | None = None) -> str:
@@ -191,7 +194,7 @@ def child_environment(plan: LaunchPlan, *, as_root: bool) -> dict[str, str]:
     """ddlrun's environment plus the plan's variables (and Open MPI's root permission if root).
 
     Args:
-        plan: The launch plan whose ``env`` is added.
+        plan: The launch plan whose ``env`` and ``launcher_env`` are added.
         as_root: Also set Open MPI's two run-as-root permission variables.
 
     Returns:
@@ -199,6 +202,7 @@ def child_environment(plan: LaunchPlan, *, as_root: bool) -> dict[str, str]:
     """
     child = env.snapshot()
     child.update(plan.env)
+    child.update(plan.launcher_env)
     if as_root:
         child[env.OMPI_ALLOW_RUN_AS_ROOT] = "1"
         child[env.OMPI_ALLOW_RUN_AS_ROOT_CONFIRM] = "1"
