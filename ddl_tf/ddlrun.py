@@ -47,7 +47,9 @@ never launched again (see :class:`~ddl_tf.launch.supervise.StartWatch`). The cau
 reproduced, a killed mpirun's session directory that a new mpirun with the same pid
 meets, cannot happen to ddlrun's jobs: each keeps mpirun's session directories in a
 fresh directory of its own, removed when the job ends (:mod:`ddl_tf.launch.session`;
-a base the user set for them wins).
+a base the user set for them wins). So do the ranks' shared-memory backing files when
+every rank runs on this machine (``/dev/shm/ddlrun-sm-*``), which killed ranks would
+otherwise leave in ``/dev/shm``.
 
 Jobs also run without ddlrun: plain ``mpirun``/``srun`` (export the ``DDL_*``
 variables yourself) or ``horovodrun --mpi``.
@@ -101,7 +103,7 @@ from ddl_tf.launch.hosts import (
     parse_hostfile,
     place_ranks,
 )
-from ddl_tf.launch.session import private_session_base
+from ddl_tf.launch.session import private_session_base, private_sm_directory
 from ddl_tf.launch.supervise import (
     SPAWN_FAILED_GRACE_S,
     FinishedWatch,
@@ -511,10 +513,9 @@ def _run(args: argparse.Namespace, job: contextlib.ExitStack) -> int:
         same_machine = spec is not None or (
             elastic is None and not plan.in_allocation and all(is_local(h.name) for h in plan.hosts)
         )  # every daemon runs here: they all keep their session directories in the job's base
-        session = private_session_base(
-            mpirun, plan.mpi_args, flavor=flavor, same_machine=same_machine
-        )
-        plan.launcher_env.update(job.enter_context(session))
+        for private in (private_session_base, private_sm_directory):  # removed at the job's end
+            directory = private(mpirun, plan.mpi_args, flavor=flavor, same_machine=same_machine)
+            plan.launcher_env.update(job.enter_context(directory))
         if base is not None:  # an elastic relaunch's mpirun too
             base.launcher_env.update(plan.launcher_env)
         command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)

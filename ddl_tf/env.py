@@ -104,6 +104,12 @@ __all__ = [
     # set by ddlrun for its children
     "OMPI_ALLOW_RUN_AS_ROOT",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+    # where Open MPI keeps a job's files (ddlrun sets them unless the user did)
+    "PRTE_MCA_prte_tmpdir_base",
+    "PRTE_MCA_prte_local_tmpdir_base",
+    "PRTE_MCA_prte_remote_tmpdir_base",
+    "OMPI_MCA_btl_sm_backing_directory",
+    "OMPI_MCA_btl_vader_backing_directory",
 ]
 
 # --------------------------------------------------------------------------- ddl_tf
@@ -303,6 +309,30 @@ PYTHONPATH = "PYTHONPATH"
 
 OMPI_ALLOW_RUN_AS_ROOT = "OMPI_ALLOW_RUN_AS_ROOT"
 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"
+
+# --------------------------------------------------------------------------- Open MPI's files
+# Read in ``mpirun``'s environment (:mod:`ddl_tf.launch.session`): ddlrun gives each job
+# private directories through them, unless the user set one.
+
+PRTE_MCA_prte_tmpdir_base = "PRTE_MCA_prte_tmpdir_base"
+"""PRRTE's base of the session directories of ``mpirun`` and every daemon (the user's: PRRTE
+refuses it beside the ``local``/``remote`` forms, so ddlrun then sets neither)."""
+
+PRTE_MCA_prte_local_tmpdir_base = "PRTE_MCA_prte_local_tmpdir_base"
+"""... of ``mpirun``'s own session directory (``ompi.<pid>``); ddlrun sets it to the job's
+private ``$TMPDIR/ddlrun-ompi-*``."""
+
+PRTE_MCA_prte_remote_tmpdir_base = "PRTE_MCA_prte_remote_tmpdir_base"
+"""... of the other nodes' daemons (``prted.<pid>``); ddlrun sets it too when every daemon
+runs on this machine."""
+
+OMPI_MCA_btl_sm_backing_directory = "OMPI_MCA_btl_sm_backing_directory"
+"""Where the ranks' shared-memory transport keeps its backing files (``sm_segment.*``; Open
+MPI's default ``/dev/shm``). ``mpirun`` forwards it to the ranks; ddlrun sets it to the job's
+private ``/dev/shm/ddlrun-sm-*`` when every rank runs on this machine."""
+
+OMPI_MCA_btl_vader_backing_directory = "OMPI_MCA_btl_vader_backing_directory"
+"""The same parameter's older name (Open MPI 4's ``vader``), still honoured: a user setting."""
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:

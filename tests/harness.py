@@ -18,7 +18,10 @@ It also runs multi-process tests under a real ``mpirun`` (from the
 launched with :func:`mpi_env`'s environment keeps Open MPI's session
 directories in a fresh directory of its own (:func:`mpi_session_base`), so no
 job meets a killed job's leftover ``ompi.<pid>`` (Open MPI then fails at
-start-up with exit code 213); they are all removed when the test session ends.
+start-up with exit code 213), and its ranks' shared-memory backing files in
+another, in ``/dev/shm`` (:func:`mpi_sm_directory`), so killed ranks' 16 MiB
+files do not pile up in host memory; they are all removed when the test
+session ends.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # tflms.utils.cpu.BFC
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from ddl_tf import env as ddl_env  # noqa: E402
 
 HOST_DEVICE = "/device:CPU:0"
 COMPUTE_DEVICE = "/device:CPU:1"
@@ -149,36 +154,59 @@ def mpirun_executable() -> str:
         pytest.skip("no mpirun: install the 'mpi' extra (pip install 'tflms-ddl[mpi]')")
 
 
-SESSION_BASE = "PRTE_MCA_prte_tmpdir_base"
+SESSION_BASE = ddl_env.PRTE_MCA_prte_tmpdir_base
 """Open MPI 5's (PRRTE's) base of the session directories of mpirun and of every daemon
 (virtual nodes' too); the variables of its ``local_``/``remote_`` forms must not be set with it."""
 
-_SESSION_ROOTS: dict[int, Path] = {}  # pid -> the folder of that process's jobs' session bases
+SM_DIRECTORY = ddl_env.OMPI_MCA_btl_sm_backing_directory
+"""Open MPI's directory of the ranks' shared-memory backing files (``sm_segment.*``, 16 MiB
+each; default ``/dev/shm``), which mpirun forwards to the ranks."""
+
+SHM = Path("/dev/shm")
+
+_ROOTS: dict[tuple[int, str], Path] = {}  # (pid, prefix) -> the folder of that process's jobs'
+
+
+def _job_directory(prefix: str, parent: Path | None = None) -> str:
+    """A fresh, empty directory under this process's folder ``<parent>/<prefix>XXXXXXXX``."""
+    key = (os.getpid(), prefix)
+    root = _ROOTS.get(key)
+    if root is None:  # a forked child makes its own: the parent removes the parent's
+        root = _ROOTS[key] = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        atexit.register(remove_job_directories)
+    return tempfile.mkdtemp(dir=root)
 
 
 def mpi_session_base() -> str:
     """A fresh, empty directory for one job's Open MPI session directories.
 
     Made under one folder per test process (``$TMPDIR/ddl-tests-ompi-*``), which is
-    removed when the session ends (:func:`remove_session_bases`) with whatever
+    removed when the session ends (:func:`remove_job_directories`) with whatever
     killed jobs left in it.
     """
-    root = _SESSION_ROOTS.get(os.getpid())
-    if root is None:  # a forked child makes its own: the parent removes the parent's
-        root = _SESSION_ROOTS[os.getpid()] = Path(tempfile.mkdtemp(prefix="ddl-tests-ompi-"))
-        atexit.register(remove_session_bases)
-    return tempfile.mkdtemp(dir=root)
+    return _job_directory("ddl-tests-ompi-")
 
 
-def remove_session_bases() -> None:
-    """Remove the folder of this process's session bases (idempotent)."""
-    root = _SESSION_ROOTS.pop(os.getpid(), None)
-    if root is not None:
-        shutil.rmtree(root, ignore_errors=True)
+def mpi_sm_directory() -> str | None:
+    """A fresh, empty directory in host memory for one job's shared-memory backing files.
+
+    Made under one folder per test process (``/dev/shm/ddl-tests-sm-*``: host memory,
+    as Open MPI's default), removed when the session ends with whatever killed ranks
+    left in it; None where ``/dev/shm`` is not a writable directory.
+    """
+    if not (SHM.is_dir() and os.access(SHM, os.W_OK | os.X_OK)):
+        return None
+    return _job_directory("ddl-tests-sm-", SHM)
+
+
+def remove_job_directories() -> None:
+    """Remove this process's folders of session bases and shared-memory files (idempotent)."""
+    for key in [key for key in _ROOTS if key[0] == os.getpid()]:
+        shutil.rmtree(_ROOTS.pop(key), ignore_errors=True)
 
 
 def pytest_unconfigure(config) -> None:
-    remove_session_bases()
+    remove_job_directories()
 
 
 def mpi_env(extra: dict[str, str] | None = None, *, session_base: bool = True) -> dict[str, str]:
@@ -187,19 +215,30 @@ def mpi_env(extra: dict[str, str] | None = None, *, session_base: bool = True) -
     Args:
         extra: Variables to set (or replace).
         session_base: Give the job a fresh base for Open MPI's session directories
-            (:func:`mpi_session_base`) unless ``extra`` or this process's environment
-            already sets one. False leaves the choice to the launcher (ddlrun makes its own).
+            (:func:`mpi_session_base`) and a fresh directory for its shared-memory
+            files (:func:`mpi_sm_directory`), each unless ``extra`` or this process's
+            environment already sets one. False leaves both to the launcher (ddlrun
+            makes its own).
     """
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    if os.geteuid() == 0:
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     env.update(extra or {})
-    bases = (SESSION_BASE, "PRTE_MCA_prte_local_tmpdir_base", "PRTE_MCA_prte_remote_tmpdir_base")
+    bases = (
+        SESSION_BASE,
+        ddl_env.PRTE_MCA_prte_local_tmpdir_base,
+        ddl_env.PRTE_MCA_prte_remote_tmpdir_base,
+    )
     if session_base and not any(env.get(name) for name in bases):
         env[SESSION_BASE] = mpi_session_base()
+    sm = (SM_DIRECTORY, ddl_env.OMPI_MCA_btl_vader_backing_directory)
+    if session_base and not any(env.get(name) for name in sm):
+        directory = mpi_sm_directory()
+        if directory is not None:
+            env[SM_DIRECTORY] = directory
     return env
 
 

@@ -49,8 +49,10 @@ class LaunchPlan:
         oversubscribe: Allow more ranks than slots.
         mpi_args: Extra arguments for mpirun, inserted before the program.
         in_allocation: Running inside a Slurm/PBS allocation (let mpirun find hosts).
-        launcher_env: Variables for mpirun itself, not exported to the ranks (where
-            it keeps its session directory, :mod:`~ddl_tf.launch.session`).
+        launcher_env: Variables for mpirun itself, not exported to the ranks with ``-x``
+            (where it keeps its session directory; Open MPI forwards its own
+            ``OMPI_MCA_*`` ones, the shared-memory directory, to the ranks itself:
+            :mod:`~ddl_tf.launch.session`).
     """
 
     np: int

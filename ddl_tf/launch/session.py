@@ -1,4 +1,4 @@
-"""A private place for ``mpirun``'s session directory, one per ddlrun job, removed when it ends.
+"""Private places for Open MPI's files, one set per ddlrun job, removed when it ends.
 
 Open MPI 5's ``mpirun`` (PRRTE) keeps its session directory in
 ``$TMPDIR/ompi.<pid>`` (``prted.<pid>`` for the daemon of a node), with
@@ -25,13 +25,29 @@ parameter files (as ``prte_info`` reports them), ddlrun sets nothing -
 PRRTE refuses ``prte_tmpdir_base`` together with either of the others. The
 same holds for an MPI other than Open MPI.
 
+The ranks' shared-memory transport (``btl/sm``) keeps one 16 MiB backing file
+per rank, ``sm_segment.<host>.<uid>.<job>.<local rank>``, in ``/dev/shm``,
+outside the session directory; killed ranks leave them there, in host memory.
+:func:`private_sm_directory` gives each job whose ranks all run on this
+machine a fresh ``/dev/shm/ddlrun-sm-XXXXXXXX`` instead (still host memory,
+so no slower), through ``btl_sm_backing_directory``
+(``OMPI_MCA_btl_sm_backing_directory``, which ``mpirun`` forwards to the
+ranks), removed when the job ends. A directory the user chose wins (the
+parameter, or its old name ``btl_vader_backing_directory``, in the
+environment, the extra mpirun arguments or the parameter files as
+``ompi_info`` reports them, ~50 ms); nothing is set where ``/dev/shm`` is
+not a writable directory (Open MPI's default stays as it was), for ranks on
+other hosts (the directory exists here only: their shared-memory transport
+would turn itself off), or for another MPI.
+
 Example:
     >>> import os
+    >>> from ddl_tf import env
     >>> from ddl_tf.launch.session import private_session_base
     >>> with private_session_base("mpirun", [], flavor="openmpi", same_machine=True,
     ...                           environ={}) as variables:
-    ...     base = variables["PRTE_MCA_prte_local_tmpdir_base"]
-    ...     variables["PRTE_MCA_prte_remote_tmpdir_base"] == base, os.path.isdir(base)
+    ...     base = variables[env.PRTE_MCA_prte_local_tmpdir_base]
+    ...     variables[env.PRTE_MCA_prte_remote_tmpdir_base] == base, os.path.isdir(base)
     (True, True)
     >>> os.path.exists(base)
     False
@@ -44,6 +60,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -55,28 +72,48 @@ from ddl_tf import env
 
 __all__ = [
     "SESSION_PARAMETERS",
-    "LOCAL_BASE",
-    "REMOTE_BASE",
+    "SESSION_VARIABLES",
     "PREFIX",
+    "SM_PARAMETERS",
+    "SM_VARIABLES",
+    "SM_PREFIX",
+    "SHM",
     "session_base_setting",
     "private_session_base",
+    "sm_directory_setting",
+    "private_sm_directory",
 ]
 
 SESSION_PARAMETERS = ("prte_tmpdir_base", "prte_local_tmpdir_base", "prte_remote_tmpdir_base")
 """PRRTE's MCA parameters for the base of the session directories (all daemons; ``mpirun``'s
 own; the other nodes'). ``prte_info --all`` lists them."""
 
-LOCAL_BASE = "PRTE_MCA_prte_local_tmpdir_base"
-"""The environment variable of ``prte_local_tmpdir_base``, which ddlrun sets for ``mpirun``."""
-
-REMOTE_BASE = "PRTE_MCA_prte_remote_tmpdir_base"
-"""... and of ``prte_remote_tmpdir_base``, set too when every daemon runs on this machine."""
+SESSION_VARIABLES = (
+    env.PRTE_MCA_prte_tmpdir_base,
+    env.PRTE_MCA_prte_local_tmpdir_base,
+    env.PRTE_MCA_prte_remote_tmpdir_base,
+)
+"""... and their environment variables, in the same order."""
 
 PREFIX = "ddlrun-ompi-"
 """How the names of ddlrun's private session bases begin (the rest is ``mkdtemp``'s)."""
 
-PRTE_INFO_TIMEOUT_S = 30.0
-"""Seconds ``prte_info --all`` may take (it answers in milliseconds)."""
+SM_PARAMETERS = ("btl_sm_backing_directory", "btl_vader_backing_directory")
+"""Open MPI's MCA parameter for the directory of the shared-memory backing files, and its
+older name (a synonym). ``ompi_info --param btl sm --level 9`` lists it."""
+
+SM_VARIABLES = (env.OMPI_MCA_btl_sm_backing_directory, env.OMPI_MCA_btl_vader_backing_directory)
+"""... and their environment variables, in the same order."""
+
+SM_PREFIX = "ddlrun-sm-"
+"""How the names of ddlrun's private shared-memory directories begin."""
+
+SHM = "/dev/shm"
+"""Open MPI's default directory of the shared-memory backing files on Linux (host memory),
+where ddlrun makes the job's own."""
+
+INFO_TIMEOUT_S = 30.0
+"""Seconds ``prte_info``/``ompi_info`` may take (they answer in milliseconds)."""
 
 _VALUE = re.compile(r'"(prte_(?:local_|remote_)?tmpdir_base)" \(current value: "([^"]*)"')
 
@@ -98,36 +135,43 @@ def session_base_setting(
         >>> session_base_setting("mpirun", ["--prtemca", "prte_tmpdir_base", "/x"], {})
         'mpirun argument prte_tmpdir_base'
     """
-    for name in SESSION_PARAMETERS:
-        value = env.get(f"PRTE_MCA_{name}", environ)
+    for variable in SESSION_VARIABLES:
+        value = env.get(variable, environ)
         if value:
-            return f"PRTE_MCA_{name}={value}"
+            return f"{variable}={value}"
     for arg in mpi_args:
         if any(name in arg for name in SESSION_PARAMETERS):
             return f"mpirun argument {arg}"
     return _parameter_files_setting(mpirun, environ)
 
 
-def _parameter_files_setting(mpirun: str, environ: Mapping[str, str] | None) -> str | None:
-    """The base set in Open MPI's parameter files, as ``prte_info`` next to ``mpirun`` sees it."""
+def _info_output(
+    mpirun: str, tool: str, args: Sequence[str], environ: Mapping[str, str] | None
+) -> str | None:
+    """What ``tool`` (``prte_info``, ``ompi_info``) next to ``mpirun`` prints; None without it."""
     found = shutil.which(mpirun)
     if found is None:
         return None
-    info = Path(found).parent / "prte_info"
+    info = Path(found).parent / tool
     if not info.is_file():
         return None
     try:
-        out = subprocess.run(
-            [str(info), "--all"],
+        return subprocess.run(
+            [str(info), *args],
             capture_output=True,
             text=True,
-            timeout=PRTE_INFO_TIMEOUT_S,
+            timeout=INFO_TIMEOUT_S,
             env=env.snapshot(environ),
             check=False,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
-    for name, value in _VALUE.findall(" ".join(out.split())):
+
+
+def _parameter_files_setting(mpirun: str, environ: Mapping[str, str] | None) -> str | None:
+    """The base set in Open MPI's parameter files, as ``prte_info`` next to ``mpirun`` sees it."""
+    out = _info_output(mpirun, "prte_info", ["--all"], environ)
+    for name, value in _VALUE.findall(" ".join((out or "").split())):
         if value:
             return f"{name}={value} (Open MPI's parameter files)"
     return None
@@ -168,9 +212,108 @@ def private_session_base(
         yield {}
         return
     try:
-        variables = {LOCAL_BASE: base}
+        variables = {env.PRTE_MCA_prte_local_tmpdir_base: base}
         if same_machine:
-            variables[REMOTE_BASE] = base
+            variables[env.PRTE_MCA_prte_remote_tmpdir_base] = base
         yield variables
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def sm_directory_setting(
+    mpirun: str, mpi_args: Sequence[str], environ: Mapping[str, str] | None = None
+) -> str | None:
+    """Where the user already set the directory of the shared-memory backing files, if anywhere.
+
+    Args:
+        mpirun: The launcher (its ``ompi_info`` next to it reads the parameter files).
+        mpi_args: Extra mpirun arguments of the job (``--mpi-args``).
+        environ: The environment ``mpirun`` gets (default: this process's).
+
+    Returns:
+        The setting, e.g. ``"OMPI_MCA_btl_sm_backing_directory=/scratch"``, or None.
+
+    Example:
+        >>> sm_directory_setting("mpirun", ["--mca", "btl_sm_backing_directory", "/x"], {})
+        'mpirun argument btl_sm_backing_directory'
+    """
+    for variable in SM_VARIABLES:
+        value = env.get(variable, environ)
+        if value:
+            return f"{variable}={value}"
+    for arg in mpi_args:
+        if any(name in arg for name in SM_PARAMETERS):
+            return f"mpirun argument {arg}"
+    return _ompi_info_sm_setting(mpirun, environ)
+
+
+def _ompi_info_sm_setting(mpirun: str, environ: Mapping[str, str] | None) -> str | None:
+    """The directory set anywhere ``ompi_info`` next to ``mpirun`` looks (its parameter files)."""
+    name = SM_PARAMETERS[0]
+    args = ["--param", "btl", "sm", "--level", "9", "--parsable"]
+    out = _info_output(mpirun, "ompi_info", args, environ) or ""
+    prefix = f"mca:btl:sm:param:{name}:"
+    fields = dict(
+        line[len(prefix) :].partition(":")[::2]
+        for line in out.splitlines()
+        if line.startswith(prefix)
+    )
+    source = fields.get("source", "default")
+    if source == "default":
+        return None
+    return f"{name}={fields.get('value', '')} (ompi_info: {source})"
+
+
+@contextlib.contextmanager
+def private_sm_directory(
+    mpirun: str,
+    mpi_args: Sequence[str],
+    *,
+    flavor: str,
+    same_machine: bool,
+    environ: Mapping[str, str] | None = None,
+    shm: str = SHM,
+) -> Iterator[dict[str, str]]:
+    """A fresh directory in host memory for the job's shared-memory backing files.
+
+    Args:
+        mpirun: The launcher.
+        mpi_args: Extra mpirun arguments of the job.
+        flavor: ``"openmpi"`` or ``"hydra"``; only Open MPI gets one.
+        same_machine: Every rank of the job runs on this machine (the directory exists
+            here only); else nothing is set.
+        environ: The environment ``mpirun`` gets (default: this process's).
+        shm: Where to make it (``/dev/shm``); nothing is set unless it is a writable
+            directory.
+
+    Yields:
+        The variables to add to ``mpirun``'s environment (Open MPI forwards them to the
+        ranks): ``OMPI_MCA_btl_sm_backing_directory`` and the directory
+        ``<shm>/ddlrun-sm-XXXXXXXX``, removed with whatever is in it when the block ends;
+        none when the user set a directory (:func:`sm_directory_setting`) or in the
+        cases above.
+
+    Example:
+        >>> with private_sm_directory("mpirun", [], flavor="openmpi", same_machine=False,
+        ...                           environ={}) as variables:
+        ...     variables  # ranks on other hosts: they keep Open MPI's default
+        {}
+    """
+    usable = os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK)
+    if (
+        flavor != "openmpi"
+        or not same_machine
+        or not usable
+        or sm_directory_setting(mpirun, mpi_args, environ) is not None
+    ):
+        yield {}
+        return
+    try:
+        directory = tempfile.mkdtemp(prefix=SM_PREFIX, dir=shm)
+    except OSError:
+        yield {}
+        return
+    try:
+        yield {env.OMPI_MCA_btl_sm_backing_directory: directory}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,5 +1,6 @@
 """ddlrun under a real launcher: a scheduler stopping the job, horovodrun's hostfile form,
-mpirun failing at its own start-up, the job's private base for mpirun's session directories.
+mpirun failing at its own start-up, the job's private base for mpirun's session directories
+and the job's private directory (in /dev/shm) for its ranks' shared-memory files.
 
 SIGTERM/SIGINT/SIGHUP to ddlrun are forwarded and the whole job ends.
 
@@ -21,14 +22,17 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from ddl_tf import env as ddl_env
 from ddl_tf.launch.session import (
-    LOCAL_BASE,
     PREFIX,
-    REMOTE_BASE,
+    SM_PREFIX,
     private_session_base,
+    private_sm_directory,
     session_base_setting,
+    sm_directory_setting,
 )
 from tests.harness import (
     mpi_env,
@@ -58,12 +62,41 @@ def _env(tmp_path: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     return mpi_env({"DDL_TEST_OUTDIR": str(tmp_path), **(extra or {})}, session_base=False)
 
 
+LOCAL_BASE = ddl_env.PRTE_MCA_prte_local_tmpdir_base
+REMOTE_BASE = ddl_env.PRTE_MCA_prte_remote_tmpdir_base
+SM_DIRECTORY = ddl_env.OMPI_MCA_btl_sm_backing_directory
+SHM = Path("/dev/shm")
+
+
+def _variable_of(pid: int, name: str) -> Path:
+    """The directory in variable ``name`` of rank ``pid``'s environment."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    found = [v.split(b"=", 1)[1] for v in environ if v.startswith(f"{name}=".encode())]
+    assert found, f"rank {pid} has no {name}"
+    return Path(found[0].decode())
+
+
 def _session_of(pid: int) -> Path:
     """Where the launcher of rank ``pid`` keeps its session directory (PMIx tells the rank)."""
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    found = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"PMIX_SERVER_TMPDIR=")]
-    assert found, f"rank {pid} has no PMIX_SERVER_TMPDIR"
-    return Path(found[0].decode())
+    return _variable_of(pid, "PMIX_SERVER_TMPDIR")
+
+
+def _segments(folder: Path) -> list[str]:
+    """The shared-memory backing files of Open MPI's ranks in ``folder``."""
+    return sorted(p.name for p in folder.glob("sm_segment.*"))
+
+
+def _private_sm(directory: str | Path | None) -> Path:
+    """ddlrun's private directory for the job's shared-memory files, checked as such."""
+    assert directory is not None, "the ranks got no shared-memory directory"
+    folder = Path(directory)
+    assert folder.parent == SHM and folder.name.startswith(SM_PREFIX), folder
+    return folder
+
+
+needs_shm = pytest.mark.skipif(
+    not (SHM.is_dir() and os.access(SHM, os.W_OK)), reason="no writable /dev/shm"
+)
 
 
 def _stop(tmp_path: Path, worker: str, signum: int, *args: str, start_timeout: float = 120):
@@ -86,6 +119,8 @@ def _stop(tmp_path: Path, worker: str, signum: int, *args: str, start_timeout: f
             time.sleep(0.2)
         pids = [json.loads(p.read_text())["pid"] for p in reports]
         sessions = {_session_of(pid) for pid in pids}
+        (sm,) = {_variable_of(pid, SM_DIRECTORY) for pid in pids}
+        segments = _segments(_private_sm(sm))  # the ranks' files, in the job's directory
         start = time.monotonic()
         job.send_signal(signum)
         _, err = job.communicate(timeout=HANG_SECONDS + PROCESS_MARGIN_SECONDS)
@@ -97,6 +132,8 @@ def _stop(tmp_path: Path, worker: str, signum: int, *args: str, start_timeout: f
     (session,) = sessions
     base = session.parent  # ddlrun's private base, which it removes when the job ends
     assert base.name.startswith(PREFIX) and not base.exists(), (session, err[-3000:])
+    assert segments and not sm.exists(), (sm, segments)  # removed with the files in it
+    assert not [name for name in segments if (SHM / name).exists()]
     return job.returncode, took, pids, err
 
 
@@ -209,6 +246,8 @@ def test_a_stale_session_directory_no_longer_fails_a_job(tmp_path, stale):
     assert session.name.startswith("ompi.")
     assert [r["TMPDIR"] for r in reports] == [str(stale)] * 2  # the ranks' own, unchanged
     assert not session.parent.exists()  # removed when the job ended
+    sm = _private_sm(reports[0]["sm"])  # the ranks' shared-memory files: in /dev/shm, apart
+    assert reports[0]["sm_files"] and not sm.exists()
     assert len(os.listdir(stale)) == before  # nothing of the job's left, nothing else removed
     assert sorted(p.name for p in (stale / "stale").iterdir()) == stale_rendezvous_names()
     assert took < 30, f"{took:.1f} s"
@@ -223,6 +262,65 @@ def test_a_failed_jobs_session_directory_is_removed_too(tmp_path):
     assert session.parent.parent == tmpdir and session.parent.name.startswith(PREFIX), session
     assert not session.parent.exists()
     assert not list(tmpdir.glob(f"{PREFIX}*"))
+    report = json.loads((tmp_path / "rank1.json").read_text())
+    assert report["sm_files"] and not _private_sm(report["sm"]).exists()
+
+
+def _kill_mpirun_and_ranks(tmp_path: Path, env: dict[str, str] | None = None):
+    """A ddlrun job whose mpirun and ranks are killed with SIGKILL (the OOM killer, a node's
+    watchdog) once the ranks run: ddlrun lives on. Returns the job, the ranks' shared-memory
+    directory and the backing files that were in it."""
+    mpirun_executable()  # skips without an MPI
+    job = subprocess.Popen(
+        [str(DDLRUN), "-np", "2", str(WORKERS / "cluster_sleeper.py"), "wait"],
+        cwd=REPO,
+        env=_env(tmp_path, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        reports = [tmp_path / f"rank{r}.json" for r in range(2)]
+        while not all(p.exists() for p in reports):
+            assert job.poll() is None, job.communicate()
+            assert time.monotonic() < deadline, "the ranks never reported"
+            time.sleep(0.2)
+        pids = [json.loads(p.read_text())["pid"] for p in reports]
+        (sm,) = {_variable_of(pid, SM_DIRECTORY) for pid in pids}
+        while len(_segments(sm)) < 2:  # each rank's own, made at MPI_Init
+            assert time.monotonic() < deadline, _segments(sm)
+            time.sleep(0.1)
+        segments = _segments(sm)
+        (mpirun,) = psutil.Process(job.pid).children()
+        for victim in (mpirun.pid, *pids):
+            os.kill(victim, signal.SIGKILL)
+        _, err = job.communicate(timeout=HANG_SECONDS + PROCESS_MARGIN_SECONDS)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    return job, err, sm, segments
+
+
+@needs_shm
+def test_a_killed_jobs_shared_memory_files_go_with_its_private_directory(tmp_path):
+    """mpirun and the ranks killed with SIGKILL leave their 16 MiB shared-memory files
+    behind (control: the directory the user chose keeps them); in ddlrun's own directory
+    in /dev/shm they go when the job ends, and ddlrun, alive, reports the job's status."""
+    chosen, control = tmp_path / "sm", tmp_path / "control"
+    chosen.mkdir()
+    control.mkdir()
+    job, err, sm, segments = _kill_mpirun_and_ranks(control, {SM_DIRECTORY: str(chosen)})
+    assert job.returncode == 137, err[-3000:]
+    assert sm == chosen and len(segments) == 2
+    assert _segments(chosen) == segments  # the user's directory: left as it is, files and all
+
+    job, err, sm, segments = _kill_mpirun_and_ranks(tmp_path)
+    assert job.returncode == 137, err[-3000:]
+    assert "ddlrun: job failed with exit code 137" in err, err[-3000:]
+    assert len(segments) == 2 and not _private_sm(sm).exists()
+    assert not [name for name in segments if (SHM / name).exists()]
 
 
 def test_the_users_session_base_wins_and_only_open_mpi_gets_one(tmp_path):
@@ -258,6 +356,48 @@ def test_the_users_session_base_wins_and_only_open_mpi_gets_one(tmp_path):
             (Path(v[LOCAL_BASE]) / "ompi.1").mkdir()
             raise RuntimeError
     assert not Path(v[LOCAL_BASE]).exists()
+
+
+def test_the_users_shared_memory_directory_wins_and_only_one_machine_gets_one(tmp_path):
+    mpirun = mpirun_executable()
+    environ = {"HOME": str(tmp_path)}
+    assert sm_directory_setting(mpirun, [], environ) is None
+    for variable in (SM_DIRECTORY, ddl_env.OMPI_MCA_btl_vader_backing_directory):
+        assert sm_directory_setting(mpirun, [], {**environ, variable: "/x"}) == f"{variable}=/x"
+    for name in ("btl_sm_backing_directory", "btl_vader_backing_directory"):
+        setting = sm_directory_setting(mpirun, ["--mca", name, "/x"], environ)
+        assert setting == f"mpirun argument {name}"
+    (tmp_path / ".openmpi").mkdir()  # the user's own parameter file, read by ompi_info
+    conf = tmp_path / ".openmpi" / "mca-params.conf"
+    conf.write_text("btl_sm_backing_directory = /y\n")
+    setting = sm_directory_setting(mpirun, [], environ)
+    assert setting == f"btl_sm_backing_directory=/y (ompi_info: file ({conf}:1))"
+    with private_sm_directory(
+        mpirun, [], flavor="openmpi", same_machine=True, environ=environ, shm=str(tmp_path)
+    ) as v:
+        assert v == {}
+    environ["HOME"] = str(tmp_path / "nowhere")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    for flavor, same_machine in (("hydra", True), ("openmpi", False)):
+        with private_sm_directory(
+            mpirun, [], flavor=flavor, same_machine=same_machine, environ=environ, shm=str(shm)
+        ) as v:
+            assert v == {}
+    missing = str(tmp_path / "missing")
+    with private_sm_directory(
+        mpirun, [], flavor="openmpi", same_machine=True, environ=environ, shm=missing
+    ) as v:
+        assert v == {}
+    with pytest.raises(RuntimeError):  # removed, with the files in it, on an exception too
+        with private_sm_directory(
+            mpirun, [], flavor="openmpi", same_machine=True, environ=environ, shm=str(shm)
+        ) as v:
+            folder = Path(v[SM_DIRECTORY])
+            assert folder.parent == shm and folder.name.startswith(SM_PREFIX)
+            (folder / "sm_segment.host.0.1.0").write_bytes(b"\0")
+            raise RuntimeError
+    assert not folder.exists() and not list(shm.iterdir())
 
 
 def test_a_job_whose_ranks_ran_is_never_launched_again(tmp_path):

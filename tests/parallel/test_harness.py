@@ -1,5 +1,6 @@
-"""The mpirun harness itself: real jobs run, hung jobs are killed and reported, and no job
-meets a killed job's leftover session directory."""
+"""The mpirun harness itself: real jobs run, hung jobs are killed and reported, no job
+meets a killed job's leftover session directory, and killed jobs' shared-memory files do
+not stay in /dev/shm."""
 
 import os
 import shutil
@@ -11,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.harness import (
+    REPO,
     SESSION_BASE,
+    SHM,
+    SM_DIRECTORY,
     mpi_env,
     mpirun_executable,
     stale_rendezvous_names,
@@ -66,6 +70,10 @@ def test_a_direct_mpirun_job_never_meets_a_stale_session_directory(mpirun, tmp_p
     ), session
     assert [r["TMPDIR"] for r in result.rank_outputs] == [str(stale)] * 2  # theirs, unchanged
     assert "The PMIx server's" not in result.stderr
+    if SHM.is_dir() and os.access(SHM, os.W_OK):  # and the shared-memory files: in /dev/shm, apart
+        sm = Path(result.rank_outputs[0]["sm"])
+        assert sm.parent.parent == SHM and sm.parent.name.startswith("ddl-tests-sm-"), sm
+        assert len(result.rank_outputs[0]["sm_files"]) == 2
 
 
 def test_each_launch_gets_its_own_session_base_until_the_session_ends():
@@ -77,3 +85,29 @@ def test_each_launch_gets_its_own_session_base_until_the_session_ends():
     local = mpi_env({"PRTE_MCA_prte_local_tmpdir_base": "/scratch"})
     assert SESSION_BASE not in local  # PRRTE refuses it beside the local/remote form
     assert mpi_env(session_base=False).get(SESSION_BASE) == os.environ.get(SESSION_BASE)
+
+
+@pytest.mark.skipif(not (SHM.is_dir() and os.access(SHM, os.W_OK)), reason="no /dev/shm")
+def test_each_launch_gets_its_own_shared_memory_directory_until_the_session_ends():
+    first, second = (Path(mpi_env()[SM_DIRECTORY]) for _ in range(2))
+    assert first != second and first.parent == second.parent and first.parent.parent == SHM
+    assert first.parent.name.startswith("ddl-tests-sm-")
+    assert first.is_dir() and not any(first.iterdir())
+    assert mpi_env({SM_DIRECTORY: "/scratch"})[SM_DIRECTORY] == "/scratch"  # a test's wins
+    vader = mpi_env({"OMPI_MCA_btl_vader_backing_directory": "/scratch"})  # its old name
+    assert vader.get(SM_DIRECTORY) == os.environ.get(SM_DIRECTORY)
+    assert mpi_env(session_base=False).get(SM_DIRECTORY) == os.environ.get(SM_DIRECTORY)
+    # a test process's folders go when it ends, with what killed jobs left in them
+    code = (
+        "import os, sys; from tests.harness import mpi_env; e = mpi_env();"
+        "open(os.path.join(e['OMPI_MCA_btl_sm_backing_directory'], 'sm_segment.x'), 'w');"
+        "print(e['OMPI_MCA_btl_sm_backing_directory'], e['PRTE_MCA_prte_tmpdir_base'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in (SM_DIRECTORY, SESSION_BASE)}
+    child = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    sm, base = map(Path, child.stdout.split())
+    assert sm.parent.parent == SHM and not sm.parent.exists(), sm
+    assert not base.parent.exists(), base
