@@ -16,18 +16,17 @@ convolution network), each trained by one custom AdamW loop in six ways:
   checkpoints kept at every cut, every second or every fourth: a transformer
   block has two cuts, a residual MLP or TCN block one, a Conv + BatchNorm +
   ReLU block four);
-* ``tflms_segments1_near``: ``recompute_segments=1`` with
-  ``swapout_threshold=4`` and ``swapin_ahead=2``: a tensor read by the
-  backward pass more than 4 levels after it is made is re-run (not only those
-  read 40 levels later: the last block before the loss too, as ``RematScope``
-  re-runs every block), and each re-run starts 2 levels before its first
-  reader instead of 8 (a re-run has no copy to hide; started late, it holds
-  its tensors for less of the backward pass).
+  (A segment re-runs every tensor its backward pass reads, the last block's
+  before the loss too, as ``RematScope`` re-runs every block, each re-run
+  started at most 2 levels before its first reader.)
 
 A family's tflms figure (``best_segments``) is the segment setting that
-spends the least CPU time among those whose peak is at or under
-``RematScope``'s and whose weights equal plain training's; when none is, the
-lowest peak of them all. Every setting's row stays in the JSON.
+re-runs the fewest dense ops (then: spends the least CPU time) among those
+whose peak is at or under ``RematScope``'s and whose weights equal plain
+training's; when none is, the lowest peak of them all. Dense ops first:
+their count is the same in every run, where CPU times of settings doing the
+same work differ by several percent from run to run on this machine. Every
+setting's row stays in the JSON.
 
 Each run is a fresh process (oneDNN's allocator on any x86-64 CPU,
 ``tflms.utils.cpu.measurement_env``) that measures the step's allocator peak
@@ -45,9 +44,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,14 +63,15 @@ VARIANTS = {
     "tflms_segments1": dict(swap=False, recompute=True, recompute_segments=1),
     "tflms_segments2": dict(swap=False, recompute=True, recompute_segments=2),
     "tflms_segments4": dict(swap=False, recompute=True, recompute_segments=4),
-    "tflms_segments1_near": dict(
-        swap=False, recompute=True, recompute_segments=1, swapout_threshold=4, swapin_ahead=2
-    ),
 }
 SEGMENT_VARIANTS = tuple(v for v in VARIANTS if v.startswith("tflms_segments"))
 """The segment settings; :func:`best_segments` picks each family's tflms figure among them."""
 FAMILIES = ("gpt", "cnn", "mlp", "tcn")
 TIMED_STEPS = 5
+DENSE_OPS = re.compile(
+    r'^\s*op: "(_Fused)?(MatMul|BatchMatMul\w*|Conv\w*|DepthwiseConv\w*|Einsum)"$'
+)
+"""The dense op types counted in the runtime's optimized step (backprop ops included)."""
 
 
 def worker(family: str, variant: str) -> dict:
@@ -109,6 +112,7 @@ def worker(family: str, variant: str) -> dict:
         "weights": hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights)).hexdigest(),
         "steps": 1 + 4 + TIMED_STEPS,
     }
+    out["dense_ops"] = _dense_ops()
     if options:
         plan = fn.plan_for(x, y)
         out["plan"] = {
@@ -120,16 +124,31 @@ def worker(family: str, variant: str) -> dict:
     return out
 
 
+def _dense_ops() -> int | None:
+    """Dense ops of the training step's graph as the runtime ran it (see the module doc)."""
+    found = sorted(
+        Path(os.environ["TF_DUMP_GRAPH_PREFIX"]).glob("*.after_graph_optimization.pbtxt")
+    )
+    sizes = {p: p.stat().st_size for p in found}
+    if not sizes:
+        return None
+    step = max(sizes, key=sizes.get)  # the step, not the variables' initializers
+    return sum(1 for line in step.read_text().splitlines() if DENSE_OPS.match(line))
+
+
 def _run(family: str, variant: str) -> dict:
     from tflms.utils.cpu import measurement_env
 
-    done = subprocess.run(
-        [sys.executable, __file__, "--worker", family, variant],
-        capture_output=True,
-        text=True,
-        env=measurement_env(),
-        timeout=1800,
-    )
+    with tempfile.TemporaryDirectory(prefix="bench_remat_") as dump:
+        env = measurement_env()
+        env.update(TF_DUMP_GRAPH_PREFIX=dump, TF_DUMP_GRAPH_NAME_FILTER="*")
+        done = subprocess.run(
+            [sys.executable, __file__, "--worker", family, variant],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1][:300]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -145,6 +164,7 @@ def _summary(runs: list[dict]) -> dict:
         "step_cpu_seconds": round(statistics.median(r["step_cpu_seconds"] for r in ok), 4),
         "runs": len(ok),
         "weights": sorted({r["weights"] for r in ok}),
+        "dense_ops": ok[0].get("dense_ops"),
         **({"plan": ok[0]["plan"]} if "plan" in ok[0] else {}),
     }
 
@@ -154,12 +174,12 @@ def best_segments(rows: dict) -> dict | None:
 
     >>> rows = {"rematscope": {"peak_mib": 90.0},
     ...         "tflms_segments1": {"peak_mib": 97.0, "step_cpu_seconds": 0.50,
-    ...                             "bitwise_with_plain": True},
+    ...                             "dense_ops_rerun": 4, "bitwise_with_plain": True},
     ...         "tflms_segments2": {"peak_mib": 89.0, "step_cpu_seconds": 0.56,
-    ...                             "bitwise_with_plain": True},
+    ...                             "dense_ops_rerun": 6, "bitwise_with_plain": True},
     ...         "tflms_segments4": {"peak_mib": 81.0, "step_cpu_seconds": 0.55,
-    ...                             "bitwise_with_plain": True}}
-    >>> best_segments(rows)["setting"]  # both at or under 90 MiB: the cheaper one
+    ...                             "dense_ops_rerun": 6, "bitwise_with_plain": True}}
+    >>> best_segments(rows)["setting"]  # at or under 90 MiB, as many dense ops: less CPU
     'tflms_segments4'
     >>> rows["rematscope"]["peak_mib"] = 80.0  # none: the lowest peak
     >>> best_segments(rows)["setting"]
@@ -175,7 +195,10 @@ def best_segments(rows: dict) -> dict | None:
         if scope is not None and row["peak_mib"] <= scope and row.get("bitwise_with_plain")
     }
     if level:
-        name = min(level, key=lambda v: level[v]["step_cpu_seconds"])
+        name = min(
+            level,
+            key=lambda v: (level[v].get("dense_ops_rerun") or 0, level[v]["step_cpu_seconds"]),
+        )
     else:
         name = min(segments, key=lambda v: segments[v]["peak_mib"])
     return {"setting": name, **segments[name]}
@@ -232,6 +255,8 @@ def main() -> None:
             row["peak_vs_plain"] = round(row["peak_mib"] / plain["peak_mib"], 3)
             row["cpu_vs_plain"] = round(row["step_cpu_seconds"] / plain["step_cpu_seconds"], 3)
             row["bitwise_with_plain"] = row["weights"] == plain["weights"]
+            if row.get("dense_ops") is not None and plain.get("dense_ops") is not None:
+                row["dense_ops_rerun"] = row["dense_ops"] - plain["dense_ops"]
         best = best_segments(rows)
         result["families"][family] = {
             "variants": rows,

@@ -193,7 +193,10 @@ class LMSConfig:
     (:mod:`tflms.plan.segments`): the forward pass is cut where one tensor
     alone carries it on (the residual stream between two blocks), and every
     N-th cut is kept. 1: every cut kept (short segments); larger: fewer
-    checkpoints, longer segments re-run at once. ``0``: no segments. With
+    checkpoints, longer segments re-run at once. A segment re-runs every
+    tensor the backward pass reads, however near the loss
+    (``swapout_threshold`` does not apply: a re-run has no copy to hide), each
+    started at most 2 levels before its first reader. ``0``: no segments. With
     ``memory_budget`` the auto-tuner decides."""
 
     reorder: bool = False

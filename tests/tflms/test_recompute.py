@@ -141,7 +141,8 @@ def test_autotune_reruns_matmuls_over_a_slow_link_only():
     slow = tflms.autotune(view, budget, safety_margin=0, link="pcie3")
     fast = tflms.autotune(view, budget, safety_margin=0, link="ideal")
     assert slow.lms_needed and slow.result.device_peak_bytes <= budget
-    assert slow.config.recompute_dense > 0, slow.summary()
+    # matmuls re-run where copies are too slow: dense ops beside swaps, or whole segments
+    assert slow.config.recompute_dense > 0 or slow.config.recompute_segments, slow.summary()
     assert "MatMul" in _types(view, slow.plan)
     assert fast.config.recompute_dense == 0  # the tuner does not try it without copy time
     assert any(c.options["recompute_dense"] for c in slow.candidates)

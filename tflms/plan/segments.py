@@ -18,15 +18,18 @@ cheap-op groups of :mod:`tflms.plan.recompute`, dense ops included:
    :data:`STRAGGLERS` of its bytes) that stay kept.
 3. **Checkpoints.** Every ``LMSConfig.recompute_segments``-th cut is kept;
    the forward pass between two checkpoints is a segment.
-4. **Groups.** Each segment's tensors that the backward pass reads (more than
-   ``swapout_threshold`` levels after they are made) are re-run from the
-   checkpoint before it: the group grows back from them through every op the
+4. **Groups.** Each segment's tensors that the backward pass reads are re-run
+   from the checkpoint before it, however soon after the turn the reader
+   comes (the last block before the loss too, as ``RematScope`` re-runs every
+   block: ``swapout_threshold`` is the distance a swap needs to hide its
+   copy, and a re-run copies nothing), unless the reader comes within
+   :data:`RERUN_AHEAD` levels of the tensor's making (nothing to free): the group grows back from them through every op the
    tensors depend on, to checkpoints, resident tensors (weights, inputs, small
    tensors) and tensors of other segments. An op that cannot be re-run (a
    stateful op, control flow, an op Grappler rewrites differently once it is
    cloned) keeps its outputs instead, and the clones read what is kept rather
    than re-run it. The backward readers are rerouted to the clones, which
-   start at a trigger ``swapin_ahead`` levels before the first of them; the
+   start at a trigger :data:`RERUN_AHEAD` levels before the first of them; the
    forward readers keep the originals, and a *hold* stands in for the
    rerouted ones, so Grappler rewrites the forward pass as it does without the
    plan (:class:`~tflms.plan.entries.Recompute`).
@@ -103,6 +106,12 @@ STREAM_FRACTION = 8
 
 MAX_SEGMENT_OPS = 2000
 """A segment of more ops is not re-run (its group would not be cheap to check)."""
+
+RERUN_AHEAD = 2
+"""A segment's re-run starts at most this many levels before its first reader
+(``swapin_ahead`` when that is smaller): a re-run has no copy to hide, and each
+level earlier holds the segment's tensors through that much more of the
+backward pass, beside the next segment's."""
 
 
 def turn_level(view: nx.DiGraph) -> int:
@@ -251,8 +260,7 @@ def plan_segments(
     Args:
         view: the analysis view (without tflms ops).
         config: ``recompute_segments`` (every how many cuts a checkpoint is
-            kept), ``swapout_threshold`` (what the backward pass reads far
-            enough from its making), ``swapin_ahead`` (triggers),
+            kept), ``swapin_ahead`` (triggers, at most :data:`RERUN_AHEAD`),
             ``min_tensor_bytes`` (smaller tensors are kept).
         target: the device that times the clones.
         taken: ops other groups already re-run.
@@ -271,6 +279,8 @@ def plan_segments(
     activations = batch_dependent(view)  # the rest (a weight's cast, a mask) is kept
     trigger_ok = trigger_filter(view)
     memo: dict[str, tuple[bool, float]] = {}
+    ahead = min(config.swapin_ahead, RERUN_AHEAD)
+    rerun_config = config.replace(swapin_ahead=ahead)
 
     def rerunnable(op: str) -> bool:
         if op not in memo:
@@ -286,8 +296,8 @@ def plan_segments(
             memo[op] = (seconds is not None, seconds or 0.0)
         return memo[op][0]
 
-    def far(op: str, consumer: str) -> bool:
-        return levels[consumer] >= turn and levels[consumer] - levels[op] > config.swapout_threshold
+    def far(op: str, consumer: str) -> bool:  # a backward reader the re-run can start for
+        return levels[consumer] >= turn and levels[consumer] - levels[op] > ahead
 
     groups = []
     lo = -1
@@ -296,6 +306,7 @@ def plan_segments(
             op
             for op in view
             if lo < levels[op] <= hi
+            and levels[op] < turn
             and rerunnable(op)
             and any(
                 info.bytes >= max(config.min_tensor_bytes, 1)
@@ -310,7 +321,7 @@ def plan_segments(
             continue
         ordered = sorted(group, key=lambda op: (levels[op], op))
         entry = make_group(
-            view, ordered, levels, config, trigger_ok, memo, far=far, per_tensor=True
+            view, ordered, levels, rerun_config, trigger_ok, memo, far=far, per_tensor=True
         )
         if entry is not None:
             groups.append(entry)
