@@ -112,7 +112,7 @@ def cost() -> list[dict]:
         view = tflms.build_view(graph, config=config)
         plan = tflms.make_plan(view, config.replace(swapout_threshold=8, min_tensor_bytes=0))
         guard = RewriteGuard(
-            graph.as_graph_def(),
+            graph,
             fetches=[t.op.name for t in graph.outputs] + [o.name for o in graph.control_outputs],
             device=check_device(view),
             host_device="/device:CPU:0",

@@ -228,7 +228,6 @@ class Pipeline:
             PlanInfeasibleError: with ``memory_budget``, no plan fits once the
                 ops are pinned (the message says so, and names the way out).
         """
-        from tflms.simulation.grappler.metagraph import graph_def_with_handles
         from tflms.simulation.grappler.rewrites import (  # Grappler: only when a plan is made
             RewriteGuard,
             check_device,
@@ -237,7 +236,7 @@ class Pipeline:
         )
 
         guard = RewriteGuard(
-            graph_def_with_handles(graph),
+            graph,
             fetches=step_fetches(graph, outputs),
             device=check_device(view),
             host_device=self.config.host_device,

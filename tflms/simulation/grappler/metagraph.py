@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2, types_pb2
+from tensorflow.core.framework import cpp_shape_inference_pb2, graph_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.ops import handle_data_util
 
@@ -36,6 +36,9 @@ __all__ = ["Prepared", "prepare_metagraph", "node_name", "graph_def_with_handles
 logger = logging.getLogger(__name__)
 
 _RESOURCE = types_pb2.DT_RESOURCE
+_HandleShapeAndType = cpp_shape_inference_pb2.CppShapeInferenceResult.HandleShapeAndType
+"""What a graph's resource handle data holds per variable (dtype, shape): the same message
+whether read from a ``tf.Graph`` or from a GraphDef's attributes."""
 _VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
 HANDLE_DTYPES, HANDLE_SHAPES = "_handle_dtypes", "_handle_shapes"
 """Attributes of a variable's resource placeholder in a GraphDef: its dtype and shape (the
@@ -197,14 +200,6 @@ def graph_def_with_handles(graph: tf.Graph) -> graph_pb2.GraphDef:
     return graph_def
 
 
-@dataclass(frozen=True)
-class _Handle:
-    """A variable's dtype enum and ``TensorShapeProto``, read from a GraphDef's attributes."""
-
-    dtype: int
-    shape: object
-
-
 def _source(graph):
     """(GraphDef copy, variable handle data by placeholder name, default fetches)."""
     if isinstance(graph, tf.types.experimental.ConcreteFunction):
@@ -225,8 +220,9 @@ def _source(graph):
         graph_def = graph_pb2.GraphDef()
         graph_def.CopyFrom(graph)
         handles = {
-            node.name: _Handle(
-                node.attr[HANDLE_DTYPES].list.type[0], node.attr[HANDLE_SHAPES].list.shape[0]
+            node.name: _HandleShapeAndType(
+                dtype=node.attr[HANDLE_DTYPES].list.type[0],
+                shape=node.attr[HANDLE_SHAPES].list.shape[0],
             )
             for node in graph_def.node
             if node.op == "Placeholder"

@@ -66,6 +66,7 @@ from tflms.graph.view import SWAP_ATTR
 from tflms.plan.entries import SCOPE
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.grappler.devices import VIRTUAL_GPU
+from tflms.simulation.grappler.metagraph import graph_def_with_handles
 from tflms.simulation.grappler.optimize import grappler_optimize
 from tflms.utils.devices import parse_device
 
@@ -401,9 +402,16 @@ def structure_of(optimized: graph_pb2.GraphDef) -> Structure:
     return structure
 
 
+def _step_graph_def(graph: graph_pb2.GraphDef | tf.Graph) -> graph_pb2.GraphDef:
+    """A step's GraphDef as the check needs it: a ``tf.Graph``'s variables keep their shapes
+    (:func:`~tflms.simulation.grappler.metagraph.graph_def_with_handles`; shapes decide some
+    of Grappler's rewrites); a GraphDef is taken as it is."""
+    return graph_def_with_handles(graph) if isinstance(graph, tf.Graph) else graph
+
+
 def compare_rewrites(
-    original: graph_pb2.GraphDef,
-    rewritten: graph_pb2.GraphDef,
+    original: graph_pb2.GraphDef | tf.Graph,
+    rewritten: graph_pb2.GraphDef | tf.Graph,
     *,
     fetches: Sequence[str] | None = None,
     device: str = VIRTUAL_GPU,
@@ -414,8 +422,9 @@ def compare_rewrites(
     """Whether Grappler rewrites ``rewritten`` (``original`` + a plan) as it rewrites ``original``.
 
     Args:
-        original: the step's graph without the plan.
-        rewritten: the same graph with the plan applied (same names).
+        original: the step's graph without the plan: a ``tf.Graph`` (its
+            variables' shapes kept) or a GraphDef (as it is).
+        rewritten: the same graph with the plan applied (same names), either form.
         fetches, device, host_device, batch_size: as for :func:`grappler_structure`.
         before: ``grappler_structure(original, ...)`` when already computed
             (the original is then not optimized again).
@@ -424,9 +433,9 @@ def compare_rewrites(
         A :class:`RewriteCheck`; :attr:`RewriteCheck.agree` is the verdict.
     """
 
-    def structure(graph_def):
+    def structure(graph):
         return grappler_structure(
-            graph_def,
+            _step_graph_def(graph),
             fetches=fetches,
             device=device,
             host_device=host_device,
@@ -509,7 +518,8 @@ class RewriteGuard:
     The step's own optimized structure is computed once, at the first check.
 
     Args:
-        graph_def: the step's graph without tflms' ops (only copied).
+        graph: the step's graph without tflms' ops: a ``tf.Graph`` (its variables'
+            shapes kept) or a GraphDef (only copied).
         fetches: the ops the step runs to (:func:`step_fetches`); ``None``:
             the graph's sinks.
         device: the compute device (:func:`check_device`).
@@ -520,14 +530,14 @@ class RewriteGuard:
 
     def __init__(
         self,
-        graph_def: graph_pb2.GraphDef,
+        graph: graph_pb2.GraphDef | tf.Graph,
         *,
         fetches: Sequence[str] | None,
         device: str,
         host_device: str,
         batch_size: int | None,
     ):
-        self.graph_def = graph_def
+        self.graph_def = _step_graph_def(graph)
         self.fetches, self.device, self.host_device = fetches, device, host_device
         self.batch_size = batch_size
         self.before: Structure | None = None
