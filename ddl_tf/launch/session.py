@@ -135,14 +135,27 @@ def session_base_setting(
         >>> session_base_setting("mpirun", ["--prtemca", "prte_tmpdir_base", "/x"], {})
         'mpirun argument prte_tmpdir_base'
     """
-    for variable in SESSION_VARIABLES:
+    return _user_setting(SESSION_VARIABLES, SESSION_PARAMETERS, mpi_args, environ) or (
+        _parameter_files_setting(mpirun, environ)
+    )
+
+
+def _user_setting(
+    variables: Sequence[str],
+    parameters: Sequence[str],
+    mpi_args: Sequence[str],
+    environ: Mapping[str, str] | None,
+) -> str | None:
+    """The first of ``variables`` set in ``environ``, else an mpirun argument naming one of
+    ``parameters``, as ``"NAME=value"`` or ``"mpirun argument ARG"``; None when neither."""
+    for variable in variables:
         value = env.get(variable, environ)
         if value:
             return f"{variable}={value}"
     for arg in mpi_args:
-        if any(name in arg for name in SESSION_PARAMETERS):
+        if any(name in arg for name in parameters):
             return f"mpirun argument {arg}"
-    return _parameter_files_setting(mpirun, environ)
+    return None
 
 
 def _info_output(
@@ -237,14 +250,9 @@ def sm_directory_setting(
         >>> sm_directory_setting("mpirun", ["--mca", "btl_sm_backing_directory", "/x"], {})
         'mpirun argument btl_sm_backing_directory'
     """
-    for variable in SM_VARIABLES:
-        value = env.get(variable, environ)
-        if value:
-            return f"{variable}={value}"
-    for arg in mpi_args:
-        if any(name in arg for name in SM_PARAMETERS):
-            return f"mpirun argument {arg}"
-    return _ompi_info_sm_setting(mpirun, environ)
+    return _user_setting(SM_VARIABLES, SM_PARAMETERS, mpi_args, environ) or (
+        _ompi_info_sm_setting(mpirun, environ)
+    )
 
 
 def _ompi_info_sm_setting(mpirun: str, environ: Mapping[str, str] | None) -> str | None:

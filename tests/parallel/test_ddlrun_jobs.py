@@ -99,6 +99,16 @@ needs_shm = pytest.mark.skipif(
 )
 
 
+def _rank_pids(job: subprocess.Popen, tmp_path: Path, deadline: float) -> list[int]:
+    """The two ranks' pids, once each wrote its report to ``tmp_path`` (the job still running)."""
+    reports = [tmp_path / f"rank{r}.json" for r in range(2)]
+    while not all(p.exists() for p in reports):
+        assert job.poll() is None, job.communicate()
+        assert time.monotonic() < deadline, "the ranks never reported"
+        time.sleep(0.2)
+    return [json.loads(p.read_text())["pid"] for p in reports]
+
+
 def _stop(tmp_path: Path, worker: str, signum: int, *args: str, start_timeout: float = 120):
     mpirun_executable()  # skips without an MPI
     env = _env(tmp_path)
@@ -111,13 +121,7 @@ def _stop(tmp_path: Path, worker: str, signum: int, *args: str, start_timeout: f
         text=True,
     )
     try:
-        deadline = time.monotonic() + start_timeout
-        reports = [tmp_path / f"rank{r}.json" for r in range(2)]
-        while not all(p.exists() for p in reports):
-            assert job.poll() is None, job.communicate()
-            assert time.monotonic() < deadline, "the ranks never reported"
-            time.sleep(0.2)
-        pids = [json.loads(p.read_text())["pid"] for p in reports]
+        pids = _rank_pids(job, tmp_path, time.monotonic() + start_timeout)
         sessions = {_session_of(pid) for pid in pids}
         (sm,) = {_variable_of(pid, SM_DIRECTORY) for pid in pids}
         segments = _segments(_private_sm(sm))  # the ranks' files, in the job's directory
@@ -281,12 +285,7 @@ def _kill_mpirun_and_ranks(tmp_path: Path, env: dict[str, str] | None = None):
     )
     try:
         deadline = time.monotonic() + 120
-        reports = [tmp_path / f"rank{r}.json" for r in range(2)]
-        while not all(p.exists() for p in reports):
-            assert job.poll() is None, job.communicate()
-            assert time.monotonic() < deadline, "the ranks never reported"
-            time.sleep(0.2)
-        pids = [json.loads(p.read_text())["pid"] for p in reports]
+        pids = _rank_pids(job, tmp_path, deadline)
         (sm,) = {_variable_of(pid, SM_DIRECTORY) for pid in pids}
         while len(_segments(sm)) < 2:  # each rank's own, made at MPI_Init
             assert time.monotonic() < deadline, _segments(sm)
