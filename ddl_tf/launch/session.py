@@ -219,18 +219,28 @@ def private_session_base(
     if flavor != "openmpi" or session_base_setting(mpirun, mpi_args, environ) is not None:
         yield {}
         return
+    with _scratch_directory(PREFIX, env.get("TMPDIR", environ) or None) as base:
+        variables = {}
+        if base is not None:
+            variables[env.PRTE_MCA_prte_local_tmpdir_base] = base
+            if same_machine:
+                variables[env.PRTE_MCA_prte_remote_tmpdir_base] = base
+        yield variables
+
+
+@contextlib.contextmanager
+def _scratch_directory(prefix: str, parent: str | None) -> Iterator[str | None]:
+    """A fresh directory ``<parent>/<prefix>XXXXXXXX`` for the ``with`` block, removed with
+    whatever is in it at the end; None when it cannot be made (nothing is then set)."""
     try:
-        base = tempfile.mkdtemp(prefix=PREFIX, dir=env.get("TMPDIR", environ) or None)
+        directory = tempfile.mkdtemp(prefix=prefix, dir=parent)
     except OSError:
-        yield {}
+        yield None
         return
     try:
-        variables = {env.PRTE_MCA_prte_local_tmpdir_base: base}
-        if same_machine:
-            variables[env.PRTE_MCA_prte_remote_tmpdir_base] = base
-        yield variables
+        yield directory
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def sm_directory_setting(
@@ -316,12 +326,5 @@ def private_sm_directory(
     ):
         yield {}
         return
-    try:
-        directory = tempfile.mkdtemp(prefix=SM_PREFIX, dir=shm)
-    except OSError:
-        yield {}
-        return
-    try:
-        yield {env.OMPI_MCA_btl_sm_backing_directory: directory}
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with _scratch_directory(SM_PREFIX, shm) as directory:
+        yield {} if directory is None else {env.OMPI_MCA_btl_sm_backing_directory: directory}
