@@ -213,7 +213,7 @@ class LMSConfig:
     this are drawn in their layer rather than all as the step starts.
     ``None`` (the default) changes nothing."""
 
-    offload_optimizer: bool = False
+    offload_optimizer: bool | None = None
     """Keep the optimizer's state (slots, ``iterations``) on ``host_device`` and
     run its update there (:class:`tflms.keras.OffloadedOptimizer`): each
     gradient goes to the host as backprop produces it and each updated weight
@@ -222,7 +222,19 @@ class LMSConfig:
     before has it on the device already: wrap the optimizer yourself before
     ``compile`` when that state does not fit the device even once).
     In custom loops use ``OffloadedOptimizer`` directly: a traced function
-    cannot move an optimizer."""
+    cannot move an optimizer.
+
+    ``None`` (the default) lets a ``memory_budget`` decide under
+    ``LMSCallback``: when the weights, their gradients and the optimizer's
+    state already exceed the budget (no plan could keep the state on the
+    device), the callback builds that state on the host before the first
+    step and runs the update there; the log and the summary say so, and a
+    fit that still cannot plan puts the optimizer back. A state that fits
+    beside the weights is built on the device; when activations then leave
+    no plan, the error says whether ``True`` would let one fit (Keras's
+    ``compile`` keeps the optimizer it was given, so a state built on the
+    device cannot be released). Without a budget ``None`` is ``False``;
+    ``False`` never moves it."""
 
     offload_weights: bool = False
     """Stream the weights from ``host_device`` (:mod:`tflms.plan.streams`):
@@ -252,8 +264,12 @@ class LMSConfig:
             ("offload_weights", "streams the weights kept on host_device"),
             ("check_rewrites", "checks each plan against Grappler's rewrites"),
         ):
-            if not isinstance(getattr(self, name), bool):
-                raise _fail(name, getattr(self, name), "True or False", f"True {what}.")
+            value = getattr(self, name)
+            if value is None and name == "offload_optimizer":
+                continue  # a memory_budget decides
+            if not isinstance(value, bool):
+                allowed = "True, False or None" if name == "offload_optimizer" else "True or False"
+                raise _fail(name, value, allowed, f"True {what}.")
         if self.device is not None:
             check_device_string("device", self.device, owner="LMSConfig.")
             if same_device(self.device, self.host_device):

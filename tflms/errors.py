@@ -50,12 +50,16 @@ class PlanInfeasibleError(TFLMSError):
     Attributes:
         budget_bytes: the budget that was asked for.
         best_peak_bytes: the smallest peak any searched plan achieved.
+        usable_bytes: what a plan's device peak had to stay under (the
+            budget less the safety margin); ``None`` when the host budget,
+            not the device's, is what no plan met.
     """
 
-    def __init__(self, message, *, budget_bytes=None, best_peak_bytes=None):
+    def __init__(self, message, *, budget_bytes=None, best_peak_bytes=None, usable_bytes=None):
         super().__init__(message)
         self.budget_bytes = budget_bytes
         self.best_peak_bytes = best_peak_bytes
+        self.usable_bytes = usable_bytes
 
 
 class ModelFormatError(TFLMSError):

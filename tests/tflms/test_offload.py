@@ -12,8 +12,9 @@ import pytest
 import tensorflow as tf
 
 import tflms
-from tflms.errors import ConfigError
+from tflms.errors import ConfigError, PlanInfeasibleError
 from tflms.keras import OffloadedOptimizer, offload_state
+from tflms.keras.offload import is_offloaded
 from tflms.utils.devices import same_device
 
 BATCH = 8
@@ -149,7 +150,7 @@ def test_what_cannot_offload_is_refused_with_the_fix(devices):
         OffloadedOptimizer(built)
     with pytest.raises(ConfigError, match="OffloadedOptimizer"):
         tflms.function(lambda: None, config=tflms.LMSConfig(offload_optimizer=True))
-    with pytest.raises(ConfigError, match="offload_optimizer must be True or False"):
+    with pytest.raises(ConfigError, match="offload_optimizer must be True, False or None"):
         tflms.LMSConfig(offload_optimizer="yes")
 
 
@@ -210,3 +211,115 @@ def test_the_simulator_times_the_gradients_crossing_to_the_host_update(devices):
     assert sum(slow.durations[i] for i in crossing) > sum(fast.durations[i] for i in crossing)
     again = relinked(slow, callback.view, "nvlink2")  # what the plan simulator reuses
     assert again.durations == pytest.approx(fast.durations, rel=1e-12)
+
+
+# ------------------------------------------------- a memory budget moves the state itself
+
+MiB = 1 << 20
+
+
+def _wide(devices, optimizer):
+    """Weights that dwarf the activations: AdamW's state decides whether the step fits.
+
+    Simulated (tensors accounting): weights 5.0 MiB, AdamW's state 10.0 MiB;
+    at batch 8 the step peaks at 25.1 MiB with the state on the device (no
+    plan lower) and 10.1 MiB with it on the host; at batch 256, 25.4 and 12.3.
+    """
+    keras.utils.set_random_seed(5)
+    with tf.device(devices.compute):
+        model = keras.Sequential(
+            [
+                keras.Input((256,)),
+                keras.layers.Dense(1024, activation="relu"),
+                keras.layers.Dense(1024, activation="relu"),
+                keras.layers.Dense(4),
+            ]
+        )
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    return model
+
+
+def _fit_wide(model, devices, callbacks=(), batch=BATCH):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4 * batch, 256)).astype("float32")
+    y = rng.normal(size=(4 * batch, 4)).astype("float32")
+    with tf.device(devices.compute):
+        model.fit(x, y, batch_size=batch, shuffle=False, verbose=0, callbacks=list(callbacks))
+
+
+def _budget(devices, budget, **options):
+    return tflms.LMSCallback(
+        memory_budget=budget,
+        safety_margin=0.0,
+        device=devices.compute,
+        host_device=devices.host,
+        **options,
+    )
+
+
+def test_a_state_that_cannot_fit_beside_the_weights_is_built_on_the_host(devices, caplog):
+    # weights + gradients + state = 20.1 MiB > 16: the state is never made on the device
+    plain = _wide(devices, keras.optimizers.AdamW(1e-3))
+    _fit_wide(plain, devices)
+    optimizer = keras.optimizers.AdamW(1e-3)
+    model = _wide(devices, optimizer)
+    callback = _budget(devices, 16 * MiB)
+    with caplog.at_level("WARNING", logger="tflms"):
+        _fit_wide(model, devices, [callback])
+    assert isinstance(model.optimizer, OffloadedOptimizer)
+    assert model.optimizer.inner_optimizer is optimizer  # the user's optimizer, state on the host
+    assert all(same_device(d, devices.host) for d in _slot_devices(optimizer))
+    assert "LMSCallback built that state on" in caplog.text
+    assert callback.summary().startswith("memory_budget: the weights (5.02 MiB)")
+    assert "10.05 MiB on the host (the optimizer's state" in callback.tuning.summary()
+    assert _same_weights(plain, model)
+
+
+def test_a_state_built_on_the_device_stays_there_and_the_error_says_what_would_fit(devices):
+    # weights + gradients + state = 20.1 MiB fit 22, so the state is built on the device,
+    # but the step then peaks at 25.4 MiB at least; with the state on the host, 12.3
+    optimizer = keras.optimizers.AdamW(1e-3)
+    model = _wide(devices, optimizer)
+    with pytest.raises(PlanInfeasibleError, match="a plan may fit") as refused:
+        _fit_wide(model, devices, [_budget(devices, 22 * MiB)], batch=256)
+    assert "LMSCallback(offload_optimizer=True)" in str(refused.value)
+    assert model.optimizer is optimizer and not is_offloaded(optimizer)
+    assert all(same_device(d, devices.compute) for d in _slot_devices(optimizer))
+    plain = _wide(devices, keras.optimizers.AdamW(1e-3))
+    _fit_wide(plain, devices, batch=256)
+    callback = _budget(devices, 22 * MiB, offload_optimizer=True)
+    _fit_wide(model, devices, [callback], batch=256)  # the advice holds: it trains, bitwise
+    assert callback.tuning.result.device_peak_bytes <= 22 * MiB
+    assert _same_weights(plain, model)
+
+
+def test_a_budget_leaves_the_state_where_it_is_when_forbidden_or_when_moving_it_cannot_help(
+    devices,
+):
+    optimizer = keras.optimizers.AdamW(1e-3)
+    model = _wide(devices, optimizer)
+    with pytest.raises(PlanInfeasibleError, match="offload_optimizer=True") as forbidden:
+        _fit_wide(model, devices, [_budget(devices, 16 * MiB, offload_optimizer=False)])
+    assert "Moving the optimizer's state" not in str(forbidden.value)
+    with pytest.raises(PlanInfeasibleError, match="would not be enough"):
+        _fit_wide(model, devices, [_budget(devices, 4 * MiB)])  # the weights alone are 5 MiB
+    assert model.optimizer is optimizer and not is_offloaded(optimizer)
+    assert all(same_device(d, devices.compute) for d in _slot_devices(optimizer))
+
+
+def test_an_optimizer_wrapped_for_a_fit_that_plans_nothing_comes_back_unwrapped(devices):
+    # the device fits once the state is on the host, but the host then pins 15 MiB: over 12
+    optimizer = keras.optimizers.AdamW(1e-3)
+    model = _wide(devices, optimizer)
+    callback = _budget(devices, 16 * MiB, host_memory_budget=12 * MiB)
+    with pytest.raises(PlanInfeasibleError, match="host_memory_budget"):
+        _fit_wide(model, devices, [callback])
+    assert callback.state_moved is None
+    assert model.optimizer is optimizer and not is_offloaded(optimizer)
+    plain = _wide(devices, keras.optimizers.AdamW(1e-3))
+    plain.optimizer.build(plain.trainable_variables)
+    for a, b in zip(optimizer.variables, plain.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())  # nothing trained, nothing lost
+    _fit_wide(model, devices)  # and the model trains without LMS (its state on the host)
+    _fit_wide(plain, devices)
+    assert _same_weights(plain, model)

@@ -27,15 +27,25 @@ import keras
 import tensorflow as tf
 
 from tflms.config import LMSConfig
-from tflms.errors import ConfigError
+from tflms.errors import ConfigError, PlanInfeasibleError
 from tflms.frontends.fit_report import FitReport, fit_report, visible_gpu_preset
 from tflms.frontends.lms import LMS, resolve_config
 from tflms.graph.view import resolve_batch
 from tflms.keras.compat import check_keras_version, running_fit
-from tflms.keras.offload import check_host, check_weights_on_host, is_offloaded, offload_state
+from tflms.keras.offload import (
+    check_host,
+    check_weights_on_host,
+    is_offloaded,
+    movable_state_bytes,
+    offload_state,
+    offload_unbuilt,
+    unbuilt_state_bytes,
+    variable_bytes,
+)
 from tflms.keras.session import FitSession, check_xla, fit_batch_size, leading_dim
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.devices import same_device
+from tflms.utils.units import format_bytes
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -127,13 +137,24 @@ class _RewritingTrainStep:
         callback = self.callback
         lms = callback._lms or LMS(callback.config)  # noqa: SLF001 - the fit's, resolved once
         traced = (leading_dim(data), "the traced step's input tensors")
-        plan = lms.run(
-            graph,
-            batch_size=callback.batch_size,
-            batch_source=callback.batch_source,
-            known=(traced,),
-            outputs=outputs,
-        )
+        try:
+            plan = lms.run(
+                graph,
+                batch_size=callback.batch_size,
+                batch_source=callback.batch_source,
+                known=(traced,),
+                outputs=outputs,
+            )
+        except PlanInfeasibleError as error:
+            advice = callback._state_advice(error)  # noqa: SLF001
+            if advice is None:
+                raise
+            raise PlanInfeasibleError(
+                f"{error} {advice}",
+                budget_bytes=error.budget_bytes,
+                best_peak_bytes=error.best_peak_bytes,
+                usable_bytes=error.usable_bytes,
+            ) from error
         shapes = tuple(
             tuple(t.shape.as_list()) if t.shape.rank is not None else None
             for t in tf.nest.flatten(data)
@@ -202,6 +223,9 @@ class LMSCallback(keras.callbacks.Callback):
         """Where :attr:`batch_size` came from (or why it is unknown)."""
         self.reused = False
         """Whether the last ``fit`` reused the rewritten train function of an earlier one."""
+        self.state_moved: str | None = None
+        """What the last ``fit`` moved to the host to meet ``memory_budget``
+        (``offload_optimizer=None``), in words; None when it moved nothing."""
         self._session: FitSession | None = None
         self._kept: _Kept | None = None  # the rewritten train function of the last good fit
         self._function: Any = None  # the rewritten train function of the running fit
@@ -297,6 +321,8 @@ class LMSCallback(keras.callbacks.Callback):
             if self.reused
             else []
         )
+        if self.state_moved:
+            blocks.append(self.state_moved)
         for k, t in enumerate(self.traces, 1):
             status = (
                 "in use"
@@ -346,8 +372,14 @@ class LMSCallback(keras.callbacks.Callback):
                 "instead: one GPU per rank with ddl_tf (ddlrun -np N train.py, "
                 "ddl_tf.keras.DistributedOptimizer), each rank with its own LMSCallback."
             )
-        self._lms = LMS(self.config)
+        effective = self.config
+        if self.config.offload_optimizer is None and is_offloaded(
+            getattr(model, "optimizer", None)
+        ):
+            effective = self.config.replace(offload_optimizer=True)  # moved by an earlier fit
+        self._lms = LMS(effective)
         self._lms.pipeline  # noqa: B018 - the devices are checked now, before anything changes
+        self.state_moved = None
         if self._session is not None:  # left over from an interrupted fit
             self._session.restore()
         self.traces = []
@@ -378,6 +410,8 @@ class LMSCallback(keras.callbacks.Callback):
         """
         session = self._session
         if session is not None and not session.closed and not session.installed:
+            if self._function is None:
+                self._state_before_build()
             self._function = session.install(
                 _RewritingTrainStep(self.model.train_step, self), self._function
             )
@@ -416,6 +450,90 @@ class LMSCallback(keras.callbacks.Callback):
             "optimizer=tflms.keras.OffloadedOptimizer(your_optimizer, host_device=%r).",
             host,
             host,
+        )
+
+    def _state_before_build(self) -> None:
+        """With ``offload_optimizer=None``: build a state that cannot fit the device on the host.
+
+        Before the first step builds the optimizer, its state's bytes are
+        known from a copy built on the host. When the weights, their gradients
+        (all alive when Keras's update runs) and that state already exceed
+        the budget (and the weights alone do not), no plan can keep the state
+        on the device: the optimizer is wrapped in
+        :class:`~tflms.keras.OffloadedOptimizer` and built on the host, so its
+        state never exists on the device. A fit that then plans no step puts
+        the optimizer back, unwrapped (its state stays on the host).
+        """
+        config, model = self.config, self.model
+        if config.offload_optimizer is not None or self._lms is None:
+            return
+        budget = self._lms.target.budget_bytes
+        if budget is None or not model.built:
+            return
+        state = unbuilt_state_bytes(model, config.host_device)
+        if state <= 0:
+            return
+        host = config.host_device
+        weights = variable_bytes(v for v in model.weights if not same_device(v.value.device, host))
+        gradients = variable_bytes(model.trainable_variables)
+        usable = int(budget * (1.0 - config.safety_margin))
+        if weights + gradients + state <= usable or weights >= usable:
+            return  # on the device: moved after the first trace if no plan fits / cannot help
+        undo = offload_unbuilt(model, host)
+        lms, self._lms = self._lms, LMS(config.replace(offload_optimizer=True))
+
+        def put_back() -> None:
+            undo()
+            self._lms, self.state_moved = lms, None
+
+        assert self._session is not None  # the caller installs next
+        self._session.undo_if_untrained(put_back)
+        self.state_moved = (
+            f"memory_budget: the weights ({format_bytes(weights)}), their gradients and the "
+            f"optimizer's state ({format_bytes(state)}) exceed the "
+            f"{format_bytes(usable)} a plan may use, so LMSCallback built that state on "
+            f"{host} and runs the update there (offload_optimizer=None lets it; False forbids it)"
+        )
+        logger.warning("tflms: %s.", self.state_moved)
+
+    def _state_advice(self, error: PlanInfeasibleError) -> str | None:
+        """What moving the optimizer's state would do for a budget no plan met, or None.
+
+        Keras's ``compile`` keeps the optimizer object it was given, so a
+        state built on the device stays there whatever the callback does; it
+        can only be built on the host to begin with (:meth:`_state_before_build`,
+        or ``offload_optimizer=True``). This says which.
+
+        Args:
+            error: What the auto-tuner raised for the first trace.
+
+        Returns:
+            A sentence for the error, or None when the state was not weighed
+            (offloaded already, sharded, ``offload_optimizer=False``, or the
+            host budget is what no plan met).
+        """
+        if self.config.offload_optimizer is False:
+            return None
+        if error.usable_bytes is None or error.best_peak_bytes is None:
+            return None  # the host budget, not the device's, is what no plan met
+        state = movable_state_bytes(self.model, self.config.host_device)
+        if state <= 0:
+            return None
+        least = error.best_peak_bytes - state - variable_bytes(self.model.trainable_variables)
+        if least > error.usable_bytes:
+            return (
+                f"Moving the optimizer's state ({format_bytes(state)}) to the host would not be "
+                f"enough: with it and the gradients gone the step would still need "
+                f"{format_bytes(least)} or more, so the weights must leave the device too "
+                "(offload_weights, above)."
+            )
+        return (
+            f"With the optimizer's state ({format_bytes(state)}) on the host a plan may fit "
+            f"(the step less the state and the gradients: {format_bytes(least)}): pass "
+            "LMSCallback(offload_optimizer=True), which builds the state there before the "
+            "first step. (The callback builds it there by itself only when the weights, "
+            "gradients and state alone exceed the budget: the state was built on the device "
+            "before this plan was made, and Keras's compile keeps it there.)"
         )
 
     def _add_trace(self, trace: Trace) -> None:

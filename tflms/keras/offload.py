@@ -34,10 +34,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tflms.errors import ConfigError
@@ -46,10 +48,16 @@ from tflms.utils.devices import check_device_string, same_device
 __all__ = [
     "OffloadedOptimizer",
     "offload_state",
+    "movable_state_bytes",
+    "offload_unbuilt",
+    "unbuilt_state_bytes",
+    "variable_bytes",
     "is_offloaded",
     "weights_on_host",
     "check_weights_on_host",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "/device:CPU:0"
 
@@ -292,11 +300,100 @@ def offload_state(model: keras.Model, host_device: str = DEFAULT_HOST) -> Offloa
         offloaded.build(model.trainable_variables)  # what fit built the old one with
         for target, source in zip(offloaded.variables, optimizer.variables, strict=True):
             target.assign(source)
-    if holder is model:
-        model.optimizer = offloaded
-    else:
-        holder.inner_optimizer = offloaded
+    _put(model, holder, offloaded)
     return offloaded
+
+
+def movable_state_bytes(model: keras.Model, host_device: str = DEFAULT_HOST) -> int:
+    """Bytes of the model's optimizer state that :func:`offload_state` would move to ``host_device``.
+
+    Args:
+        model: A compiled Keras model.
+        host_device: Where the state would go.
+
+    Returns:
+        The bytes of the innermost optimizer's variables kept elsewhere; 0
+        when there is nothing to move or it cannot move whole: no optimizer,
+        one not built yet, one offloaded already, or a state sharded across
+        ranks (``DistributedOptimizer(sharding=...)``).
+    """
+    _, inner = _innermost(model)
+    if inner is None or not inner.built:
+        return 0
+    return variable_bytes(
+        v for v in inner.variables if not same_device(v.value.device, host_device)
+    )
+
+
+def offload_unbuilt(model: keras.Model, host_device: str = DEFAULT_HOST) -> Callable[[], None]:
+    """Wrap the model's optimizer, not yet built, in :class:`OffloadedOptimizer` and build it there.
+
+    Unlike :func:`offload_state` the optimizer object itself is kept (as the
+    wrapper's inner optimizer): its state is made on ``host_device`` and never
+    on the device.
+
+    Args:
+        model: A built, compiled model whose optimizer is not built.
+        host_device: Where the state goes.
+
+    Returns:
+        The undo: the optimizer back in the model, unwrapped (its state stays
+        on the host; call it only before the model trains).
+    """
+    holder, inner = _innermost(model)
+    offloaded = OffloadedOptimizer(inner, host_device=host_device)
+    offloaded.build(model.trainable_variables)
+    _put(model, holder, offloaded)
+    return lambda: _put(model, holder, inner)
+
+
+def unbuilt_state_bytes(model: keras.Model, host_device: str = DEFAULT_HOST) -> int:
+    """Bytes the model's optimizer, not yet built, will hold: a copy is built on the host and dropped.
+
+    Args:
+        model: A built, compiled model.
+        host_device: Where the copy is built.
+
+    Returns:
+        The bytes of that copy's variables; 0 without an optimizer whose
+        state can move whole (see :func:`movable_state_bytes`), or once it is built.
+    """
+    _, inner = _innermost(model)
+    if inner is None or inner.built or not model.trainable_variables:
+        return 0
+    with tf.device(host_device):
+        copy = OffloadedOptimizer(type(inner).from_config(inner.get_config()), host_device)
+        copy.build(model.trainable_variables)
+    return variable_bytes(copy.variables)
+
+
+def variable_bytes(variables) -> int:
+    """The bytes of ``variables`` (Keras variables), from their shapes and dtypes."""
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+
+
+def _put(model: keras.Model, holder: Any, optimizer: Any) -> None:
+    """Make ``optimizer`` the one ``holder`` (the model or a wrapper) holds."""
+    if holder is model:
+        model.optimizer = optimizer
+    else:
+        holder.inner_optimizer = optimizer
+
+
+def _innermost(model: keras.Model) -> tuple[Any, Any]:
+    """``(holder, optimizer)``: the optimizer with the state, and what holds it (model or wrapper).
+
+    The optimizer is None when the model has none, or when its state is
+    offloaded already or sharded across ranks (it cannot move whole).
+    """
+    holder, optimizer = model, getattr(model, "optimizer", None)
+    while optimizer is not None:
+        if isinstance(optimizer, OffloadedOptimizer) or hasattr(optimizer, "shard_optimizer"):
+            return holder, None
+        if not hasattr(optimizer, "inner_optimizer"):
+            break
+        holder, optimizer = optimizer, optimizer.inner_optimizer
+    return holder, optimizer
 
 
 def check_host(offloaded: OffloadedOptimizer, host_device: str) -> None:

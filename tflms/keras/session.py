@@ -47,7 +47,13 @@ import tensorflow as tf
 from tflms.errors import ConfigError
 from tflms.keras.compat import RunningFit, peeked_batches, running_fit
 
-__all__ = ["FitSession", "GuardedTrainFunction", "fit_batch_size", "leading_dim", "check_xla"]
+__all__ = [
+    "FitSession",
+    "GuardedTrainFunction",
+    "fit_batch_size",
+    "leading_dim",
+    "check_xla",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -182,13 +188,12 @@ class GuardedTrainFunction:
         if not session.owns_call():  # a later fit without the callback: put the model back
             return session.restore_and_run(iterator)
         try:
-            return self.function(iterator)
+            outputs = self.function(iterator)
         except BaseException:
             session.restore()
             raise
-
-    def __getattr__(self, name: str):
-        return getattr(self.function, name)
+        session.trained()
+        return outputs
 
 
 class FitSession:
@@ -206,6 +211,7 @@ class FitSession:
         self._jit_compile_before: bool | None = None  # set when the fit switched XLA off
         self.installed = False
         self.closed = False
+        self._undo_untrained: list[Callable[[], None]] = []  # until a step has run
 
     def guard_hooks(self, callback_list) -> None:
         """Restore the model when a hook of ``callback_list`` (another callback) raises.
@@ -290,11 +296,29 @@ class FitSession:
         ours = self._callbacks() if self._callbacks is not None else None
         return ours is not None and fit.callbacks is ours
 
+    def undo_if_untrained(self, undo: Callable[[], None]) -> None:
+        """Run ``undo`` if the fit ends before its first step has run (a plan it could not make).
+
+        Args:
+            undo: Puts back a change made to the model before its first step.
+        """
+        self._undo_untrained.append(undo)
+
+    def trained(self) -> None:
+        """A step ran: changes made before it stay, whatever ends the fit."""
+        self._undo_untrained.clear()
+
     def restore(self) -> None:
-        """Put back everything this session changed; safe to call more than once."""
+        """Put back everything this session changed; safe to call more than once.
+
+        The changes made for the first step (:meth:`undo_if_untrained`) are
+        put back too if no step ran.
+        """
         if self.closed:
             return
         self.closed = True
+        while self._undo_untrained:
+            self._undo_untrained.pop()()
         for owner, name, before in reversed(self._patched):
             if before is _MISSING:
                 vars(owner).pop(name, None)

@@ -116,6 +116,9 @@ class MemoryTrace:
         live_at_peak: buffers on the device at its peak, largest first.
         variable_bytes: resident variable bytes on the device (0 under
             Grappler's accounting).
+        host_variable_bytes: resident variable bytes on the host (an
+            offloaded optimizer's state, weights kept there; 0 under
+            Grappler's accounting).
         terms: under ``"realistic"``, the device peak by term (bytes, in
             order: driver, cuda_context, tensorflow_reserve, tensors,
             calibration (only for a calibrated stack), workspace, allocator);
@@ -136,6 +139,7 @@ class MemoryTrace:
     variable_bytes: int
     terms: dict = field(default_factory=dict)
     allocator_limit: int | None = None
+    host_variable_bytes: int = 0
 
 
 def variable_bytes(graph: CompiledGraph) -> int:
@@ -449,6 +453,7 @@ def trace_memory(
                 times.append(t)
                 device.append(bfc.in_use if bfc is not None else used["device"])
                 host.append(used["host"])
+    on_host = 0
     if realistic:  # the host holds its resident variables all step long (pinned: never paged)
         on_host = sum(graph.derive("host variable sizes", lambda g: variable_sizes(g, "host")))
         host = [h + on_host for h in host]
@@ -487,6 +492,7 @@ def trace_memory(
         variable_bytes=variables,
         terms=terms,
         allocator_limit=limit,
+        host_variable_bytes=on_host,
     )
 
 

@@ -89,6 +89,8 @@ class SimulationResult:
         peak_op: the op whose outputs were allocated at the device peak.
         peak_op_type: its type; peak_time_s: when it started.
         variable_bytes: resident variables and optimizer slots on the device.
+        host_variable_bytes: resident variables kept on the host (an
+            offloaded optimizer's state, weights streamed from there).
         live_at_peak: largest buffers on the device at the peak.
         timeline_ops, timeline_s, timeline_device, timeline_host: one point
             per op in start order: its name, start time, device and host
@@ -148,6 +150,7 @@ class SimulationResult:
     memory_terms: dict = field(default_factory=dict)
     allocator_limit_bytes: int | None = None
     stack: str | None = None
+    host_variable_bytes: int = 0
 
     def fits(self, budget_bytes: int) -> bool:
         """Whether the device peak is at most ``budget_bytes``.
@@ -200,7 +203,14 @@ class SimulationResult:
                 lines.append(
                     f"  TensorFlow's allocator may hand out {format_bytes(self.allocator_limit_bytes)}"
                 )
-        lines.append(f"  ({self.simulator}; variables {format_bytes(self.variable_bytes)})")
+        lines.append(
+            f"  ({self.simulator}; variables {format_bytes(self.variable_bytes)}"
+            + (
+                f" on the device, {format_bytes(self.host_variable_bytes)} on the host)"
+                if self.host_variable_bytes
+                else ")"
+            )
+        )
         if self.per_sample:
             lines.append(
                 "  WARNING: the batch size is unknown, so tensors with an open batch dimension "
@@ -231,6 +241,7 @@ class SimulationResult:
             "peak_op_type": self.peak_op_type,
             "peak_time_s": self.peak_time_s,
             "variable_bytes": self.variable_bytes,
+            "host_variable_bytes": self.host_variable_bytes,
             "live_at_peak": [vars(b) for b in self.live_at_peak],
             "bytes_swapped_out": self.bytes_swapped_out,
             "bytes_swapped_in": self.bytes_swapped_in,
@@ -502,4 +513,5 @@ def run_compiled(
         memory_terms=dict(memory.terms),
         allocator_limit_bytes=memory.allocator_limit,
         stack=stack.name if memory.terms and stack is not None else None,
+        host_variable_bytes=memory.host_variable_bytes,
     )

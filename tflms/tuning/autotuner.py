@@ -133,7 +133,8 @@ class AutotuneResult:
         if not self.lms_needed:
             return (
                 f"{head}\n  LMS not needed: the step peaks at "
-                f"{format_bytes(self.baseline.device_peak_bytes)} without swaps"
+                f"{format_bytes(self.baseline.device_peak_bytes)} without swaps\n"
+                + self._state_line()
             )
         options = {k: getattr(self.config, k) for k in TUNED_OPTIONS}
         return "\n".join(
@@ -151,7 +152,27 @@ class AutotuneResult:
                     if self.retime
                     else ""
                 ),
+                self._state_line(),
             ]
+        )
+
+    def _state_line(self) -> str:
+        """Where the model's variables live: the device, the host, and what put them there."""
+        moved = [
+            what
+            for what, on in (
+                (
+                    "the optimizer's state and update (offload_optimizer)",
+                    self.config.offload_optimizer,
+                ),
+                ("the weights, streamed (offload_weights)", self.config.offload_weights),
+            )
+            if on
+        ]
+        return (
+            f"  variables: {format_bytes(self.result.variable_bytes)} on the device, "
+            f"{format_bytes(self.result.host_variable_bytes)} on the host"
+            + (f" ({'; '.join(moved)})" if moved else "")
         )
 
     def to_dict(self) -> dict:
@@ -317,6 +338,7 @@ def autotune(
             + _state_hint(low.result.variable_bytes, config),
             budget_bytes=budget_bytes,
             best_peak_bytes=low.peak,
+            usable_bytes=usable,
         )
     outcome = AutotuneResult(
         True,
