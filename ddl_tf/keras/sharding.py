@@ -40,6 +40,15 @@ Checkpoints are written in the replicated layout: saving gathers the shards
 name, so a file written by N ranks loads on M ranks, sharded or not, and in
 one process.
 
+In elastic jobs (``ddlrun --min-np``) ``hvd.elastic.KerasState`` keeps the
+whole optimizer state, gathered, in host memory at each commit, and after
+every membership change :meth:`ShardedOptimizer.reshard` plans the owners
+for the new ranks and fills each rank's new share from that commit, a dead
+rank's share included (:class:`ddl_tf.keras.elastic.KerasState` says why
+this design; docs/sharding.md weighs it against keeping a neighbour's share).
+Without that state an elastic job refuses to train a sharded optimizer, and
+sharding over a process set is refused there.
+
 Example (one process: one rank owns every variable):
     >>> import keras
     >>> import ddl_tf.keras as hvd
@@ -65,7 +74,7 @@ from keras import ops
 from ddl_tf.core import basics
 from ddl_tf.core.collectives.reduce_spec import ReduceSpec
 from ddl_tf.core.numerics.reduce_ops import ReduceOp
-from ddl_tf.core.process_sets import ProcessSet, member_engine
+from ddl_tf.core.process_sets import ProcessSet, global_process_set, member_engine
 from ddl_tf.errors import CollectiveMismatchError, ConfigError, StallError
 from ddl_tf.keras.gradient_reducer import GradientReducer, variable_key, variables_of_apply
 from ddl_tf.keras.shard_plan import ShardPlan, check_same_variables, scatter_groups
@@ -156,6 +165,9 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
         self._layout: list[str] | None = None
         self._with_gradient: set[int] = set()  # positions, from the last reduce-scatter
         self._saved: list[np.ndarray] | None = None  # gathered by the wrapper's save, for ours
+        # set by hvd.elastic.KerasState, which re-forms the shards when an elastic job's
+        # ranks change (ddl_tf.keras.elastic); an elastic job trains only then
+        self.elastic_tracked = False
 
     # ------------------------------------------------------------------ state
 
@@ -192,16 +204,12 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
                 same list, in the same order, on every rank).
 
         Raises:
-            ConfigError: In an elastic job (shards are not moved when its ranks
-                change); or the sharing ranks were given different variables
-                (count, shapes or dtypes), on every one of them.
+            ConfigError: A ``process_set`` in an elastic job (see
+                :func:`_refuse_elastic_process_set`); or the sharing ranks were
+                given different variables (count, shapes or dtypes), on every
+                one of them.
         """
-        if basics.is_initialized() and basics.job().elastic:
-            raise ConfigError(
-                "DistributedOptimizer(sharding=...) does not support elastic jobs yet: "
-                "when ranks leave or join, the optimizer state of their shards would be "
-                "lost or missing. Use sharding=None in elastic jobs."
-            )
+        _refuse_elastic_process_set(self.process_set)
         engine = member_engine(self.process_set)
         size, rank = (1, 0) if engine is None else (engine.size, engine.rank)
         if size > 1:
@@ -330,6 +338,7 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
                 it was built with.
         """
         variables = variables_of_apply(self, trainable_variables, self._trainable_variables)
+        self._refuse_untracked_elastic()
         plan = self._plan_for(variables)
         grads = list(grads)
         if self.global_clipnorm_of_all:
@@ -399,6 +408,24 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
                         variable.assign(tf.reshape(flat[start : start + n], variable.shape))
                     start += n
 
+    def _refuse_untracked_elastic(self) -> None:
+        """Refuse to train in an elastic job unless a ``KerasState`` re-forms the shards.
+
+        Raises:
+            ConfigError: An elastic job, and no ``hvd.elastic.KerasState`` tracks
+                this optimizer.
+        """
+        if self.elastic_tracked or not basics.is_initialized() or not basics.job().elastic:
+            return
+        raise ConfigError(
+            "DistributedOptimizer(sharding=...) trains in an elastic job only with its state "
+            "in ddl_tf.keras.elastic.KerasState (hvd.elastic.KerasState(model) with "
+            "import ddl_tf.keras as hvd): when ranks leave or join, it re-forms the shards "
+            "from the last commit. TensorFlowKerasState, TensorFlowState and a job without "
+            "an elastic state do not, and the shards of a lost rank would be gone. Track the "
+            "model with hvd.elastic.KerasState(model, ...), or use sharding=None."
+        )
+
     def _plan_for(self, variables: list) -> ShardPlan:
         if self.plan is None:
             self.build(variables)
@@ -433,12 +460,22 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
             del twin
         return self._layout
 
-    def gather_shards(self) -> dict[str, np.ndarray]:
+    def gather_shards(self, name: str | None = None) -> dict[str, np.ndarray]:
         """Every rank's optimizer variables by path (a collective over the sharing ranks).
 
-        The collective's name says what it is and what every rank must call,
-        so that a rank that meets it in a mismatch or stall message (rank 0
-        saving alone, the others training on or shutting down) learns the fix.
+        For a save (no ``name``), the collective's name says what it is and
+        what every rank must call, so that a rank that meets it in a mismatch
+        or stall message (rank 0 saving alone, the others training on or
+        shutting down) learns the fix.
+
+        Args:
+            name: The collective's name for another purpose (an elastic
+                commit); errors are then passed on as they are.
+
+        Returns:
+            ``{path less the optimizers' scopes: value}`` for every optimizer
+            variable of every rank (rank 0's copy of those every rank holds,
+            such as ``iterations``).
 
         Raises:
             ConfigError: The optimizer was never built.
@@ -452,15 +489,21 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
                 "a sharded optimizer saves its state after it was built (after the first "
                 "training step or optimizer.build(model.trainable_variables))."
             )
-        mine = {_slot_key(v): v.numpy() for v in self._shard.optimizer.variables}
+        mine = self.own_state()
         engine = member_engine(self.process_set)
         if engine is None:
             return mine
-        name = f"{self.name}_checkpoint (a sharded save: hvd.save_model(model, path) on every rank)"
-        try:
+        if name is not None:
             shards = engine.allgather_object(mine, name=name)
-        except (CollectiveMismatchError, StallError) as err:
-            raise type(err)(SAVE_ON_EVERY_RANK + f" What the ranks did: {err}") from err
+        else:
+            name = (
+                f"{self.name}_checkpoint (a sharded save: hvd.save_model(model, path) on every "
+                "rank)"
+            )
+            try:
+                shards = engine.allgather_object(mine, name=name)
+            except (CollectiveMismatchError, StallError) as err:
+                raise type(err)(SAVE_ON_EVERY_RANK + f" What the ranks did: {err}") from err
         merged: dict[str, np.ndarray] = {}
         for shard in reversed(shards):
             merged.update(shard)  # rank 0's copy of the shared ones (iterations, ...) wins
@@ -497,6 +540,113 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
         where = {path: k for k, path in enumerate(layout)}
         for variable in self._shard.optimizer.variables:
             variable.assign(values[where[_slot_key(variable)]])
+
+    # ------------------------------------------------------------------ elastic re-formation
+
+    def own_state(self) -> dict[str, np.ndarray]:
+        """This rank's optimizer variables by path (less the optimizers' scopes), copied to the host.
+
+        Local: no collective. Its slots, and what every rank holds (``iterations``,
+        ``learning_rate``).
+        """
+        return {_slot_key(v): v.numpy() for v in self._shard.optimizer.variables}
+
+    def assign_state(self, state: dict[str, np.ndarray]) -> None:
+        """Take this rank's optimizer variables out of a whole state by path (local).
+
+        Args:
+            state: Every variable's value by path, as :meth:`gather_shards`
+                returns it (more may be given: only this rank's are read).
+
+        Raises:
+            ConfigError: ``state`` lacks one of this rank's variables (another
+                optimizer or model, or a state that is not whole).
+        """
+        variables = self._shard.optimizer.variables
+        missing = [_slot_key(v) for v in variables if _slot_key(v) not in state]
+        if missing:
+            raise ConfigError(
+                f"the optimizer state given to {self.name} lacks {len(missing)} of this rank's "
+                f"variables (first: {missing[0]!r}): it was taken from another optimizer or "
+                "model, or from one rank's share only. Give the whole state, as "
+                "gather_shards() returns it, of the same model and optimizer."
+            )
+        for variable in variables:
+            variable.assign(state[_slot_key(variable)])
+
+    def fits_current_ranks(self) -> bool:
+        """Whether the shards were planned for the ranks the job has now (same size, same rank).
+
+        False before the build, and after an elastic job re-formed until
+        :meth:`reshard`.
+        """
+        if self.plan is None:
+            return False
+        engine = member_engine(self.process_set)
+        size, rank = (1, 0) if engine is None else (engine.size, engine.rank)
+        return (self.plan.size, self.plan.rank) == (size, rank)
+
+    def current_over(self, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``state`` with this rank's variables replaced by their current values (local).
+
+        Args:
+            state: A whole state by path (:meth:`gather_shards`).
+
+        Returns:
+            A new dictionary; ``state`` is left as it is.
+        """
+        return {**state, **self.own_state()}
+
+    def reshard(self, state: dict[str, np.ndarray], check: bool = True) -> None:
+        """Re-form the shards for the ranks the job has now, from a whole state.
+
+        Plans the owners again for the current ranks (:meth:`ShardPlan.balance`),
+        replaces the inner optimizer by a new one of the same configuration
+        built on this rank's new share (the old one's slots are freed), and
+        assigns its variables from ``state``: every variable's slots, whichever
+        rank owned it before (one that left, or none yet), and ``iterations``.
+        Called by :class:`ddl_tf.keras.elastic.KerasState` after an elastic job
+        re-formed, with the last commit; Keras must trace the step again (the
+        state does so).
+
+        Args:
+            state: The whole optimizer state by path (:meth:`gather_shards`), e.g.
+                an elastic commit.
+            check: Compare the ranks' variable lists first (a collective, as the
+                build's: a rank that joins makes it in its own build). False:
+                no collective.
+
+        Raises:
+            ConfigError: The optimizer was never built; ranks with different
+                variables (with ``check``); ``state`` lacks a variable of this
+                rank's new share.
+        """
+        if self.plan is None:
+            raise ConfigError(
+                f"{self.name} cannot re-form shards it never had: build it first "
+                "(optimizer.build(model.trainable_variables), or a training step)."
+            )
+        engine = member_engine(self.process_set)
+        size, rank = (1, 0) if engine is None else (engine.size, engine.rank)
+        if check and size > 1:
+            check_same_variables(engine, self._all, f"{self.name}_variables")
+        plan = ShardPlan.balance(self._all, size, rank)
+        old = self._shard.optimizer
+        fresh = type(old).from_config(old.get_config())
+        with keras.name_scope(fresh.name, caller=fresh):
+            fresh.build([self._all[i] for i in plan.mine()])
+        fresh.built = True
+        self._shard = _Held(fresh)
+        self.plan = plan
+        self.assign_state(state)
+        logger.debug(
+            "%s re-formed its shards for %d rank(s): rank %d owns %d of %d variables",
+            self.name,
+            size,
+            rank,
+            len(plan.mine()),
+            len(self._all),
+        )
 
     def get_config(self) -> dict:
         inner = self._shard.optimizer
@@ -605,6 +755,26 @@ def _with_clipnorm(config: dict, clipnorm: float) -> dict:
             "config": {**config["config"], "optimizer": _with_clipnorm(inner, clipnorm)},
         }
     return {**config, "config": {**config["config"], "global_clipnorm": clipnorm}}
+
+
+def _refuse_elastic_process_set(process_set: ProcessSet | None) -> None:
+    """Refuse sharding over a process set in an elastic job.
+
+    An elastic job drops its process sets when it re-forms (their ranks meant
+    other processes), so a set's shards would have no ranks to go to.
+
+    Raises:
+        ConfigError: An elastic job and a process set other than the global one.
+    """
+    if process_set is None or process_set is global_process_set:
+        return
+    if basics.is_initialized() and basics.job().elastic:
+        raise ConfigError(
+            "DistributedOptimizer(sharding=..., process_set=...) is not supported in elastic "
+            "jobs: a re-formed job drops its process sets, so the set's shards would have no "
+            "ranks to move to. Shard over the whole job (process_set=None) in an elastic job, "
+            "or use sharding=None with a process set."
+        )
 
 
 def _refuse_unshardable(optimizer: Any) -> None:
