@@ -196,6 +196,32 @@ def test_commit_restore_reset_and_sync_keep_the_whole_sharded_state(elastic_rank
     assert _same(_everything(fresh), _everything(model))
 
 
+def test_the_loss_scale_optimizer_commits_and_re_forms_its_scale_and_the_shards(elastic_rank):
+    x, y = _xy(1)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1, dtype="float32")]
+        )
+        optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.1), sharding="gradients")
+        assert type(optimizer).__name__ == "DistributedLossScaleOptimizer"
+        model.compile(optimizer=optimizer, loss="mse")
+        state = hvd.elastic.KerasState(model)
+        state.sync()
+        model.fit(x, y, batch_size=4, verbose=0)
+        state.commit()
+        scale = [np.asarray(v) for v in optimizer._variables]  # the loss scale and its counter
+        committed = _everything(model) + scale
+        model.fit(x, y, batch_size=4, verbose=0)
+        state.restore()
+        state.on_reset()
+        state.sync()
+        assert _same(committed, _everything(model) + [np.asarray(v) for v in optimizer._variables])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 def test_a_relaunch_resumes_the_sharded_state_mirrored_in_host_memory(
     elastic_rank, tmp_path, monkeypatch
 ):
