@@ -271,6 +271,7 @@ class Pipeline:
                     "arithmetic in the last bits.)",
                     budget_bytes=err.budget_bytes,
                     best_peak_bytes=err.best_peak_bytes,
+                    usable_bytes=err.usable_bytes,
                 ) from err
             if plan.empty:
                 break

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tflms
 from tflms.errors import ConfigError, PlanInfeasibleError
 from tflms.keras import OffloadedOptimizer, offload_state
-from tflms.keras.offload import is_offloaded
+from tflms.keras.offload import is_offloaded, variable_bytes
 from tflms.utils.devices import same_device
 
 BATCH = 8
@@ -257,17 +257,28 @@ def _budget(devices, budget, **options):
     )
 
 
-def test_a_state_that_cannot_fit_beside_the_weights_is_built_on_the_host(devices, caplog):
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_a_state_that_cannot_fit_beside_the_weights_is_built_on_the_host(devices, caplog, policy):
     # weights + gradients + state = 20.1 MiB > 16: the state is never made on the device
-    plain = _wide(devices, keras.optimizers.AdamW(1e-3))
-    _fit_wide(plain, devices)
-    optimizer = keras.optimizers.AdamW(1e-3)
-    model = _wide(devices, optimizer)
-    callback = _budget(devices, 16 * MiB)
-    with caplog.at_level("WARNING", logger="tflms"):
-        _fit_wide(model, devices, [callback])
-    assert isinstance(model.optimizer, OffloadedOptimizer)
-    assert model.optimizer.inner_optimizer is optimizer  # the user's optimizer, state on the host
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        plain = _wide(devices, keras.optimizers.AdamW(1e-3))
+        _fit_wide(plain, devices)
+        optimizer = keras.optimizers.AdamW(1e-3)
+        model = _wide(devices, optimizer)
+        callback = _budget(devices, 16 * MiB)
+        with caplog.at_level("WARNING", logger="tflms"):
+            _fit_wide(model, devices, [callback])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    offloaded = model.optimizer
+    if policy == "mixed_float16":  # the loss scale stays on the device, around it
+        assert float(offloaded.dynamic_scale.numpy()) == float(
+            plain.optimizer.dynamic_scale.numpy()
+        )
+        offloaded = offloaded.inner_optimizer
+    assert isinstance(offloaded, OffloadedOptimizer)
+    assert offloaded.inner_optimizer is optimizer  # the user's optimizer, state on the host
     assert all(same_device(d, devices.host) for d in _slot_devices(optimizer))
     assert "LMSCallback built that state on" in caplog.text
     assert callback.summary().startswith("memory_budget: the weights (5.02 MiB)")
@@ -323,3 +334,20 @@ def test_an_optimizer_wrapped_for_a_fit_that_plans_nothing_comes_back_unwrapped(
     _fit_wide(model, devices)  # and the model trains without LMS (its state on the host)
     _fit_wide(plain, devices)
     assert _same_weights(plain, model)
+
+
+def test_the_simulator_counts_a_state_only_the_loss_scale_cond_reads(devices):
+    # under mixed_float16 Keras updates behind a cond: the slots are read inside its
+    # branch functions alone, and still live on the device all step
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _wide(devices, keras.optimizers.AdamW(1e-3))
+        callback = tflms.LMSCallback(
+            device=devices.compute, host_device=devices.host, swap=False, recompute=True
+        )
+        _fit_wide(model, devices, [callback])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    weights = variable_bytes(model.trainable_variables)
+    simulated = callback.simulate(accounting="tensors")
+    assert simulated.variable_bytes >= 3 * weights  # the weights and AdamW's two slots

@@ -14,7 +14,11 @@ Node attributes:
     ``stateful``, ``tflms`` (``"out"``/``"in"`` for tflms' swap ops, else ``None``),
     ``loop`` (``While`` ops only: a :class:`~tflms.graph.loops.LoopLists`),
     ``body`` (``While`` ops only: one iteration of its body as a view, for its
-    ops' costs; ``None`` where the body cannot be imported). A
+    ops' costs; ``None`` where the body cannot be imported),
+    ``variable_bytes`` (a traced step's variable placeholders only: the bytes
+    of the variable behind the handle, from its handle data, so that a
+    variable read only inside a called function - an optimizer's update
+    behind a loss-scale ``cond`` - is still counted where it lives). A
     loop's ``variant`` outputs are sized by the lists they hold at its end
     (the per-iteration tensors kept for the gradient, see
     :mod:`tflms.graph.loops`), ``TensorListFromTensor`` by its copy, a cuDNN
@@ -54,6 +58,7 @@ from typing import NamedTuple
 
 import networkx as nx
 import tensorflow as tf
+from tensorflow.python.ops import handle_data_util
 
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError, UnsupportedGraphError
@@ -317,6 +322,10 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
             stateful=op._is_stateful,  # noqa: SLF001
             tflms=node_def.attr[SWAP_ATTR].s.decode() if SWAP_ATTR in node_def.attr else None,
         )
+        if op.type == "Placeholder" and op.outputs[0].dtype == tf.resource:
+            held = _variable_bytes(op.outputs[0])
+            if held:
+                view.nodes[name]["variable_bytes"] = held
         in_idx = 0
         for source in node_def.input:
             if source.startswith("^"):
@@ -550,6 +559,21 @@ def _dtype_facts(dtype: tf.DType) -> tuple[str, int, bool]:
         except (TypeError, AttributeError):  # types without a fixed size
             size = 0
     return base.name, size, dtype._is_ref_dtype  # noqa: SLF001
+
+
+def _variable_bytes(handle: tf.Tensor) -> int:
+    """Bytes of the variable behind a function's resource placeholder (0 when unknown)."""
+    data = handle_data_util.get_resource_handle_data(handle)
+    if data is None or not data.is_set or not data.shape_and_type:
+        return 0
+    shape_and_type = data.shape_and_type[0]
+    dims = [d.size for d in shape_and_type.shape.dim]
+    if shape_and_type.shape.unknown_rank or any(d < 0 for d in dims):
+        return 0
+    count = 1
+    for d in dims:
+        count *= d
+    return count * tf.dtypes.as_dtype(shape_and_type.dtype).size
 
 
 def _tensor_info(

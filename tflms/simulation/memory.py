@@ -146,7 +146,10 @@ def variable_bytes(graph: CompiledGraph) -> int:
     """Bytes of the variables on the device, read off their reads and assigns.
 
     A variable handle weighs nothing in a graph; its size is that of the
-    largest ``ReadVariableOp`` output or assigned value among its users.
+    largest ``ReadVariableOp`` output or assigned value among its users, or
+    the variable's own size where the view knows it (a traced step's handle
+    data: a variable read only inside a called function, as an optimizer's
+    slots behind a loss-scale ``cond``, is still resident).
 
     Args:
         graph: The compiled step graph.
@@ -175,7 +178,7 @@ def variable_sizes(graph: CompiledGraph, space: str = "device") -> list[int]:
             continue
         if not out or out[0].dtype != "resource":
             continue
-        size = 0
+        size = graph.held[i] if graph.held else 0
         for j in graph.consumers.get((i, 0), ()):
             if graph.types[j] == "ReadVariableOp":
                 size = max(size, sum(t.bytes for t in graph.outputs[j]))

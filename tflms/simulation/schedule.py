@@ -103,6 +103,8 @@ class CompiledGraph:
         device, link: the models used for the durations.
         scratch: bytes each op holds while it runs besides its outputs (a
             loop's iterations in flight, :mod:`tflms.graph.loops`).
+        held: bytes of the variable behind each variable handle the view
+            knows the size of (``variable_bytes``), else 0.
         crossing: bytes each op (not a copy) reads from the other memory
             space, host or device: TensorFlow copies them over the link
             before the op runs (an optimizer's update on the host reads each
@@ -128,6 +130,7 @@ class CompiledGraph:
     link: LinkModel
     scratch: list = field(default_factory=list)
     crossing: list = field(default_factory=list)
+    held: list = field(default_factory=list)
     derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -303,6 +306,7 @@ def compile_view(
         link=link,
         scratch=[node["loop"].scratch_bytes if "loop" in node else 0 for node in nodes],
         crossing=crossing,
+        held=[node.get("variable_bytes", 0) for node in nodes],
     )
 
 
