@@ -40,7 +40,7 @@ from ddl_tf.core.collectives.reduce_spec import AVERAGE
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras.optimizer import unwrap_optimizer
 from ddl_tf.keras.random_state import keep_random_state
-from ddl_tf.tensorflow.functions import broadcast_variables
+from ddl_tf.tensorflow.functions import allgather_object, broadcast_variables
 
 __all__ = [
     "BroadcastGlobalVariablesCallback",
@@ -62,7 +62,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     first step, so such a model is broadcast at the end of the first batch,
     where Horovod 0.28 broadcasts every model: that step ran on each rank's own
     initial weights with averaged gradients, and from then on all ranks hold
-    the root's weights and optimizer state.
+    the root's weights and optimizer state. An optimizer no rank has built
+    when the model is broadcast holds no state yet: it is left unbuilt (its
+    first step builds the same initial values on every rank), so that what
+    builds it decides where its state lives - ``tflms.LMSCallback`` may
+    build it on the host; when any rank built it (the root loaded a
+    checkpoint), every rank builds it and receives the root's state.
 
     The broadcast includes the state of the model's random generators
     (``model.variables`` holds it: Dropout draws the same masks on every
@@ -139,15 +144,29 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def _broadcast(self) -> None:
         model = self.model
         optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and not optimizer.built and model.trainable_variables:
-            optimizer.build(model.trainable_variables)
         variables = list(model.variables)
-        if optimizer is not None:
+        if optimizer is not None and _built_somewhere(optimizer):
+            if not optimizer.built and model.trainable_variables:  # to receive the root's state
+                optimizer.build(model.trainable_variables)
             variables += list(optimizer.variables)
         broadcast_variables(
             [v for v in variables if _key(v) not in self._local], root_rank=self.root_rank
         )
         self.broadcast_done = True
+
+
+def _built_somewhere(optimizer) -> bool:
+    """Whether the optimizer is built on any rank (one collective when the job has several).
+
+    An optimizer no rank has built holds no state: its first step builds the
+    same initial values on every rank. It is then left unbuilt, so that what
+    builds it next decides where its state lives (tflms's ``LMSCallback`` may
+    build it on the host). When any rank built it (a checkpoint loaded on the
+    root only), every rank builds it to receive the root's state.
+    """
+    if basics.size() == 1:
+        return bool(optimizer.built)
+    return any(allgather_object(bool(optimizer.built), name="broadcast_optimizer_built"))
 
 
 def _key(variable):

@@ -309,7 +309,9 @@ def test_metric_average_and_broadcast_callbacks_in_one_process(ddl):
     cb = BroadcastGlobalVariablesCallback(0)
     cb.set_model(model)
     cb.on_train_begin()
-    assert cb.broadcast_done and model.optimizer.built
+    # an unbuilt optimizer holds nothing yet: its first step builds it alike on every rank,
+    # where whatever builds it chooses (tflms's LMSCallback may build it on the host)
+    assert cb.broadcast_done and not model.optimizer.built
 
 
 def test_keras_module_mirrors_horovod_names():
