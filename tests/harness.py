@@ -209,6 +209,26 @@ def pytest_unconfigure(config) -> None:
     remove_job_directories()
 
 
+def discovery_script(directory: Path, hosts: str) -> Path:
+    """A host discovery script for ``ddlrun --host-discovery-script`` listing ``hosts``.
+
+    It prints ``directory/hosts``, which a test or a worker rewrites to make
+    hosts appear or leave.
+
+    Args:
+        directory: Where the script and its ``hosts`` file are written.
+        hosts: The first listing (``"host:slots"`` lines).
+
+    Returns:
+        The executable script.
+    """
+    (directory / "hosts").write_text(hosts)
+    script = directory / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {directory / 'hosts'}\n")
+    script.chmod(0o755)
+    return script
+
+
 def mpi_env(extra: dict[str, str] | None = None, *, session_base: bool = True) -> dict[str, str]:
     """Environment for an mpirun child: quiet TF, root allowed when we are root.
 

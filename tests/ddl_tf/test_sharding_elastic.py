@@ -27,7 +27,7 @@ import ddl_tf.keras as hvd
 from ddl_tf.core import basics
 from ddl_tf.errors import ConfigError
 from ddl_tf.keras.elastic import sharded_of
-from tests.harness import mpi_env, mpirun_executable
+from tests.harness import discovery_script, mpi_env, mpirun_executable
 from tests.timing import HANG_SECONDS, PROCESS_MARGIN_SECONDS
 
 WORKER = Path(__file__).resolve().parent / "sharded_elastic_worker.py"
@@ -54,14 +54,6 @@ def _results(tmp_path: Path) -> dict[int, dict]:
 
 def _log(tmp_path: Path) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "commits.jsonl").read_text().splitlines()]
-
-
-def _discovery(tmp_path: Path, hosts: str) -> Path:
-    (tmp_path / "hosts").write_text(hosts)
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
-    script.chmod(0o755)
-    return script
 
 
 def _check_final(results: dict[int, dict], size: int) -> None:
@@ -292,7 +284,7 @@ def test_a_killed_rank_owning_a_shard_its_share_comes_back_from_the_commit(tmp_p
 @pytest.mark.slow
 def test_a_host_that_leaves_the_discovered_list_its_shares_move_at_the_commit(tmp_path):
     """ZeRO-1 from 4 ranks to 2: the job re-forms at a commit and goes on without a sync."""
-    script = _discovery(tmp_path, "localhost:2\n127.0.0.1:2\n")
+    script = discovery_script(tmp_path, "localhost:2\n127.0.0.1:2\n")
     done = _ddlrun(
         tmp_path,
         "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
@@ -315,7 +307,7 @@ def test_a_host_that_leaves_the_discovered_list_its_shares_move_at_the_commit(tm
 @pytest.mark.slow
 def test_ranks_that_join_receive_their_shares_of_the_commit(tmp_path):
     """ZeRO-1 from 2 ranks to 4: the new ranks own shares they never trained, from the commit."""
-    script = _discovery(tmp_path, "localhost:2\n")
+    script = discovery_script(tmp_path, "localhost:2\n")
     done = _ddlrun(
         tmp_path,
         "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.harness import mpi_env, mpirun_executable
+from tests.harness import discovery_script, mpi_env, mpirun_executable
 from tests.timing import HANG_SECONDS, PROCESS_MARGIN_SECONDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,14 +51,6 @@ def _ddlrun(
 
 def _results(tmp_path: Path) -> dict[int, dict]:
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))}
-
-
-def _discovery(tmp_path: Path, hosts: str) -> Path:
-    (tmp_path / "hosts").write_text(hosts)
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
-    script.chmod(0o755)
-    return script
 
 
 def test_a_killed_rank_takes_its_host_out_and_the_others_train_on_bitwise_equal(tmp_path):
@@ -98,7 +90,7 @@ def test_a_custom_loop_traced_before_the_failure_trains_on_at_the_new_size(tmp_p
 
 
 def test_a_discovered_host_joins_at_a_commit_and_gets_the_state(tmp_path):
-    script = _discovery(tmp_path, "localhost:2\n")
+    script = discovery_script(tmp_path, "localhost:2\n")
     done = _ddlrun(
         tmp_path,
         "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
@@ -129,7 +121,7 @@ def test_a_discovered_host_joins_at_a_commit_and_gets_the_state(tmp_path):
 def test_a_discovered_host_joins_without_pausing_the_training(tmp_path):
     """Issue 45 (b): the new ranks start (Python, TensorFlow, MPI_Init) while the job trains,
     and join at a commit after they are ready; nothing waits for them (ELASTIC_GROW_WAIT=0)."""
-    script = _discovery(tmp_path, "localhost:2\n")
+    script = discovery_script(tmp_path, "localhost:2\n")
     started = time.monotonic()
     done = _ddlrun(
         tmp_path,
@@ -161,7 +153,7 @@ def test_a_discovered_host_joins_without_pausing_the_training(tmp_path):
 def test_ranks_started_ahead_leave_when_the_job_ends_before_they_join(tmp_path):
     """A host listed near the end: the job finishes at its size, and the ranks it started ahead
     are sent away once connected (status 0, nothing left running), not waited for by mpirun."""
-    script = _discovery(tmp_path, "localhost:2\n")
+    script = discovery_script(tmp_path, "localhost:2\n")
     started = time.monotonic()
     done = _ddlrun(
         tmp_path,
@@ -182,7 +174,7 @@ def test_ranks_started_ahead_leave_when_the_job_ends_before_they_join(tmp_path):
 
 
 def test_a_discovery_script_that_turns_to_garbage_ends_the_job_after_the_timeout(tmp_path):
-    script = _discovery(tmp_path, "localhost:2\n")
+    script = discovery_script(tmp_path, "localhost:2\n")
     done = _ddlrun(
         tmp_path,
         "--min-np", "2", "--host-discovery-script", str(script), "--elastic-timeout", "2",
@@ -236,7 +228,7 @@ def _ranks_of(tmp_path: Path) -> list[int]:
 
 
 def test_too_few_slots_for_min_np_refuse_the_launch(tmp_path):
-    script = _discovery(tmp_path, "localhost:1\n")
+    script = discovery_script(tmp_path, "localhost:1\n")
     done = _ddlrun(
         tmp_path,
         "--min-np", "2", "--host-discovery-script", str(script), "--elastic-timeout", "2",
