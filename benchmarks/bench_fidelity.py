@@ -12,8 +12,10 @@ aggressive swaps plus both levers) check the plans the capacity figures use;
 ``recompute dense`` adds the convolutions and matmuls worth re-running over
 PCIe3 (``recompute_dense=0.25``), chained, as the tuned PCIe3 plans do.
 
-A second part, the CPU judge, runs each model small enough for this machine
-on TensorFlow's own CPU executor (``cpu_judge_worker.py``, a fresh process
+A second part, the CPU judge, runs those models, the zoo's GPT-2 and BERT
+and six of the users' models (``tests/tflms/users_models.py``; families the
+simulator was not tuned to), each small enough for this machine, on
+TensorFlow's own CPU executor (``cpu_judge_worker.py``, a fresh process
 each, one inter-op thread, ``PROCESSES`` processes per model) and compares
 the allocator's measured peak with tflms.simulate: its prediction
 (FirstReady, as on a GPU) and the same graph replayed in the op order the

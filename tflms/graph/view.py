@@ -15,6 +15,7 @@ Node attributes:
     ``loop`` (``While`` ops only: a :class:`~tflms.graph.loops.LoopLists`),
     ``body`` (``While`` ops only: one iteration of its body as a view, for its
     ops' costs; ``None`` where the body cannot be imported),
+    ``equation`` (``Einsum`` ops only: its equation),
     ``variable_bytes`` (a traced step's variable placeholders only: the bytes
     of the variable behind the handle, from its handle data, so that a
     variable read only inside a called function - an optimizer's update
@@ -35,7 +36,10 @@ Graph attributes:
     batch size resolved), ``control_flow_ops``, ``unbounded_loops`` (loops
     whose growing lists have no trip bound or element size),
     ``estimated_reserve_space`` (cuDNN RNN ops whose reserve space is an
-    estimate, :mod:`tflms.graph.cudnn_rnn`), ``depth``.
+    estimate, :mod:`tflms.graph.cudnn_rnn`), ``depth``, ``returns`` (a traced
+    function's results: the ops whose outputs it returns and its control
+    outputs, sorted; ``None`` for a ``tf.Graph`` and for a function still being
+    traced, whose results are not known yet).
 
 Example:
     >>> import tensorflow as tf
@@ -322,6 +326,8 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
             stateful=op._is_stateful,  # noqa: SLF001
             tflms=node_def.attr[SWAP_ATTR].s.decode() if SWAP_ATTR in node_def.attr else None,
         )
+        if node_def.op == "Einsum":  # what its kernel transposes (tflms.cost.temporaries)
+            view.nodes[name]["equation"] = node_def.attr["equation"].s.decode()
         if op.type == "Placeholder" and op.outputs[0].dtype == tf.resource:
             held = _variable_bytes(op.outputs[0])
             if held:
@@ -353,6 +359,7 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
         unsized_batch=unsized_batch,
         control_flow_ops=control_flow_ops,
         unbounded_loops=unbounded_loops,
+        returns=_returns(graph),
     )
     assign_levels(view)
     logger.debug(
@@ -365,6 +372,20 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
         batch_source,
     )
     return view
+
+
+def _returns(graph: tf.Graph) -> tuple[str, ...] | None:
+    """The ops whose outputs a traced function returns, and its control outputs, or ``None``.
+
+    A ``tf.Graph`` has no results of its own (a session fetches what it is
+    asked for), and a ``FuncGraph`` gets its results only once its Python
+    function has returned: neither is known then.
+    """
+    outputs = list(getattr(graph, "outputs", None) or ())
+    control = list(getattr(graph, "control_outputs", None) or ())
+    if not outputs and not control:
+        return None
+    return tuple(sorted({t.op.name for t in outputs} | {op.name for op in control}))
 
 
 def require_batch_size(view: nx.DiGraph, *, fix: str, reason: str | None = None) -> None:

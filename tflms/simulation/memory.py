@@ -26,7 +26,9 @@ TensorFlow's conventions (``"tensors"`` and ``"realistic"``)
     ``StopGradient`` outputs share their input's buffer (TensorFlow forwards
     it), and an element-wise op (:data:`FORWARDING_OPS`) writes its output
     into an input buffer nobody else reads any more, as TensorFlow's kernels
-    do. An op reading a tensor of the other memory space without a tflms copy
+    do. A kernel's own temporaries (an ``Einsum``'s transposed operands,
+    :mod:`tflms.cost.temporaries`) are held while it runs. An op reading a
+    tensor of the other memory space without a tflms copy
     gets TensorFlow's own copy, made as soon as the tensor exists and freed
     after its last reader there, and the source is freed once copied
     (:func:`_crossings`). The peak is what an allocator would need at least.
@@ -63,6 +65,7 @@ from dataclasses import dataclass, field
 from tflms.cost import gpu_memory
 from tflms.cost.ops import ALIAS_OPS
 from tflms.cost.target import ACCOUNTINGS
+from tflms.cost.temporaries import TEMPORARY_OPS
 from tflms.errors import ConfigError
 from tflms.simulation.allocator import BufferReplay, check_allocator, replay_region
 from tflms.simulation.schedule import CompiledGraph, Schedule
@@ -396,6 +399,12 @@ def trace_memory(
             for i in order
             if graph.scratch[i] and spaces[i] == "device"
         ]
+    if realistic and graph.temporaries and any(graph.temporaries):  # kernels' own temporaries
+        held += [
+            (i, "device", graph.temporaries[i])
+            for i in order
+            if graph.temporaries[i] and spaces[i] == "device"
+        ]
     if gpu:
         ws_limit = gpu_memory.get_stack(stack).workspace_limit_bytes
         workspaces = graph.derive(("workspaces", ws_limit), lambda g: _workspaces(g, ws_limit))
@@ -470,9 +479,10 @@ def trace_memory(
             if b_space[b] == "device" and alloc_key[b] <= peak_key < free_key[b]:
                 if b in crossing_names:
                     i, name = b_producer[b], crossing_names[b]
-                elif not b_tensors[b]:  # a loop's scratch
+                elif not b_tensors[b]:  # a loop's scratch, a kernel's temporaries
                     i = b_producer[b]
-                    name = f"{graph.names[i]} (iterations in flight)"
+                    held_for = "temporaries" if graph.types[i] in TEMPORARY_OPS else None
+                    name = f"{graph.names[i]} ({held_for or 'iterations in flight'})"
                 else:
                     i, k = b_tensors[b][0]
                     name = graph.outputs[i][k].name

@@ -61,10 +61,11 @@ import networkx as nx
 
 from tflms.cost.hardware import HOST, DeviceModel, LinkModel, get_device, get_link
 from tflms.cost.ops import MIN_SECONDS, op_cost
+from tflms.cost.temporaries import TEMPORARY_OPS, temporary_bytes
 from tflms.errors import UnsupportedGraphError
 from tflms.graph.grappler_rules import removed_at_run_time
 from tflms.simulation import native
-from tflms.simulation.bypass import bypass
+from tflms.simulation.bypass import bypass, dead_at_run_time, prune
 
 __all__ = [
     "CompiledGraph",
@@ -103,6 +104,10 @@ class CompiledGraph:
         device, link: the models used for the durations.
         scratch: bytes each op holds while it runs besides its outputs (a
             loop's iterations in flight, :mod:`tflms.graph.loops`).
+        temporaries: bytes each op's kernel allocates for its run besides
+            its outputs (an ``Einsum``'s transposed operands,
+            :mod:`tflms.cost.temporaries`); TensorFlow's allocator sees them,
+            Grappler's estimate does not.
         held: bytes of the variable behind each variable handle the view
             knows the size of (``variable_bytes``), else 0.
         crossing: bytes each op (not a copy) reads from the other memory
@@ -129,6 +134,7 @@ class CompiledGraph:
     device: DeviceModel
     link: LinkModel
     scratch: list = field(default_factory=list)
+    temporaries: list = field(default_factory=list)
     crossing: list = field(default_factory=list)
     held: list = field(default_factory=list)
     derived: dict = field(default_factory=dict, repr=False, compare=False)
@@ -200,6 +206,7 @@ def compile_view(
     link: str | LinkModel,
     bypass_identity_n: bool = True,
     costs: dict | None = None,
+    prune_dead: bool | None = None,
 ) -> CompiledGraph:
     """Flatten ``view`` and time every op on ``device`` / ``link``.
 
@@ -219,6 +226,11 @@ def compile_view(
             must mean the same op in every view that shares it, as it does
             for the rewrites of one view (clones and swap ops are named after
             what they copy). None: every op is timed.
+        prune_dead: the ops TensorFlow prunes from a traced function
+            (:func:`~tflms.simulation.bypass.dead_at_run_time`: nothing its
+            results, control outputs or stateful ops need) take no time, read
+            nothing and hold nothing. ``None`` (default): as ``bypass_identity_n``
+            (TensorFlow's run-time graph; Grappler's own estimate keeps them).
 
     Returns:
         A :class:`CompiledGraph`.
@@ -255,6 +267,12 @@ def compile_view(
         for i in range(n):
             if nodes[i]["type"] == "IdentityN" and removed_at_run_time(view, names[i]):
                 bypass(view, names, index, i, inputs, consumers, preds_count, succs, outputs)
+    dead: list[int] = []
+    if bypass_identity_n if prune_dead is None else prune_dead:
+        pruned = dead_at_run_time(view)
+        dead = [i for i in range(n) if names[i] in pruned] if pruned else []
+        for i in dead:
+            prune(i, inputs, consumers, outputs)
     for lst in inputs:
         if len(lst) > 1:
             lst.sort(key=lambda t: t[2])
@@ -266,7 +284,10 @@ def compile_view(
     durations = [0.0] * n
     flops = [0.0] * n
     crossing = [0] * n
+    never_run = set(dead)
     for i, node in enumerate(nodes):
+        if i in never_run:
+            continue  # pruned: takes no time
         kind = _copy_kind(node, inputs[i], spaces) if node["type"] == "Identity" else None
         if kind is not None:
             copy[i] = kind
@@ -307,6 +328,17 @@ def compile_view(
         scratch=[node["loop"].scratch_bytes if "loop" in node else 0 for node in nodes],
         crossing=crossing,
         held=[node.get("variable_bytes", 0) for node in nodes],
+        temporaries=[
+            temporary_bytes(
+                node["type"],
+                node,
+                [nodes[p]["outputs"][k] for p, k, _ in inputs[i]],
+                node["outputs"],
+            )
+            if node["type"] in TEMPORARY_OPS and i not in never_run
+            else 0
+            for i, node in enumerate(nodes)
+        ],
     )
 
 
