@@ -83,7 +83,10 @@ class KerasState(TensorFlowKerasState):
     """
 
     def __init__(self, model, optimizer=None, **kwargs) -> None:
-        self._sharded = sharded_of(optimizer if optimizer is not None else model.optimizer)
+        # (an uncompiled model has no optimizer: the base class refuses it with the fix)
+        self._sharded = sharded_of(
+            optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        )
         # the whole optimizer state of the last commit, by path (sharded optimizers only);
         # until the first commit or sync, this rank's share only (whole: False)
         self._committed: dict[str, np.ndarray] = {}

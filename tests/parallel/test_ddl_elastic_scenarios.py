@@ -606,8 +606,8 @@ def _keras_job(folder: Path, options: list[str], **variables: str) -> subprocess
 def test_rehearsal_a_listed_node_joins_without_pausing_the_training(tmp_path, no_cluster_left):
     """Issue 45 (b) on virtual nodes: node1 is listed while node0's ranks train; its 2 ranks
     start through node1's daemon (import TensorFlow, connect) while training goes on, and join
-    at a commit after they are ready. Run once more only if lost to PRRTE's connect defect
-    (see :func:`_run_growing`)."""
+    at a commit after they are ready. Run again (at most three tries) only if lost to PRRTE's
+    connect defect (see :func:`_run_growing`)."""
     mpirun_executable()  # skips without an MPI
     options = ["--rehearse", "2", "--link", "1gbit", "--min-np", "2", "--max-np", "4"]
     variables = {
@@ -617,16 +617,16 @@ def test_rehearsal_a_listed_node_joins_without_pausing_the_training(tmp_path, no
         "ELASTIC_SLEEP": "0.1",
         "ELASTIC_EPOCHS": "8",
     }
-    folder = tmp_path / "1"
-    done = _keras_job(folder, options, **variables)
     # the defect either ends the job, or leaves the new ranks unconnected until the job ends at
     # 2 ranks (seen in CI: PMIX_ERROR in pmix_server_dyn.c, then "the job finished before they
-    # were admitted")
-    if "pmix_server_dyn.c" in done.stderr and (
-        done.returncode != 0 or "before they were admitted" in done.stderr
-    ):
-        folder = tmp_path / "2"
+    # were admitted"); it hit twice in a row once on a loaded machine, so up to three tries
+    for attempt in (1, 2, 3):
+        folder = tmp_path / str(attempt)
         done = _keras_job(folder, options, **variables)
+        if "pmix_server_dyn.c" not in done.stderr or (
+            done.returncode == 0 and "before they were admitted" not in done.stderr
+        ):
+            break
     assert done.returncode == 0, done.stderr[-3000:]
     assert "starting 2 rank(s) on node1:2 ahead" in done.stderr, done.stderr[-3000:]
     results = {int(p.stem[4:]): json.loads(p.read_text()) for p in folder.glob("rank*.json")}
