@@ -337,7 +337,9 @@ class Pipeline:
                 attributes are set as soon as each is known (:class:`tflms.LMS`:
                 so that they are there to inspect when a later stage raises).
             outputs: what the step's function returned, for the Grappler
-                check (:meth:`plan`); None: the graph's sinks.
+                check (:meth:`plan`) and the view's ``returns`` (what the
+                simulator keeps of a step still being traced); None: the
+                graph's sinks.
 
         Returns:
             The :class:`Planned` view, plan, tuning and splits.
@@ -357,6 +359,12 @@ class Pipeline:
                 f"({len(rewritten)} swap ops, e.g. {rewritten[0]!r}); run LMS once per graph."
             )
         view, splits = self.cut(graph, view, *known)
+        if outputs is not None and view.graph.get("returns") is None:
+            # a step still being traced has no results yet: what its function returned are
+            # they, so the simulator prunes what TensorFlow will not run (simulation.bypass)
+            from tflms.simulation.grappler.rewrites import step_fetches
+
+            view.graph["returns"] = tuple(sorted(step_fetches(graph, outputs) or ())) or None
         _tell(into, view=view, splits=tuple(splits))
         plan, tuning = self.plan(view, graph, outputs=outputs)
         _tell(into, tuning=tuning)

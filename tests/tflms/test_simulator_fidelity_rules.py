@@ -69,6 +69,27 @@ def test_pruned_ops_take_no_time_and_hold_nothing():
     assert any(kept.outputs[graph.names.index(n)][0].bytes for n in dead)
 
 
+def test_a_step_planned_while_it_is_traced_knows_its_results(devices):
+    # LMSCallback plans the train step before its trace ends: the pipeline takes what the
+    # step returned as its results, so the dead silu-beta gradients are pruned there too
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    with tf.device(devices.compute):
+        model = keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dense(64, activation="silu"), keras.layers.Dense(1)]
+        )
+    model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+    callback = tflms.LMSCallback(device=devices.compute, host_device=devices.host)
+    x, y = np.ones((32, 64), "float32"), np.ones((32, 1), "float32")
+    with tf.device(devices.compute):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[callback])
+    assert callback.view.graph["returns"]
+    dead = dead_at_run_time(callback.view)
+    assert any(callback.view.nodes[n]["type"] == "Square" for n in dead), sorted(dead)
+
+
 def test_a_graph_without_results_prunes_nothing():
     g = tf.Graph()
     with g.as_default():
