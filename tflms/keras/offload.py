@@ -277,22 +277,20 @@ def offload_state(model: keras.Model, host_device: str = DEFAULT_HOST) -> Offloa
             across ranks (``DistributedOptimizer(sharding=...)``: wrap the
             optimizer in :class:`OffloadedOptimizer` before sharding it).
     """
-    holder, optimizer = model, getattr(model, "optimizer", None)
-    if optimizer is None:
+    if getattr(model, "optimizer", None) is None:
         raise ConfigError(
             "offload_state needs a compiled model; compile it with an optimizer first."
         )
-    found = _find_offloaded(optimizer)
+    found = _find_offloaded(model.optimizer)
     if found is not None:
         return found
-    while hasattr(optimizer, "inner_optimizer") or hasattr(optimizer, "shard_optimizer"):
-        if hasattr(optimizer, "shard_optimizer"):
-            raise ConfigError(
-                "the optimizer's state is sharded across ranks (DistributedOptimizer(sharding="
-                "...)), so it cannot be moved whole. Wrap the optimizer before sharding it: "
-                "hvd.DistributedOptimizer(tflms.keras.OffloadedOptimizer(opt), sharding=...)."
-            )
-        holder, optimizer = optimizer, optimizer.inner_optimizer
+    holder, optimizer = _innermost(model)
+    if optimizer is None:  # neither missing nor offloaded: sharded
+        raise ConfigError(
+            "the optimizer's state is sharded across ranks (DistributedOptimizer(sharding="
+            "...)), so it cannot be moved whole. Wrap the optimizer before sharding it: "
+            "hvd.DistributedOptimizer(tflms.keras.OffloadedOptimizer(opt), sharding=...)."
+        )
     with tf.device(host_device):  # its step counter and learning rate too
         fresh = type(optimizer).from_config(optimizer.get_config())
     offloaded = OffloadedOptimizer(fresh, host_device=host_device)
