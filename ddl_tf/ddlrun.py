@@ -31,11 +31,13 @@ on this machine (network namespaces joined by links shaped to ``--link``,
 see :mod:`ddl_tf.cluster`) and removes when the job ends.
 
 It prints the (predicted) topology and the exact mpirun command, then runs it
-with the ddl_tf settings exported to every rank (``-x DDL_...``). A fixed-size
-job of several ranks also gets ddlrun's start-up check
-(:mod:`ddl_tf.launch.startup`, ``-x DDL_START_ADDR``): ranks report to it
-before MPI starts, and if some do not call ``init()`` within
-``--start-timeout`` (``DDL_START_TIMEOUT``, 60 s), the others fail naming them. It adds
+with the ddl_tf settings exported to every rank (``-x DDL_...``). Each launch
+of a job of several ranks also gets ddlrun's start-up check
+(:mod:`ddl_tf.launch.startup`, ``-x DDL_START_ADDR``; on the ``--rehearse``
+cluster a Unix socket): ranks report to it before MPI starts, and if some do
+not call ``init()`` within ``--start-timeout`` (``DDL_START_TIMEOUT``, 60 s),
+the others fail naming them. An elastic job then drops those ranks' hosts and
+is relaunched on the others, if they give ``--min-np`` slots. It adds
 ``--allow-run-as-root`` only when run as root.
 
 When mpirun fails at its own start-up, before any rank ran (Open MPI's
@@ -75,8 +77,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,12 +110,14 @@ from ddl_tf.launch.hosts import (
 from ddl_tf.launch.session import private_session_base, private_sm_directory
 from ddl_tf.launch.supervise import (
     SPAWN_FAILED_GRACE_S,
+    STOP_GRACE_S,
     FinishedWatch,
     StartWatch,
     exit_code,
     run_elastic,
     run_fixed,
 )
+from ddl_tf.launch.worker import host_of_rank
 
 if TYPE_CHECKING:
     from ddl_tf.cluster.spec import ClusterSpec
@@ -542,12 +548,18 @@ def _run(args: argparse.Namespace, job: contextlib.ExitStack) -> int:
     ):
         if getattr(args, option[2:].replace("-", "_")) is not None:
             print(f"ddlrun: note: {option} is horovodrun's and has no effect here: {why}")
-    check = None
-    if not args.dry_run and spec is None and elastic is None and plan.np > 1:
-        check = _startup_check(plan, placement, args.network_interface)
-        if check is not None:  # the ranks report to it before MPI starts (DDL_START_ADDR)
-            child_env[env.DDL_START_ADDR] = check.address
-            plan.forward.append(env.DDL_START_ADDR)
+    start_checks = None
+    finished = FinishedWatch(_say, args.start_retries) if elastic is not None else None
+    if not args.dry_run and plan.np > 1:  # the ranks report to it before MPI starts
+        start_checks = _StartChecks(
+            args.network_interface,
+            rehearsal=spec is not None,
+            report=(lambda line, _: _say(line))
+            if finished is None
+            else finished.start_check_failed,
+            stop=threading.Event() if finished is None else finished.halt,
+        )
+        if start_checks.open(plan, placement, child_env):
             command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
     print("ddlrun: running: " + shlex.join(command), flush=True)
     if args.dry_run:
@@ -555,25 +567,28 @@ def _run(args: argparse.Namespace, job: contextlib.ExitStack) -> int:
     again = None
     if elastic is not None:
         assert base is not None
-        again = _Relauncher(base, elastic, hosts, spec, (mpirun, flavor, as_root))
+        again = _Relauncher(base, elastic, hosts, spec, (mpirun, flavor, as_root), start_checks)
+    ran = start_checks.reached if start_checks is not None else None
     try:
         if spec is not None:
             from ddl_tf.cluster.rehearse import run_rehearsal
 
             try:
                 if again is not None:
-                    finished = FinishedWatch(_say, args.start_retries)
+                    assert finished is not None
                     code = run_rehearsal(
                         spec,
                         command,
                         child_env,
                         watch=finished,
-                        again=_retrying(finished, again.after(finished), command, child_env),
-                        stop=finished.spawn_failed,
+                        again=_retrying(finished, again.after(finished), command, child_env, ran),
+                        stop=finished.halt,
                         grace=SPAWN_FAILED_GRACE_S,
                     )
                     return finished.status(128 - code if code < 0 else code)
-                return exit_code(run_rehearsal(spec, command, child_env), report=_say)
+                return _run_rehearsal_fixed(
+                    spec, command, child_env, args.start_retries, start_checks
+                )
             except DDLError as err:
                 print(str(err), file=sys.stderr)
                 return EXIT_PREFLIGHT
@@ -581,24 +596,68 @@ def _run(args: argparse.Namespace, job: contextlib.ExitStack) -> int:
                 return 128 + signal.SIGINT
         if again is not None:
             return run_elastic(
-                command, child_env, report=_say, again=again, start_retries=args.start_retries
+                command,
+                child_env,
+                report=_say,
+                again=again,
+                start_retries=args.start_retries,
+                watch=finished,
+                ran=ran,
             )
-    finally:
-        if again is not None:
-            again.remove_mirrors(plan.env[env.DDL_ELASTIC_MIRROR])
-    if check is None:
-        return run_fixed(command, child_env, report=_say, retries=args.start_retries)
-    try:  # a rank that reached the check ran the program: that job is never launched again
+        # a rank that reached the check ran the program: that job is never launched again
         return run_fixed(
             command,
             child_env,
             report=_say,
-            stop=check.stop,
-            ran=check.reached.is_set,
+            stop=start_checks.stop if start_checks is not None else None,
+            ran=ran,
             retries=args.start_retries,
         )
     finally:
-        check.close()
+        if again is not None:
+            again.remove_mirrors(plan.env[env.DDL_ELASTIC_MIRROR])
+        if start_checks is not None:
+            start_checks.close()
+
+
+def _run_rehearsal_fixed(
+    spec: ClusterSpec,
+    command: list[str],
+    child_env: dict[str, str],
+    retries: int,
+    checks: _StartChecks | None,
+) -> int:
+    """Run a fixed-size job on the rehearsal cluster, as :func:`run_fixed` runs one here.
+
+    mpirun runs inside node 0; when it fails at its own start-up before any
+    rank ran (:class:`StartWatch`), the same command runs again in the same
+    cluster, at most ``retries`` times; ddlrun's start-up check (a Unix
+    socket the virtual nodes reach through the shared files) stops a job
+    whose ranks did not all call ``init()``, every process of the cluster's
+    nodes killed after :data:`STOP_GRACE_S`.
+    """
+    from ddl_tf.cluster.rehearse import run_rehearsal
+
+    stop = checks.stop if checks is not None else None
+    if retries <= 0:
+        return exit_code(
+            run_rehearsal(spec, command, child_env, stop=stop, grace=STOP_GRACE_S), report=_say
+        )
+    watch = StartWatch(_say, retries)
+
+    def again(code: int) -> tuple[list[str], dict[str, str]] | None:
+        ran = checks is not None and checks.reached()
+        if watch.retry_start(128 - code if code < 0 else code, ran=ran):
+            return command, child_env
+        return None
+
+    code = run_rehearsal(
+        spec, command, child_env, watch=watch, again=again, stop=stop, grace=STOP_GRACE_S
+    )
+    if watch.stopped is not None:
+        return watch.stopped
+    code = 128 - code if code < 0 else code
+    return code if code in watch.STOPPED_BY_DDLRUN else exit_code(code, report=_say)
 
 
 def _rehearsal_plan(plan: LaunchPlan, spec: ClusterSpec, elastic: bool) -> None:
@@ -636,8 +695,9 @@ class _Relauncher:
         launcher: ``(mpirun, flavor, as_root)``.
     """
 
-    def __init__(self, base, settings, hosts, spec, launcher) -> None:
+    def __init__(self, base, settings, hosts, spec, launcher, checks=None) -> None:
         self.base = base
+        self.checks: _StartChecks | None = checks
         self.settings = settings
         self.hosts = dict(hosts)
         self.spec = spec
@@ -728,23 +788,30 @@ class _Relauncher:
             f"ddlrun: {why}; relaunching the elastic job on "
             f"{','.join(f'{h}:{n}' for h, n in hosts.items())} ({plan.np} rank(s), relaunch "
             f"{self.count}), from the last commit the surviving ranks kept in host memory"
+            + (" (if the job got that far)" if watch.not_started is not None else "")
         )
         mpirun, flavor, as_root = self.launcher
+        child_env = child_environment(plan, as_root=as_root)
+        if self.checks is not None:  # the relaunched ranks' own start-up check
+            self.checks.close()
+            if plan.np > 1:
+                self.checks.open(plan, [h for h, n in hosts.items() for _ in range(n)], child_env)
         command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
         print("ddlrun: running: " + shlex.join(command), flush=True)
-        return command, child_environment(plan, as_root=as_root)
+        return command, child_env
 
 
-def _retrying(watch: FinishedWatch, again, command: list[str], child_env: dict[str, str]):
+def _retrying(watch: FinishedWatch, again, command: list[str], child_env: dict[str, str], ran=None):
     """``again(code)`` that first launches the last command again after a start-up failure.
 
-    :meth:`FinishedWatch.retry_start` decides (mpirun failed before any rank ran);
+    :meth:`FinishedWatch.retry_start` decides (mpirun failed before any rank ran,
+    and ``ran()``, if given, says no rank reached ddlrun's start-up check);
     otherwise ``again`` decides (a relaunch after a node crash).
     """
     last = [(command, child_env)]
 
     def after(code: int):
-        if watch.retry_start(128 - code if code < 0 else code):
+        if watch.retry_start(128 - code if code < 0 else code, ran=ran is not None and ran()):
             return last[0]
         relaunch = again(code)
         if relaunch is not None:
@@ -760,26 +827,108 @@ def _hosts_list(hosts: dict[str, int]) -> list:
     return [Host(name, slots) for name, slots in hosts.items()]
 
 
+class _StartChecks:
+    """ddlrun's start-up check of the job's current launch (a relaunch gets a new one).
+
+    Args:
+        interface: ``--network-interface``, or None.
+        rehearsal: The ranks run on the ``--rehearse`` cluster's virtual nodes:
+            the check listens on a Unix socket (they share this machine's files,
+            not its network), not on a TCP port.
+        report: ``report(line, hosts)``: what the check has to say (ranks that did
+            not start, named), and those ranks' hosts (the job's names: an elastic
+            job drops them, :meth:`FinishedWatch.start_check_failed`).
+        stop: Set when a launch cannot start (the supervisor then ends it).
+    """
+
+    def __init__(
+        self,
+        interface: str | None,
+        *,
+        rehearsal: bool,
+        report: Callable[[str, list[str]], None],
+        stop: threading.Event,
+    ) -> None:
+        self.interface = interface
+        self.rehearsal = rehearsal
+        self.report = report
+        self.stop = stop
+        self.current: StartupCheck | None = None
+        self._hosts: list[str] = []  # each rank's host in the current launch
+
+    def _failed(self, line: str) -> None:
+        missing = self.current.missing if self.current is not None else []
+        hosts = [self._hosts[r] for r in missing if 0 <= r < len(self._hosts)]
+        self.report(line, list(dict.fromkeys(hosts)))
+
+    def open(self, plan: LaunchPlan, placement: list[str], child_env: dict[str, str]) -> bool:
+        """Start the check of a launch of ``plan`` and tell its ranks (``DDL_START_ADDR``).
+
+        Closes the last launch's check. Adds the address to ``child_env`` and
+        to what ``plan`` forwards; rebuild the command afterwards.
+
+        Returns:
+            Whether there is a check (none inside a Slurm or PBS allocation
+            without hosts, or when ddlrun cannot listen).
+        """
+        self.close()
+        elastic_hosts = plan.env.get(env.DDL_ELASTIC_HOSTS)
+        if elastic_hosts:  # each rank's host as the elastic job names it (launch.worker's)
+            self._hosts = [host_of_rank(elastic_hosts, r) for r in range(plan.np)]
+        else:
+            self._hosts = list(placement)
+        self.current = _startup_check(
+            plan, placement, self.interface, self.rehearsal, report=self._failed, stop=self.stop
+        )
+        if self.current is None:
+            child_env.pop(env.DDL_START_ADDR, None)
+            return False
+        child_env[env.DDL_START_ADDR] = self.current.address
+        if env.DDL_START_ADDR not in plan.forward:
+            plan.forward.append(env.DDL_START_ADDR)
+        return True
+
+    def reached(self) -> bool:
+        """Whether a rank of the current launch reached the check (its program ran)."""
+        return self.current is not None and self.current.reached.is_set()
+
+    def close(self) -> None:
+        """Stop the current launch's check (when it ended, or before a relaunch)."""
+        if self.current is not None:
+            self.current.close()
+            self.current = None
+
+
 def _startup_check(
-    plan: LaunchPlan, placement: list[str], interface: str | None
+    plan: LaunchPlan,
+    placement: list[str],
+    interface: str | None,
+    rehearsal: bool = False,
+    *,
+    report=_say,
+    stop: threading.Event | None = None,
 ) -> StartupCheck | None:
-    """ddlrun's start-up check for a fixed-size job (None when the ranks cannot reach it).
+    """ddlrun's start-up check for a launch of ``plan`` (None when the ranks cannot reach it).
 
     Under a Slurm or PBS allocation without hosts, ddlrun does not know
     where the ranks run, so it cannot tell them an address that reaches it:
     they start without the check (MPI's start-up is then bounded by each
-    rank's watchdog, see ddl_tf.core.startup).
+    rank's watchdog, see ddl_tf.core.startup). On the rehearsal cluster the
+    check listens on a Unix socket in the temporary directory, which the
+    virtual nodes share with this machine (they have a network of their own).
     """
     from ddl_tf.launch.startup import StartupCheck, listen_address  # numpy: not for --help
 
-    if plan.in_allocation:
+    if plan.in_allocation and not plan.hosts:
         return None
-    remote = sorted({name for name in placement if not is_local(name)})
+    stop = stop if stop is not None else threading.Event()
     try:
+        if rehearsal:
+            path = os.path.join(tempfile.gettempdir(), f"ddlrun-start-{uuid.uuid4().hex}.sock")
+            return StartupCheck(plan.np, report=report, stop=stop, unix=path)
+        remote = sorted({name for name in placement if not is_local(name)})
         bind, advertise = listen_address(remote, interface)
-        return StartupCheck(
-            plan.np, report=_say, stop=threading.Event(), bind=bind, advertise=advertise
-        )
+        return StartupCheck(plan.np, report=report, stop=stop, bind=bind, advertise=advertise)
     except OSError as err:
         _say(
             f"ddlrun: note: no start-up check ({err}); ranks that never call init() are "

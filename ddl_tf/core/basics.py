@@ -117,7 +117,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             _configure_logging(config.log_level)
         elastic = env.elastic_job()
         MPI = _start_mpi(config, elastic, comm)
-        if not elastic:
+        # an elastic launch's ranks too (ddlrun's check reached them: DDL_START_ADDR), not
+        # the ranks a growing job spawns (their world is the spawn's, bounded by its timeout)
+        if not elastic or env.get(env.DDL_START_ADDR) is not None:
             _check_in(MPI, comm, config)
         base, owned = _resolve_comm(MPI, comm, elastic)
         job = Job.create(base, config, host=launcher_hostname(), elastic=elastic, owns_comm=owned)
@@ -163,11 +165,16 @@ def _start_mpi(config: DDLConfig, elastic: bool, comm: Any) -> Any:
     Under ddlrun (``DDL_START_ADDR``) the rank first reports to ddlrun's
     start-up check and waits for every rank to report there, so that
     ``MPI_Init``, which waits for every process of the job, starts only when
-    they all came; elsewhere a watchdog bounds ``MPI_Init``. Nothing is
-    bounded in an elastic job (ddlrun's elastic launch has its own timeouts),
-    when MPI already runs, or in a job of one.
+    they all came; elsewhere a watchdog bounds ``MPI_Init``. In an elastic
+    job, only the check bounds it: ddlrun gives one to the ranks of each
+    launch, never to the ranks a growing job spawns (their ``MPI_Init``
+    joins the spawning ranks, which bound it with ``DDL_ELASTIC_SPAWN_TIMEOUT``).
+    Nothing is bounded when MPI already runs, or in a job of one.
     """
-    timeout = 0.0 if elastic else config.start_timeout_seconds
+    address = env.get(env.DDL_START_ADDR)
+    timeout = config.start_timeout_seconds
+    if elastic and address is None:
+        timeout = 0.0
     if mpi.is_loaded() or timeout <= 0:
         return mpi.load()
     try:
@@ -177,7 +184,6 @@ def _start_mpi(config: DDLConfig, elastic: bool, comm: Any) -> Any:
     rank, size = int(layout.get("rank", 0)), int(layout.get("size", 1))
     if size < 2:
         return mpi.load()
-    address = env.get(env.DDL_START_ADDR)
     if address is None:
         with mpi_init_guard(rank, size, timeout):
             return mpi.load()

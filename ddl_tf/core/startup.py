@@ -25,7 +25,10 @@ The bounds, all set by ``DDL_START_TIMEOUT`` (:attr:`ddl_tf.config.DDLConfig.sta
    which every waiting rank raises as :class:`~ddl_tf.errors.StartupError`.
    Then each rank reports once more when ``MPI_Init`` has returned; if that
    does not happen within the timeout (a rank died in between), ddlrun says
-   which ranks and ends the job.
+   which ranks and ends the job. The same holds for each launch of an
+   elastic job (its first ranks, and those of a relaunch after a node
+   crash); ranks that a growing job spawns are bounded by the spawn's own
+   timeout instead (``DDL_ELASTIC_SPAWN_TIMEOUT``).
 2. Under any launcher, once MPI is up and before the first collective,
    :func:`check_in_over_mpi` exchanges non-blocking point-to-point messages
    with the first rank of the job, polled until the timeout: ranks whose MPI
@@ -68,6 +71,7 @@ __all__ = [
     "mpi_init_guard",
     "not_started_message",
     "CONNECT_SECONDS",
+    "UNIX_PREFIX",
     "VERDICT_MARGIN_SECONDS",
     "TAG_ARRIVED",
     "TAG_ACK",
@@ -75,6 +79,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+UNIX_PREFIX = "unix:"
+"""How ``DDL_START_ADDR`` names a Unix socket (``unix:/tmp/ddlrun-start-.../check``)."""
 
 CONNECT_SECONDS = 10.0
 """How long a rank tries to reach ddlrun's start-up check before it gives up."""
@@ -123,7 +130,7 @@ def check_in_with_launcher(
     """Report to ddlrun's start-up check and wait until every rank has (before MPI starts).
 
     Args:
-        address: ``host:port`` from ``DDL_START_ADDR``.
+        address: ``host:port``, or ``unix:PATH``, from ``DDL_START_ADDR``.
         rank: This rank (the launcher's numbering, which is MPI's).
         size: Ranks in the job.
         timeout: ``DDL_START_TIMEOUT`` (ddlrun counts it from the first report).
@@ -137,12 +144,11 @@ def check_in_with_launcher(
         StartupError: Ranks did not report within the timeout (the message
             names them), or ddlrun's check cannot be reached or does not answer.
     """
-    host, _, port = address.rpartition(":")
     report: dict[str, Any] = {"rank": rank, "size": size, "timeout": timeout, "pid": os.getpid()}
     if members is not None:
         report["members"] = sorted(int(r) for r in members)
     try:
-        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS)
+        conn = _connect(address)
     except (OSError, ValueError) as err:
         raise StartupError(
             f"Rank {rank} cannot reach ddlrun's start-up check at {address} (DDL_START_ADDR): "
@@ -178,6 +184,26 @@ def check_in_with_launcher(
         conn.close()
 
     return started
+
+
+def _connect(address: str) -> socket.socket:
+    """A connection to ddlrun's check at ``host:port``, or ``unix:PATH`` (a Unix socket).
+
+    ddlrun gives a Unix socket's path to ranks that share its files but not
+    its network (the ``--rehearse`` cluster's virtual nodes, each in a network
+    namespace of its own: a socket file is reached across namespaces).
+    """
+    if address.startswith(UNIX_PREFIX):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(CONNECT_SECONDS)
+        try:
+            conn.connect(address[len(UNIX_PREFIX) :])
+        except OSError:
+            conn.close()
+            raise
+        return conn
+    host, _, port = address.rpartition(":")
+    return socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS)
 
 
 # --------------------------------------------------------------------------- over MPI

@@ -12,6 +12,12 @@ After the go, each rank reports again once ``MPI_Init`` has returned; ranks
 that do not within the timeout (a rank died between its report and MPI's
 start) are named, and the job is ended through ``stop``.
 
+ddlrun opens one for each launch of a job: a fixed-size job's, and each
+launch of an elastic job (the first one and each relaunch; ddlrun then drops
+the missing ranks' hosts, :meth:`~ddl_tf.launch.supervise.FinishedWatch.start_check_failed`).
+On the ``--rehearse`` cluster it listens on a Unix socket (``unix:PATH``):
+the virtual nodes have a network of their own but share this machine's files.
+
 It runs in a thread of ddlrun, one ``selectors`` loop over the listening
 socket and the ranks' connections.
 
@@ -29,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -36,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddl_tf.core.startup import not_started_message
+from ddl_tf.core.startup import UNIX_PREFIX, not_started_message
 
 __all__ = ["StartupCheck", "listen_address"]
 
@@ -95,8 +102,13 @@ class StartupCheck:
         bind: Address to listen on (``127.0.0.1`` for a job on this machine,
             ``0.0.0.0`` when ranks run on other hosts).
         advertise: Address the ranks connect to (default: ``bind``).
+        unix: If given, listen on a Unix socket at this path instead (ranks that
+            share this machine's files but not its network: the ``--rehearse``
+            cluster's virtual nodes); :attr:`address` is then ``unix:PATH``, and
+            :meth:`close` removes the socket file.
 
     Attributes:
+        missing: Once the start failed, the ranks it names (set before ``report`` is called).
         reached: Set once a rank has connected (from its ``init()``): the
             job's program has run, so ddlrun never launches this job again
             (:func:`ddl_tf.launch.supervise.run_fixed`).
@@ -110,14 +122,26 @@ class StartupCheck:
         stop: threading.Event,
         bind: str = "127.0.0.1",
         advertise: str | None = None,
+        unix: str | None = None,
     ) -> None:
         self.size = size
         self.report = report
         self.stop = stop
-        self._listener = socket.create_server((bind, 0))
+        self._unix = unix
+        if unix is not None:
+            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self._listener.bind(unix)
+                self._listener.listen()
+            except OSError:
+                self._listener.close()
+                raise
+            self.address = f"{UNIX_PREFIX}{unix}"
+        else:
+            self._listener = socket.create_server((bind, 0))
+            port = self._listener.getsockname()[1]
+            self.address = f"{advertise or bind}:{port}"
         self._listener.setblocking(False)
-        port = self._listener.getsockname()[1]
-        self.address = f"{advertise or bind}:{port}"
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._buffers: dict[socket.socket, bytes] = {}
@@ -128,6 +152,7 @@ class StartupCheck:
         self._went = False  # every rank reported and was told to go on
         self._started: set[int] = set()
         self.outcome: str | None = None  # "started", or the message of a failed start
+        self.missing: list[int] = []  # the ranks the failed start's message names
         self.reached = threading.Event()  # some rank connected: its program ran
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddlrun-start-check", daemon=True)
@@ -137,6 +162,9 @@ class StartupCheck:
         """Stop listening and drop the ranks' connections (when the job has ended)."""
         self._closing.set()
         self._thread.join(timeout=5)
+        if self._unix is not None:  # the loop removes it; this covers a loop that hung
+            with contextlib.suppress(OSError):
+                os.unlink(self._unix)
 
     # ------------------------------------------------------------------ loop
 
@@ -157,6 +185,9 @@ class StartupCheck:
                 self._drop(conn)
             self._selector.close()
             self._listener.close()
+            if self._unix is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._unix)
 
     def _accept(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -216,6 +247,7 @@ class StartupCheck:
                 "its init() and MPI's start (see the ranks' output above). The job is ended."
             )
         self.outcome = message
+        self.missing = missing
         self.report(f"ddlrun: {message}")
         self.stop.set()
 

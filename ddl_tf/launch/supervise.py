@@ -5,7 +5,8 @@ the ``mpirun`` command to :func:`run_job`, which starts it in a session of its o
 forwards the first stop signal (SIGTERM, SIGINT, SIGHUP) to it, and makes sure
 that the job is gone within :data:`STOP_GRACE_S` after that: whatever of the
 session is still there (``mpirun`` and the ranks it started on this machine,
-orphans included) is killed. An elastic job's status is read from its output
+orphans included) is killed. What outlives an ``mpirun`` that ended by itself
+is killed after :data:`ORPHAN_GRACE_S`. An elastic job's status is read from its output
 (:class:`FinishedWatch`), since ``mpirun``'s says little under MPI's fault tolerance.
 Any job that mpirun failed to start, before any rank ran (an intermittent failure of
 Open MPI's runtime, :class:`StartWatch`), is launched again, at most twice
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import IO, Any
 
 import psutil
@@ -76,6 +77,11 @@ SPAWN_FAILED_GRACE_S = 1.0
 kills what is left of it: the spawning ranks end themselves at once (each prints why first), and
 only the unconnected ranks, which may hang, and mpirun are left; waiting longer delays the
 relaunch without it."""
+
+ORPHAN_GRACE_S = 2.0
+"""Seconds processes of mpirun's session that outlive mpirun (which ended by itself) get to end
+before they are killed: whatever of a job outlives its mpirun would otherwise run on unwatched
+(seen: a rank of an elastic job that the job's MPI_Abort did not end, sleeping on)."""
 
 KILL_WAIT_S = 2.0
 """Seconds to wait, after a SIGKILL, for the killed processes to be gone (they cannot refuse;
@@ -208,6 +214,12 @@ def run_job(
             psutil.wait_procs(
                 session_processes(proc.pid), timeout=max(0.0, deadline - time.monotonic())
             )
+            kill_session(proc.pid)
+        elif left := session_processes(proc.pid):
+            # mpirun ended by itself but left processes of its session behind: ranks of an
+            # elastic job (MPI's fault tolerance) that an MPI_Abort did not end were seen
+            # living on, orphans; they get ORPHAN_GRACE_S to go, then are killed
+            psutil.wait_procs(left, timeout=ORPHAN_GRACE_S)
             kill_session(proc.pid)
     finally:
         for signum, handler in previous.items():
@@ -391,6 +403,8 @@ def run_elastic(
     report: Callable[[str], None],
     again: Relaunch | None = None,
     start_retries: int = StartWatch.START_RETRIES,
+    watch: FinishedWatch | None = None,
+    ran: Callable[[], bool] | None = None,
 ) -> int:
     """Run an elastic job: its status is whether its final ranks finished, not mpirun's.
 
@@ -410,21 +424,25 @@ def run_elastic(
         again: Builds the relaunch (see :data:`Relaunch`); None: no relaunch.
         start_retries: Most launches again after mpirun failed at start-up
             (:meth:`StartWatch.retry_start`).
+        watch: The watch to read the output with (default: a new one); ddlrun's
+            start-up check stops a launch through its :attr:`FinishedWatch.halt`.
+        ran: Whether some rank of the current launch is known to have run (reached
+            ddlrun's start-up check): that launch is never launched again.
 
     Returns:
         ddlrun's exit code (see :meth:`FinishedWatch.status`) of the last launch.
     """
-    finished = FinishedWatch(report, start_retries)
+    finished = watch if watch is not None else FinishedWatch(report, start_retries)
     while True:
         code = run_job(
             command,
             child_env,
             report=report,
             watch=finished,
-            stop=finished.spawn_failed,
+            stop=finished.halt,
             grace=SPAWN_FAILED_GRACE_S,
         )
-        if finished.retry_start(code):
+        if finished.retry_start(code, ran=ran is not None and ran()):
             continue
         relaunch = again(finished) if again is not None and finished.relaunchable(code) else None
         if relaunch is None:
@@ -488,6 +506,7 @@ class FinishedWatch(StartWatch):
         super().__init__(report, retries)
         self.finished = threading.Event()
         self.spawn_failed = threading.Event()
+        self.halt = threading.Event()
         self.reset()
 
     def reset(self) -> None:
@@ -498,12 +517,30 @@ class FinishedWatch(StartWatch):
         """
         self.finished.clear()
         self.spawn_failed.clear()
+        self.halt.clear()
+        self.not_started: str | None = None
+        self.unstarted_hosts: list[str] = []
         self.daemon_lost = False
         self.lost_host = ""
         self.lost_hosts: list[str] = []
         self.unconnected_hosts: list[str] = []
         self.connect_defect = False
         self.start_failed = False
+
+    def start_check_failed(self, line: str, hosts: Collection[str] = ()) -> None:
+        """For ddlrun's start-up check of this launch: it says ``line`` (ranks that did not
+        call ``init()`` in time, named) and stops the launch (:attr:`halt`).
+
+        MPI's start-up waits for every process of a launch, so the ranks that
+        came cannot go on without the missing ones: the launch ends. As Horovod
+        drops a worker that does not start, the missing ranks' ``hosts`` are
+        then dropped (:attr:`dropped_hosts`) and the job relaunched on the others,
+        if they give ``--min-np`` slots; otherwise the job ends (:meth:`status`).
+        """
+        self.not_started = line
+        self.unstarted_hosts = list(dict.fromkeys(hosts))
+        self.report(line)
+        self.halt.set()
 
     def retry_start(self, code: int, *, ran: bool = False) -> bool:
         """:meth:`StartWatch.retry_start`, never once the job finished; forgets this launch."""
@@ -514,8 +551,8 @@ class FinishedWatch(StartWatch):
 
     def relaunchable(self, code: int) -> bool:
         """Whether the launch ended, the job unfinished, because Open MPI lost a host's daemon,
-        or because the ranks spawned onto a new host never connected (the hosts to leave out
-        are :attr:`dropped_hosts`).
+        because the ranks spawned onto a new host never connected, or because ranks of the
+        launch did not call ``init()`` in time (the hosts to leave out are :attr:`dropped_hosts`).
 
         Args:
             code: mpirun's status as :func:`run_job` returns it (a stop signal
@@ -523,18 +560,19 @@ class FinishedWatch(StartWatch):
         """
         lost = self.daemon_lost and bool(self.lost_hosts)
         unconnected = self.spawn_failed.is_set() and bool(self.unconnected_hosts)
+        unstarted = self.not_started is not None and bool(self.unstarted_hosts)
         return (
-            (lost or unconnected)
+            (lost or unconnected or unstarted)
             and not self.finished.is_set()
             and code not in self.STOPPED_BY_DDLRUN
         )
 
     @property
     def dropped_hosts(self) -> list[str]:
-        """The hosts a relaunch leaves out: those whose daemon was lost, and those whose
-        spawned ranks never connected."""
+        """The hosts a relaunch leaves out: those whose daemon was lost, those whose
+        spawned ranks never connected, and those whose ranks did not call ``init()``."""
         lost = self.lost_hosts if self.daemon_lost else []
-        return list(dict.fromkeys([*lost, *self.unconnected_hosts]))
+        return list(dict.fromkeys([*lost, *self.unconnected_hosts, *self.unstarted_hosts]))
 
     def why_dropped(self, hosts: list[str]) -> str:
         """What happened to ``hosts`` (some of :attr:`dropped_hosts`), for ddlrun's message.
@@ -546,8 +584,16 @@ class FinishedWatch(StartWatch):
             'the ranks spawned onto the new host node2 never connected within ...'
         """
         unconnected = [h for h in hosts if h in self.unconnected_hosts]
-        lost = [h for h in hosts if h not in unconnected]
+        unstarted = [h for h in hosts if h in self.unstarted_hosts and h not in unconnected]
+        lost = [h for h in hosts if h not in unconnected and h not in unstarted]
         parts = []
+        if unstarted:
+            parts.append(
+                f"ranks on host {', '.join(unstarted)} did not call init() within "
+                "DDL_START_TIMEOUT (named above; MPI's start-up waits for every rank of a "
+                "launch, so ddlrun ended the launch); ddlrun drops that host (blacklisted for "
+                "the job, or for its --blacklist-cooldown-range)"
+            )
         if lost:
             parts.append(
                 f"Open MPI lost its daemon on host {', '.join(lost)} (a node crash: Open MPI "
@@ -579,6 +625,7 @@ class FinishedWatch(StartWatch):
                     if host and host not in self.unconnected_hosts:
                         self.unconnected_hosts.append(host)
                 self.spawn_failed.set()
+                self.halt.set()
             if self.START_FAILED in line:
                 self.start_failed = True
             host = ""
@@ -618,6 +665,16 @@ class FinishedWatch(StartWatch):
                 )
                 return 0
             return code if code >= 128 else 0
+        if self.not_started is not None:
+            self.report(
+                "ddlrun: the elastic job stopped at the start of its launch: MPI's start-up "
+                "waits for every rank of a launch, so the ranks that came cannot train without "
+                "the ones named above; ddlrun ended them all, and could not relaunch the job "
+                "without those ranks' hosts (see above why). Fix what keeps those ranks from "
+                "calling init() (see their output above), or raise --start-timeout "
+                "(DDL_START_TIMEOUT) if they start slowly."
+            )
+            return 1
         if self.daemon_lost:
             why = (
                 "the node died, or its runtime process was killed or cut off"

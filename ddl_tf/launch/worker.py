@@ -107,8 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     program = json.loads(args.program)
     environ = {**env.snapshot(), **variables}
-    if args.hostname is not None:  # a newcomer joins the running job: it resumes nothing
+    if args.hostname is not None:  # a newcomer joins the running job: it resumes nothing,
         environ.pop(env.DDL_ELASTIC_RESUMED, None)
+        # and reports to no start-up check (ddlrun's is for the launch's ranks; the spawn
+        # that started this one bounds its start: DDL_ELASTIC_SPAWN_TIMEOUT)
+        environ.pop(env.DDL_START_ADDR, None)
     sys.stdout.flush()
     os.execvpe(program[0], program, environ)
     return 1  # pragma: no cover - exec does not return

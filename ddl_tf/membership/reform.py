@@ -594,8 +594,9 @@ def worker_arguments(host: str, rank: int, parked: bool = False) -> list[str]:
     passed = [
         f"{k}={v}"
         for k, v in sorted(env.ddl_variables().items())
-        # a newcomer joins the running job: it resumes nothing, and parks only if told to
-        if k not in (env.DDL_ELASTIC_RESUMED, env.DDL_ELASTIC_PARKED)
+        # a newcomer joins the running job: it resumes nothing, and parks only if told to;
+        # ddlrun's start-up check is the launch's ranks' (the spawn bounds a newcomer's start)
+        if k not in (env.DDL_ELASTIC_RESUMED, env.DDL_ELASTIC_PARKED, env.DDL_START_ADDR)
     ]
     if parked:
         passed.append(f"{env.DDL_ELASTIC_PARKED}=1")

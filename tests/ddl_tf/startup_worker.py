@@ -6,6 +6,11 @@
 * ``exit``: exits with status 0 at once (a rank that never gets there);
 * ``mpi``: starts MPI itself (``import mpi4py.MPI``, as some programs do), then sleeps.
 
+``host-sleep TOKEN FIRST AGAIN`` (an elastic job): the ranks on host ``FIRST`` (the
+job's name for it, ``HOROVOD_HOSTNAME``) sleep 300 s instead of calling ``init()`` at the
+first launch, those on host ``AGAIN`` when ddlrun relaunched the job
+(``DDL_ELASTIC_RESUMED``); the others call it (``-``: no host).
+
 Every other rank calls ``init()``, writes what happened (the error, its
 message, the seconds ``init()`` took) to ``DDL_TEST_OUTDIR/rank<N>.json``
 and lets the error end it. ``TOKEN`` only marks the processes, so that the
@@ -19,9 +24,14 @@ import sys
 import time
 
 
-def main(mode: str) -> None:
+def main(mode: str, hosts: list[str]) -> None:
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    if rank == 1:
+    if mode == "host-sleep":
+        relaunched = bool(os.environ.get("DDL_ELASTIC_RESUMED"))
+        if os.environ.get("HOROVOD_HOSTNAME") == hosts[1 if relaunched else 0]:
+            time.sleep(300)
+            return
+    elif rank == 1:
         if mode == "mpi":
             from mpi4py import MPI  # noqa: F401 - starts MPI, as the other ranks' init() will
         if mode in ("sleep", "mpi"):
@@ -46,8 +56,16 @@ def main(mode: str) -> None:
             },
         )
         raise
-    report(rank, {"raised": None, "seconds": time.monotonic() - start})
+    report(
+        rank,
+        {
+            "raised": None,
+            "seconds": time.monotonic() - start,
+            "host": os.environ.get("HOROVOD_HOSTNAME"),
+            "resumed": os.environ.get("DDL_ELASTIC_RESUMED"),
+        },
+    )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[3:])
