@@ -57,10 +57,11 @@ def test_cuts_are_the_residual_stream_between_blocks(devices):
     assert view.nodes[cuts[0][0]]["type"] == "GatherV2", cuts  # the embedding's output
 
 
-@pytest.mark.parametrize("family", ["gpt", "cnn"])
-def test_segments_train_bitwise_and_rerun_whole_blocks(family, devices):
+@pytest.mark.parametrize(("family", "every"), [("gpt", 2), ("cnn", 4)])  # a block's cuts
+def test_segments_train_bitwise_and_rerun_whole_blocks(family, every, devices):
     plain, _, _ = _train(family, devices, None)
-    weights, fn, args = _train(family, devices, tflms.LMSConfig(**SEGMENTS))
+    config = tflms.LMSConfig(**{**SEGMENTS, "recompute_segments": every})
+    weights, fn, args = _train(family, devices, config)
     plan = fn.plan_for(*args)
     for a, b in zip(plain, weights, strict=True):
         assert a.tobytes() == b.tobytes(), plan.summary()
@@ -69,6 +70,23 @@ def test_segments_train_bitwise_and_rerun_whole_blocks(family, devices):
     view = tflms.build_view(fn.get_concrete_function(*args).graph)  # rewritten: originals kept
     reruns = [{view.nodes[op]["type"] for op in r.ops} & dense for r in plan.recomputes]
     assert sum(bool(kinds) for kinds in reruns) >= 2, plan.summary()  # a block per group
+
+
+def test_checkpoints_counted_from_the_phase_that_reruns_less(devices):
+    """Every second cut of a transformer stack: the residual stream after each block is
+    kept (each segment re-runs the attention's output projection to rebuild the stream
+    after the attention), not the stream after each attention (each segment would re-run
+    the MLP's down projection, four times the multiply-adds), as RematScope re-runs a block.
+    """
+    _, fn, args = _train("gpt", devices, None, steps=1)
+    view = tflms.build_view(fn.get_concrete_function(*args).graph)
+    config = tflms.LMSConfig(**SEGMENTS)
+    groups = plan_segments(view, config, config.target())
+    cuts = forward_cuts(view, turn_level(view))[:5]  # the embedding's output, 2 per block
+    rerun = [any(op in g.ops for g in groups) for op, _ in cuts]
+    assert rerun == [False, True, False, True, False], cuts  # kept: the blocks' outputs
+    mlp = [op for g in groups for op in g.ops if view.nodes[op]["type"] == "MatMul"]
+    assert len(mlp) == 2, mlp  # the up projection of each of the 2 blocks, not the down one
 
 
 def test_clones_behind_gates_are_fused_like_their_originals():

@@ -16,8 +16,12 @@ cheap-op groups of :mod:`tflms.plan.recompute`, dense ops included:
    tensors produced up to the level and read by the forward pass after it are
    that tensor, plus small ones (labels, shapes, masks; at most
    :data:`STRAGGLERS` of its bytes) that stay kept.
-3. **Checkpoints.** Every ``LMSConfig.recompute_segments``-th cut is kept;
-   the forward pass between two checkpoints is a segment.
+3. **Checkpoints.** Every ``LMSConfig.recompute_segments``-th cut is kept,
+   counted from whichever of the first N cuts makes the groups re-run
+   materially less predicted compute for about the same bytes
+   (:func:`_cheapest`: on a transformer, the residual stream after each block
+   rather than after each attention); the forward pass between two
+   checkpoints is a segment.
 4. **Groups.** Each segment's tensors that the backward pass reads are re-run
    from the checkpoint before it, however soon after the turn the reader
    comes (the last block before the loss too, as ``RematScope`` re-runs every
@@ -273,8 +277,7 @@ def plan_segments(
     levels = nx.get_node_attributes(view, "level")
     turn = turn_level(view)
     cuts = forward_cuts(view, turn)
-    checkpoints = set(cuts[config.recompute_segments - 1 :: config.recompute_segments])
-    bounds = sorted(levels[op] for op, _ in checkpoints) + [turn]
+    every = config.recompute_segments
     kept_free = folded_to_constants(view)
     activations = batch_dependent(view)  # the rest (a weight's cast, a mask) is kept
     trigger_ok = trigger_filter(view)
@@ -299,6 +302,78 @@ def plan_segments(
     def far(op: str, consumer: str) -> bool:  # a backward reader the re-run can start for
         return levels[consumer] >= turn and levels[consumer] - levels[op] > ahead
 
+    def plan_phase(phase: int) -> tuple[Recompute, ...]:
+        checkpoints = set(cuts[phase::every])
+        bounds = sorted(levels[op] for op, _ in checkpoints) + [turn]
+        return _plan_groups(view, bounds, checkpoints, far, rerunnable, plan_group, config)
+
+    def plan_group(ordered: list[str]) -> Recompute | None:
+        return make_group(
+            view, ordered, levels, rerun_config, trigger_ok, memo, far=far, per_tensor=True
+        )
+
+    # the default phase (every N-th cut, counted from the first) first: it wins ties
+    phases = {phase: plan_phase(phase) for phase in (every - 1, *range(every - 1))}
+    phase = _cheapest(phases)
+    groups = phases[phase]
+    logger.debug(
+        "%d cuts before the turn at level %d, checkpoints every %d from cut %d, "
+        "%d segment groups (%.3g s re-run; phases: %s)",
+        len(cuts),
+        turn,
+        every,
+        phase,
+        len(groups),
+        sum(g.seconds for g in groups),
+        {k: round(sum(g.seconds for g in v), 6) for k, v in phases.items()},
+    )
+    return groups
+
+
+PHASE_BYTES = 0.95
+"""A phase of the checkpoints that re-runs less compute is taken only if its groups
+free at least this fraction of the bytes that the most freeing phase does."""
+
+PHASE_SAVING = 0.05
+"""... and only if it re-runs at least this fraction less predicted compute than the
+default phase (a smaller difference is within the time model's error)."""
+
+
+def _cheapest(phases: dict[int, tuple[Recompute, ...]]) -> int:
+    """The phase whose groups re-run the least predicted compute, at about the most bytes freed.
+
+    Every N-th cut can be counted from any of the first N: on a transformer
+    with two cuts per block, one phase keeps the residual stream after each
+    block, the other after each attention; the first re-runs the attention's
+    output projection to rebuild the mid-block stream, the second the MLP's
+    down projection (four times the multiply-adds). The memory they free is
+    about the same; the compute is not. The default phase (the first key of
+    ``phases``) stays unless another is materially cheaper
+    (:data:`PHASE_SAVING`) or frees clearly more (:data:`PHASE_BYTES`).
+
+    >>> from types import SimpleNamespace as G
+    >>> _cheapest({1: (G(seconds=5.0, bytes=100),), 0: (G(seconds=3.0, bytes=99),)})
+    0
+    >>> _cheapest({1: (G(seconds=5.0, bytes=100),), 0: (G(seconds=3.0, bytes=50),)})
+    1
+    >>> _cheapest({1: (G(seconds=5.0, bytes=100),), 0: (G(seconds=4.9, bytes=100),)})
+    1
+    """
+    seconds = {phase: sum(g.seconds for g in groups) for phase, groups in phases.items()}
+    freed = {phase: sum(g.bytes for g in groups) for phase, groups in phases.items()}
+    most = max(freed.values(), default=0)
+    near = [phase for phase in phases if freed[phase] >= PHASE_BYTES * most]
+    best = min(near, key=seconds.__getitem__)
+    default = next(iter(phases))
+    if default in near and seconds[best] > (1 - PHASE_SAVING) * seconds[default]:
+        return default
+    return best
+
+
+def _plan_groups(view, bounds, checkpoints, far, rerunnable, plan_group, config):
+    """One group per segment between ``bounds`` (the checkpoints' levels, then the turn)."""
+    levels = nx.get_node_attributes(view, "level")
+    turn = bounds[-1]
     groups = []
     lo = -1
     for hi in bounds:
@@ -319,19 +394,9 @@ def plan_segments(
         lo = hi
         if not group or len(group) > MAX_SEGMENT_OPS:
             continue
-        ordered = sorted(group, key=lambda op: (levels[op], op))
-        entry = make_group(
-            view, ordered, levels, rerun_config, trigger_ok, memo, far=far, per_tensor=True
-        )
+        entry = plan_group(sorted(group, key=lambda op: (levels[op], op)))
         if entry is not None:
             groups.append(entry)
-    logger.debug(
-        "%d cuts before the turn at level %d, %d checkpoints, %d segment groups",
-        len(cuts),
-        turn,
-        len(checkpoints),
-        len(groups),
-    )
     return tuple(groups)
 
 
