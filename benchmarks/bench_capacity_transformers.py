@@ -19,13 +19,16 @@ fits a V100-16GB as ``tflms.simulate`` models it by default (``accounting=
   cheap-op groups, or segments every 1, 2 or 4 cuts,
   ``bench_capacity.RECOMPUTE_ONLY``), with its predicted compute overhead.
 
-At the largest batch of each LMS variant, ``tflms.autotune`` over PCIe3 and
-NVLink2 (no safety margin) gives the predicted step-time overhead (or says the
-batch needs a smaller one over that link), and at the first batch that does not
-fit, the best plan's peak op and the largest buffers live there say what caps
-the batch. Each analysis of a published-size model takes tens of seconds, so
-the search starts from the figures of a previous run and goes up in doubling
-steps, then bisects.
+The headline of each LMS variant is per link: the largest batch for which
+``tflms.autotune`` over PCIe3 and over NVLink2 (no safety margin) finds a plan
+that fits, with that plan's predicted step-time overhead (``links``). The
+batch at which one of the three fixed plans fits with instantaneous copies is
+reported second (the auto-tuner, searching more plans, can pass it); one batch
+further, the best plan's peak op and the largest buffers live there say what
+caps it. Each analysis of a published-size model takes tens of seconds and
+each search by the auto-tuner minutes, so the searches start from a previous
+run's figures (the per-link one from the fixed plans' batch) and step by the
+peaks they see (:func:`largest`).
 
 Every figure is simulated on a virtual V100-16GB; none was measured on a GPU.
 Capuchin (Peng et al., ASPLOS 2020) reports a 7x larger BERT batch than
@@ -192,6 +195,61 @@ class Model:
         }
 
 
+def largest(check, start: int) -> tuple[int, dict[int, dict]]:
+    """The largest batch for which ``check`` finds a fitting step (assumed monotone).
+
+    ``check(batch)`` returns ``(fits, peak_bytes)``: the peak of the step
+    (the best one tried when none fits). Each probe costs minutes (an
+    ``autotune`` search), so the next batch is the one at which the peak
+    would reach the budget on the line through the two nearest probes
+    (false position), kept strictly inside the bracket once there is one and
+    replaced by the bracket's midpoint whenever the line fails to halve it; the
+    result is always confirmed by a probe that fits at it and one that does
+    not one batch above it.
+    """
+    seen: dict[int, dict] = {}
+
+    def probe(b: int) -> None:
+        fits, peak = check(b)
+        seen[b] = {"fits": fits, "peak_bytes": peak}
+        print(
+            f"    batch {b}: {'fits' if fits else 'does not fit'} ({peak / 2**30:.2f} GiB)",
+            flush=True,
+        )
+
+    def line(a: int, b: int) -> float:
+        """Bytes per sample between two probes (at least one byte)."""
+        return max((seen[b]["peak_bytes"] - seen[a]["peak_bytes"]) / (b - a), 1.0)
+
+    probe(start)
+    width = None
+    while True:
+        fit = [b for b in seen if seen[b]["fits"]]
+        over = [b for b in seen if not seen[b]["fits"]]
+        lo, hi = max(fit, default=0), min(over, default=None)
+        if hi is not None and hi - lo <= 1:
+            return lo, seen
+        if lo and hi is not None:  # bracketed: false position, bisection when it stalls
+            guess = lo + (BUDGET - seen[lo]["peak_bytes"]) / line(lo, hi)
+            nxt = min(max(int(guess), lo + 1), hi - 1)
+            if width is not None and hi - lo > width / 2:
+                nxt = (lo + hi) // 2
+            width = hi - lo
+        elif hi is None:  # everything fits so far: up along the last two probes
+            below = sorted(fit)[-2:]
+            step = 1 if len(below) < 2 else (BUDGET - seen[lo]["peak_bytes"]) / line(*below)
+            nxt = lo + min(max(int(step), 1), lo)
+        else:  # nothing fits yet: down along the two lowest probes, landing below
+            above = sorted(over)[:2]
+            step = max(hi // 16, 1)  # the first step: wide enough for a slope above the noise
+            if len(above) == 2:
+                step = (seen[hi]["peak_bytes"] - BUDGET) / line(*above)
+            nxt = hi - min(max(int(step) + 1, 1), max(hi // 2, 1))
+            if nxt < 1:
+                return 0, seen
+        probe(nxt)
+
+
 def ladder(fits, start: int) -> tuple[int, dict[int, bool]]:
     """The largest batch for which ``fits`` holds (assumed monotone), searched from ``start``.
 
@@ -272,17 +330,34 @@ def study(name: str, variants: list[str], old: dict) -> dict:
             entry["max_op_bytes"] = SPLIT_BYTES
             entry["splits"] = [s.to_dict() for s in model.splits(most)]
             entry["deferred_random_ops"] = len(model.deferrals)
-        entry["tuned"] = {link: model.tuned(most, split, link) for link in LINKS}
         entry["cap"] = cap(model.best(most + 1, split)[1])
         entry["search_s"] = round(time.perf_counter() - t0, 1)
+        entry["links"] = {}
+        for link in LINKS:
+            t0 = time.perf_counter()
+            runs: dict[int, dict] = {}
+
+            def check(b, split=split, link=link, runs=runs):
+                runs[b] = model.tuned(b, split, link)
+                run = runs[b]
+                return run["fits"], run["peak_bytes" if run["fits"] else "best_peak_bytes"]
+
+            batch, probes = largest(check, most)
+            entry["links"][link] = {
+                "batch": batch,
+                **(runs[batch] if batch else {"fits": False}),
+                "probes": probes,
+                "search_s": round(time.perf_counter() - t0, 1),
+            }
+            print(f"    {link}: {batch} by autotune", flush=True)
         out[key] = entry
         tuned = ", ".join(
-            f"{k} {v['overhead']:+.1%}" if v["fits"] else f"{k} infeasible"
-            for k, v in entry["tuned"].items()
+            f"{k} {v['batch']} ({v['overhead']:+.1%})" if v["batch"] else f"{k} none"
+            for k, v in entry["links"].items()
         )
         print(
-            f"  {key}: {most} (best plan {winner}); {tuned}; capped at {most + 1} by "
-            f"{entry['cap']['peak_op']}",
+            f"  {key}: {tuned}; {most} with instantaneous copies (best plan {winner}); "
+            f"capped at {most + 1} by {entry['cap']['peak_op']}",
             flush=True,
         )
     if "recompute" in variants:
@@ -330,13 +405,18 @@ def main() -> int:
         for key in ("with_lms", "with_lms_split", "recompute_only"):
             if plain and key in merged:
                 merged[key]["ratio"] = merged[key]["batch"] / plain
+                for run in merged[key].get("links", {}).values():
+                    run["ratio"] = run["batch"] / plain
         data = {
             **provenance(
                 "Largest BERT-base (seq 512) and GPT-2 small (seq 1024) batch that fits the "
                 "realistic V100-16GB (tensors plus the modelled non-tensor terms, TensorFlow "
-                "2.x), without LMS, with LMS (the best of bench_capacity.PLANS, instantaneous "
-                "copies) and with LMS after the split rewrite; overheads are tflms.autotune's "
-                "predictions (roofline per op, copies on their own streams), not measured."
+                "2.x), without LMS, with LMS and with LMS after the split rewrite: per link the "
+                "largest batch tflms.autotune finds a plan for (links), and the largest batch "
+                "at which the best of bench_capacity.PLANS fits with instantaneous copies "
+                "(batch); "
+                "overheads are tflms.autotune's predictions (roofline per op, copies on their "
+                "own streams), not measured."
             ),
             "budget_bytes": BUDGET,
             "device": f"{DEVICE} (virtual, accounting='realistic', stack tf2)",
@@ -347,7 +427,10 @@ def main() -> int:
         }
         write_result("capacity_transformers.json", data)
     summary = {
-        name: {key: res.get(key, {}).get("ratio") for key in ("with_lms", "with_lms_split")}
+        name: {
+            key: {link: run.get("ratio") for link, run in res.get(key, {}).get("links", {}).items()}
+            for key in ("with_lms", "with_lms_split")
+        }
         for name, res in models.items()
     }
     print(f"ratios: {json.dumps(summary)}\n-> {path}")

@@ -11,16 +11,19 @@ from results_tables import Results, fmt_bytes, fmt_pct, fmt_ratio, markdown_tabl
 __all__ = ["recompute_only"]  # the tables here are registered in results_tables.TABLES
 
 
-def _overheads(r: Results, path: str) -> str:
+def _links(r: Results, path: str) -> str:
+    """Per link, the largest batch the auto-tuner finds a plan for: ``batch (ratio, +overhead)``."""
     cells = []
     for link in ("pcie3", "nvlink2"):
-        tuned = r.get(f"{path}.tuned.{link}")
-        if not isinstance(tuned, dict):
+        run = r.get(f"{path}.links.{link}")
+        if not isinstance(run, dict):
             cells.append("missing")
-        elif tuned.get("fits"):
-            cells.append(fmt_pct(tuned.get("overhead")))
+        elif not run.get("batch"):
+            cells.append("no plan")
         else:
-            cells.append("needs a smaller batch")
+            cells.append(
+                f"{run['batch']} ({fmt_ratio(run.get('ratio'))}x, {fmt_pct(run.get('overhead'))})"
+            )
     return " / ".join(cells)
 
 
@@ -45,16 +48,16 @@ _PLAN = {"batch": "best_plan", "size": "plan"}
 
 @table("capacity_transformers", "capacity_transformers.json")
 def capacity_transformers(r: Results) -> str:
-    """Largest batch without LMS, with LMS, with LMS and the split rewrite; what caps it."""
+    """Largest batch without LMS and, per link, with LMS and with the split rewrite; the bounds."""
     header = [
         "model",
         "without LMS",
-        "with LMS (ratio)",
-        "PCIe3 / NVLink2 overhead",
-        "capped at the next batch by",
-        "with LMS + split (ratio)",
-        "PCIe3 / NVLink2 overhead",
-        "capped at the next batch by",
+        "with LMS: PCIe3 / NVLink2 (ratio, overhead)",
+        "three fixed plans, instantaneous copies (ratio)",
+        "capped one batch further by",
+        "with LMS + split: PCIe3 / NVLink2",
+        "three fixed plans, instantaneous copies",
+        "capped one batch further by",
         "recompute only, no copies (ratio, overhead)",
     ]
     rows = []
@@ -65,11 +68,11 @@ def capacity_transformers(r: Results) -> str:
             [
                 r.get(f"models.{name}.description"),
                 r.get(f"models.{name}.without_lms.batch"),
+                _links(r, lms),
                 f"{r.get(f'{lms}.batch')} ({fmt_ratio(r.get(f'{lms}.ratio'))}x)",
-                _overheads(r, lms),
                 _cap(r, lms),
+                _links(r, split),
                 f"{r.get(f'{split}.batch')} ({fmt_ratio(r.get(f'{split}.ratio'))}x)",
-                _overheads(r, split),
                 _cap(r, split),
                 recompute_only(r, f"models.{name}.recompute_only", "batch"),
             ]
