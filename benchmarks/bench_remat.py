@@ -1,6 +1,7 @@
 """tflms recomputation against Keras's ``RematScope``, on TensorFlow's real CPU allocator.
 
-Run by ``make bench`` (or ``python benchmarks/bench_remat.py [--families gpt,cnn] [--repeats 3]``).
+Run by ``make bench`` (or ``python benchmarks/bench_remat.py [--families gpt,cnn] [--repeats 3]``;
+a run of some families keeps the other families' entries of the JSON).
 
 Four block-stack families (``benchmarks/remat_models.py``: a GPT-style
 decoder, a Conv + BatchNorm + ReLU CNN, a residual MLP, a dilated temporal
@@ -229,6 +230,9 @@ def main() -> None:
         return
 
     families = args.families.split(",")
+    # a run of some families keeps the others' entries (each family's runs are its own)
+    path = RESULTS / "remat.json"
+    kept = json.loads(path.read_text()) if path.exists() and set(families) < set(FAMILIES) else {}
     runs: dict = {f: {v: [] for v in VARIANTS} for f in families}
     for repeat in range(args.repeats):
         for family in families:
@@ -240,11 +244,12 @@ def main() -> None:
         "cpu": cpu_state(),
         "repeats": args.repeats,
         "models": {
-            f: {"blocks_width_input_classes": MODELS[f], "batch": BATCH[f]} for f in families
+            **kept.get("models", {}),
+            **{f: {"blocks_width_input_classes": MODELS[f], "batch": BATCH[f]} for f in families},
         },
         "variants": {k: v or k for k, v in VARIANTS.items()},
         "rematscope_single_layers": remat_layer_failures(),
-        "families": {},
+        "families": {f: row for f, row in kept.get("families", {}).items() if f not in families},
     }
     for family in families:
         rows = {v: _summary(r) for v, r in runs[family].items()}
@@ -259,6 +264,9 @@ def main() -> None:
                 row["dense_ops_rerun"] = row["dense_ops"] - plain["dense_ops"]
         best = best_segments(rows)
         result["families"][family] = {
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "repeats": args.repeats,
+            "load_average_1min_at_end": round(os.getloadavg()[0], 2),
             "variants": rows,
             "best_segments": best,
             "runs": runs[family],
