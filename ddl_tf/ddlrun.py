@@ -77,10 +77,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,6 +99,7 @@ from ddl_tf.launch.command import (
 )
 from ddl_tf.launch.hosts import (
     EXAMPLE,
+    host_list,
     is_local,
     local_slots,
     parse_host_list,
@@ -117,11 +116,10 @@ from ddl_tf.launch.supervise import (
     run_elastic,
     run_fixed,
 )
-from ddl_tf.launch.worker import host_of_rank
 
 if TYPE_CHECKING:
     from ddl_tf.cluster.spec import ClusterSpec
-    from ddl_tf.launch.startup import StartupCheck
+    from ddl_tf.launch.startup import StartChecks
 
 __all__ = [
     "main",
@@ -507,10 +505,11 @@ def _run(args: argparse.Namespace, job: contextlib.ExitStack) -> int:
             make_elastic(plan, elastic, hosts)
             placement = [h for h, n in hosts.items() for _ in range(n)][: plan.np]
         if args.rehearse is not None:
+            from ddl_tf.cluster.mpi import rehearsal_plan
             from ddl_tf.cluster.rehearse import rehearsal_spec, require_cluster
 
             spec = rehearsal_spec(args.rehearse, args.link, args.latency)
-            _rehearsal_plan(plan, spec, elastic is not None)
+            rehearsal_plan(plan, spec, elastic is not None)
             if not args.dry_run:
                 require_cluster()
         checks.check_hosts_resolve([] if spec else plan.hosts or [])
@@ -551,13 +550,16 @@ def _run(args: argparse.Namespace, job: contextlib.ExitStack) -> int:
     start_checks = None
     finished = FinishedWatch(_say, args.start_retries) if elastic is not None else None
     if not args.dry_run and plan.np > 1:  # the ranks report to it before MPI starts
-        start_checks = _StartChecks(
+        from ddl_tf.launch.startup import StartChecks  # numpy: not for --help
+
+        start_checks = StartChecks(
             args.network_interface,
             rehearsal=spec is not None,
             report=(lambda line, _: _say(line))
             if finished is None
             else finished.start_check_failed,
             stop=threading.Event() if finished is None else finished.halt,
+            say=_say,
         )
         if start_checks.open(plan, placement, child_env):
             command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
@@ -572,6 +574,7 @@ def _run(args: argparse.Namespace, job: contextlib.ExitStack) -> int:
     try:
         if spec is not None:
             from ddl_tf.cluster.rehearse import run_rehearsal
+            from ddl_tf.launch.elastic import retrying
 
             try:
                 if again is not None:
@@ -581,7 +584,7 @@ def _run(args: argparse.Namespace, job: contextlib.ExitStack) -> int:
                         command,
                         child_env,
                         watch=finished,
-                        again=_retrying(finished, again.after(finished), command, child_env, ran),
+                        again=retrying(finished, again.after(finished), command, child_env, ran),
                         stop=finished.halt,
                         grace=SPAWN_FAILED_GRACE_S,
                     )
@@ -625,7 +628,7 @@ def _run_rehearsal_fixed(
     command: list[str],
     child_env: dict[str, str],
     retries: int,
-    checks: _StartChecks | None,
+    checks: StartChecks | None,
 ) -> int:
     """Run a fixed-size job on the rehearsal cluster, as :func:`run_fixed` runs one here.
 
@@ -660,15 +663,6 @@ def _run_rehearsal_fixed(
     return code if code in watch.STOPPED_BY_DDLRUN else exit_code(code, report=_say)
 
 
-def _rehearsal_plan(plan: LaunchPlan, spec: ClusterSpec, elastic: bool) -> None:
-    """Add the rehearsal cluster's Open MPI options to ``plan`` (mpirun runs inside node0)."""
-    from ddl_tf.cluster.mpi import mca_arguments
-
-    plan.mpi_args = mca_arguments(spec, shared_memory=not elastic) + plan.mpi_args
-    if elastic:
-        plan.env[env.DDL_ELASTIC_LAUNCH_HOSTS] = spec.hostnames[0]
-
-
 CLEANUP_TIMEOUT_S = 30.0
 """Seconds ddlrun gives the removal of an elastic job's mirrored commits on remote hosts."""
 
@@ -697,7 +691,7 @@ class _Relauncher:
 
     def __init__(self, base, settings, hosts, spec, launcher, checks=None) -> None:
         self.base = base
-        self.checks: _StartChecks | None = checks
+        self.checks: StartChecks | None = checks
         self.settings = settings
         self.hosts = dict(hosts)
         self.spec = spec
@@ -730,7 +724,7 @@ class _Relauncher:
             return
         mpirun, flavor, as_root = self.launcher
         prefix = once_per_host(
-            mpirun, _hosts_list(dict.fromkeys(remote, 1)), flavor=flavor, as_root=as_root
+            mpirun, host_list(dict.fromkeys(remote, 1)), flavor=flavor, as_root=as_root
         )
         if prefix is None:
             return
@@ -771,7 +765,7 @@ class _Relauncher:
         self.lost += new
         why = watch.why_dropped(new)
         try:
-            hosts = find_hosts(self.settings, _hosts_list(self.hosts), exclude=self.lost)
+            hosts = find_hosts(self.settings, host_list(self.hosts), exclude=self.lost)
             plan = copy.deepcopy(self.base)
             plan.np = 0  # as many ranks as the surviving hosts give (up to --max-np)
             make_elastic(plan, self.settings, hosts)
@@ -779,7 +773,9 @@ class _Relauncher:
             _say(f"ddlrun: {why}; no relaunch: {err}")
             return None
         if self.spec is not None:
-            _rehearsal_plan(plan, self.spec, elastic=True)
+            from ddl_tf.cluster.mpi import rehearsal_plan
+
+            rehearsal_plan(plan, self.spec, elastic=True)
         self.launched |= set(hosts)
         self.count += 1
         plan.env[env.DDL_ELASTIC_RESUMED] = str(self.count)
@@ -799,142 +795,6 @@ class _Relauncher:
         command = build_command(plan, mpirun, flavor=flavor, as_root=as_root)
         print("ddlrun: running: " + shlex.join(command), flush=True)
         return command, child_env
-
-
-def _retrying(watch: FinishedWatch, again, command: list[str], child_env: dict[str, str], ran=None):
-    """``again(code)`` that first launches the last command again after a start-up failure.
-
-    :meth:`FinishedWatch.retry_start` decides (mpirun failed before any rank ran,
-    and ``ran()``, if given, says no rank reached ddlrun's start-up check);
-    otherwise ``again`` decides (a relaunch after a node crash).
-    """
-    last = [(command, child_env)]
-
-    def after(code: int):
-        if watch.retry_start(128 - code if code < 0 else code, ran=ran is not None and ran()):
-            return last[0]
-        relaunch = again(code)
-        if relaunch is not None:
-            last[0] = relaunch
-        return relaunch
-
-    return after
-
-
-def _hosts_list(hosts: dict[str, int]) -> list:
-    from ddl_tf.launch.hosts import Host
-
-    return [Host(name, slots) for name, slots in hosts.items()]
-
-
-class _StartChecks:
-    """ddlrun's start-up check of the job's current launch (a relaunch gets a new one).
-
-    Args:
-        interface: ``--network-interface``, or None.
-        rehearsal: The ranks run on the ``--rehearse`` cluster's virtual nodes:
-            the check listens on a Unix socket (they share this machine's files,
-            not its network), not on a TCP port.
-        report: ``report(line, hosts)``: what the check has to say (ranks that did
-            not start, named), and those ranks' hosts (the job's names: an elastic
-            job drops them, :meth:`FinishedWatch.start_check_failed`).
-        stop: Set when a launch cannot start (the supervisor then ends it).
-    """
-
-    def __init__(
-        self,
-        interface: str | None,
-        *,
-        rehearsal: bool,
-        report: Callable[[str, list[str]], None],
-        stop: threading.Event,
-    ) -> None:
-        self.interface = interface
-        self.rehearsal = rehearsal
-        self.report = report
-        self.stop = stop
-        self.current: StartupCheck | None = None
-        self._hosts: list[str] = []  # each rank's host in the current launch
-
-    def _failed(self, line: str) -> None:
-        missing = self.current.missing if self.current is not None else []
-        hosts = [self._hosts[r] for r in missing if 0 <= r < len(self._hosts)]
-        self.report(line, list(dict.fromkeys(hosts)))
-
-    def open(self, plan: LaunchPlan, placement: list[str], child_env: dict[str, str]) -> bool:
-        """Start the check of a launch of ``plan`` and tell its ranks (``DDL_START_ADDR``).
-
-        Closes the last launch's check. Adds the address to ``child_env`` and
-        to what ``plan`` forwards; rebuild the command afterwards.
-
-        Returns:
-            Whether there is a check (none inside a Slurm or PBS allocation
-            without hosts, or when ddlrun cannot listen).
-        """
-        self.close()
-        elastic_hosts = plan.env.get(env.DDL_ELASTIC_HOSTS)
-        if elastic_hosts:  # each rank's host as the elastic job names it (launch.worker's)
-            self._hosts = [host_of_rank(elastic_hosts, r) for r in range(plan.np)]
-        else:
-            self._hosts = list(placement)
-        self.current = _startup_check(
-            plan, placement, self.interface, self.rehearsal, report=self._failed, stop=self.stop
-        )
-        if self.current is None:
-            child_env.pop(env.DDL_START_ADDR, None)
-            return False
-        child_env[env.DDL_START_ADDR] = self.current.address
-        if env.DDL_START_ADDR not in plan.forward:
-            plan.forward.append(env.DDL_START_ADDR)
-        return True
-
-    def reached(self) -> bool:
-        """Whether a rank of the current launch reached the check (its program ran)."""
-        return self.current is not None and self.current.reached.is_set()
-
-    def close(self) -> None:
-        """Stop the current launch's check (when it ended, or before a relaunch)."""
-        if self.current is not None:
-            self.current.close()
-            self.current = None
-
-
-def _startup_check(
-    plan: LaunchPlan,
-    placement: list[str],
-    interface: str | None,
-    rehearsal: bool = False,
-    *,
-    report=_say,
-    stop: threading.Event | None = None,
-) -> StartupCheck | None:
-    """ddlrun's start-up check for a launch of ``plan`` (None when the ranks cannot reach it).
-
-    Under a Slurm or PBS allocation without hosts, ddlrun does not know
-    where the ranks run, so it cannot tell them an address that reaches it:
-    they start without the check (MPI's start-up is then bounded by each
-    rank's watchdog, see ddl_tf.core.startup). On the rehearsal cluster the
-    check listens on a Unix socket in the temporary directory, which the
-    virtual nodes share with this machine (they have a network of their own).
-    """
-    from ddl_tf.launch.startup import StartupCheck, listen_address  # numpy: not for --help
-
-    if plan.in_allocation and not plan.hosts:
-        return None
-    stop = stop if stop is not None else threading.Event()
-    try:
-        if rehearsal:
-            path = os.path.join(tempfile.gettempdir(), f"ddlrun-start-{uuid.uuid4().hex}.sock")
-            return StartupCheck(plan.np, report=report, stop=stop, unix=path)
-        remote = sorted({name for name in placement if not is_local(name)})
-        bind, advertise = listen_address(remote, interface)
-        return StartupCheck(plan.np, report=report, stop=stop, bind=bind, advertise=advertise)
-    except OSError as err:
-        _say(
-            f"ddlrun: note: no start-up check ({err}); ranks that never call init() are "
-            "named only once MPI runs"
-        )
-        return None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 
 from ddl_tf import env as ddl_env
 from ddl_tf.cluster.spec import ClusterSpec
-from ddl_tf.launch.command import find_mpirun
+from ddl_tf.launch.command import LaunchPlan, find_mpirun
 
 __all__ = [
+    "rehearsal_plan",
     "TCP_EAGER_BYTES",
     "agent_script",
     "eager_arguments",
@@ -236,3 +237,10 @@ def job_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         child[ddl_env.OMPI_ALLOW_RUN_AS_ROOT] = "1"
         child[ddl_env.OMPI_ALLOW_RUN_AS_ROOT_CONFIRM] = "1"
     return child
+
+
+def rehearsal_plan(plan: LaunchPlan, spec: ClusterSpec, elastic: bool) -> None:
+    """Add the rehearsal cluster's Open MPI options to ``plan`` (mpirun runs inside node0)."""
+    plan.mpi_args = mca_arguments(spec, shared_memory=not elastic) + plan.mpi_args
+    if elastic:
+        plan.env[ddl_env.DDL_ELASTIC_LAUNCH_HOSTS] = spec.hostnames[0]

@@ -29,6 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 from ddl_tf import env
 from ddl_tf.errors import LaunchError
@@ -37,8 +38,12 @@ from ddl_tf.launch.hosts import Host
 from ddl_tf.membership.discovery import run_discovery
 from ddl_tf.membership.settings import ElasticSettings
 
+if TYPE_CHECKING:
+    from ddl_tf.launch.supervise import FinishedWatch
+
 __all__ = [
     "ULFM_ARGS",
+    "retrying",
     "find_hosts",
     "launch_hosts",
     "physical_hosts",
@@ -186,3 +191,23 @@ def _machine(name: str) -> str:
 
 def _text(hosts: dict[str, int]) -> str:
     return ",".join(f"{h}:{n}" for h, n in hosts.items())
+
+
+def retrying(watch: FinishedWatch, again, command: list[str], child_env: dict[str, str], ran=None):
+    """``again(code)`` that first launches the last command again after a start-up failure.
+
+    :meth:`FinishedWatch.retry_start` decides (mpirun failed before any rank ran,
+    and ``ran()``, if given, says no rank reached ddlrun's start-up check);
+    otherwise ``again`` decides (a relaunch after a node crash).
+    """
+    last = [(command, child_env)]
+
+    def after(code: int):
+        if watch.retry_start(128 - code if code < 0 else code, ran=ran is not None and ran()):
+            return last[0]
+        relaunch = again(code)
+        if relaunch is not None:
+            last[0] = relaunch
+        return relaunch
+
+    return after

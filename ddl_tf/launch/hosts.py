@@ -25,6 +25,7 @@ from ddl_tf.errors import LaunchError
 
 __all__ = [
     "Host",
+    "host_list",
     "parse_host_list",
     "parse_hostfile",
     "place_ranks",
@@ -180,3 +181,8 @@ def local_slots() -> int:
         The number of physical cores (``psutil``), else of logical CPUs, at least 1.
     """
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+def host_list(slots: dict[str, int]) -> list[Host]:
+    """``Host`` entries of ``{name: slots}``, in its order."""
+    return [Host(name, n) for name, n in slots.items()]

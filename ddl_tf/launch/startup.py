@@ -38,14 +38,22 @@ import logging
 import os
 import selectors
 import socket
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ddl_tf import env
 from ddl_tf.core.startup import UNIX_PREFIX, not_started_message
+from ddl_tf.launch.hosts import is_local
+from ddl_tf.launch.worker import host_of_rank
 
-__all__ = ["StartupCheck", "listen_address"]
+if TYPE_CHECKING:
+    from ddl_tf.launch.command import LaunchPlan
+
+__all__ = ["StartupCheck", "StartChecks", "listen_address", "startup_check"]
 
 logger = logging.getLogger(__name__)
 
@@ -267,3 +275,121 @@ class StartupCheck:
             self._selector.unregister(conn)
         self._buffers.pop(conn, None)
         conn.close()
+
+
+class StartChecks:
+    """ddlrun's start-up check of the job's current launch (a relaunch gets a new one).
+
+    Args:
+        interface: ``--network-interface``, or None.
+        rehearsal: The ranks run on the ``--rehearse`` cluster's virtual nodes:
+            the check listens on a Unix socket (they share this machine's files,
+            not its network), not on a TCP port.
+        report: ``report(line, hosts)``: what the check has to say (ranks that did
+            not start, named), and those ranks' hosts (the job's names: an elastic
+            job drops them, :meth:`FinishedWatch.start_check_failed`).
+        stop: Set when a launch cannot start (the supervisor then ends it).
+        say: Where ddlrun's notes go (a check it cannot open).
+    """
+
+    def __init__(
+        self,
+        interface: str | None,
+        *,
+        rehearsal: bool,
+        report: Callable[[str, list[str]], None],
+        stop: threading.Event,
+        say: Callable[[str], None] = logger.warning,
+    ) -> None:
+        self.say = say
+        self.interface = interface
+        self.rehearsal = rehearsal
+        self.report = report
+        self.stop = stop
+        self.current: StartupCheck | None = None
+        self._hosts: list[str] = []  # each rank's host in the current launch
+
+    def _failed(self, line: str) -> None:
+        missing = self.current.missing if self.current is not None else []
+        hosts = [self._hosts[r] for r in missing if 0 <= r < len(self._hosts)]
+        self.report(line, list(dict.fromkeys(hosts)))
+
+    def open(self, plan: LaunchPlan, placement: list[str], child_env: dict[str, str]) -> bool:
+        """Start the check of a launch of ``plan`` and tell its ranks (``DDL_START_ADDR``).
+
+        Closes the last launch's check. Adds the address to ``child_env`` and
+        to what ``plan`` forwards; rebuild the command afterwards.
+
+        Returns:
+            Whether there is a check (none inside a Slurm or PBS allocation
+            without hosts, or when ddlrun cannot listen).
+        """
+        self.close()
+        elastic_hosts = plan.env.get(env.DDL_ELASTIC_HOSTS)
+        if elastic_hosts:  # each rank's host as the elastic job names it (launch.worker's)
+            self._hosts = [host_of_rank(elastic_hosts, r) for r in range(plan.np)]
+        else:
+            self._hosts = list(placement)
+        self.current = startup_check(
+            plan,
+            placement,
+            self.interface,
+            self.rehearsal,
+            report=self._failed,
+            stop=self.stop,
+            say=self.say,
+        )
+        if self.current is None:
+            child_env.pop(env.DDL_START_ADDR, None)
+            return False
+        child_env[env.DDL_START_ADDR] = self.current.address
+        if env.DDL_START_ADDR not in plan.forward:
+            plan.forward.append(env.DDL_START_ADDR)
+        return True
+
+    def reached(self) -> bool:
+        """Whether a rank of the current launch reached the check (its program ran)."""
+        return self.current is not None and self.current.reached.is_set()
+
+    def close(self) -> None:
+        """Stop the current launch's check (when it ended, or before a relaunch)."""
+        if self.current is not None:
+            self.current.close()
+            self.current = None
+
+
+def startup_check(
+    plan: LaunchPlan,
+    placement: list[str],
+    interface: str | None,
+    rehearsal: bool = False,
+    *,
+    report: Callable[[str], None],
+    stop: threading.Event | None = None,
+    say: Callable[[str], None] = logger.warning,
+) -> StartupCheck | None:
+    """ddlrun's start-up check for a launch of ``plan`` (None when the ranks cannot reach it).
+
+    Under a Slurm or PBS allocation without hosts, ddlrun does not know
+    where the ranks run, so it cannot tell them an address that reaches it:
+    they start without the check (MPI's start-up is then bounded by each
+    rank's watchdog, see ddl_tf.core.startup). On the rehearsal cluster the
+    check listens on a Unix socket in the temporary directory, which the
+    virtual nodes share with this machine (they have a network of their own).
+    """
+    if plan.in_allocation and not plan.hosts:
+        return None
+    stop = stop if stop is not None else threading.Event()
+    try:
+        if rehearsal:
+            path = os.path.join(tempfile.gettempdir(), f"ddlrun-start-{uuid.uuid4().hex}.sock")
+            return StartupCheck(plan.np, report=report, stop=stop, unix=path)
+        remote = sorted({name for name in placement if not is_local(name)})
+        bind, advertise = listen_address(remote, interface)
+        return StartupCheck(plan.np, report=report, stop=stop, bind=bind, advertise=advertise)
+    except OSError as err:
+        say(
+            f"ddlrun: note: no start-up check ({err}); ranks that never call init() are "
+            "named only once MPI runs"
+        )
+        return None

@@ -254,13 +254,13 @@ def test_ddlrun_launches_the_last_command_again_after_a_start_up_failure_on_virt
     or the latest relaunch); otherwise the relaunch after a node crash decides."""
     import os
 
-    from ddl_tf.ddlrun import _retrying
+    from ddl_tf.launch.elastic import retrying
     from ddl_tf.launch.supervise import FinishedWatch
 
     said: list[str] = []
     watch = FinishedWatch(said.append)
     relaunches = [(["mpirun", "relaunch"], {"R": "1"})]
-    after = _retrying(watch, lambda code: relaunches.pop() if relaunches else None, ["m"], {})
+    after = retrying(watch, lambda code: relaunches.pop() if relaunches else None, ["m"], {})
     reader, writer = os.pipe()
     with os.fdopen(writer, "wb") as out:
         out.write(b"The PMIx server's listener thread failed to start. We cannot\n")

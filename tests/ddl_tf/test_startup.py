@@ -299,16 +299,20 @@ rehearsal = pytest.mark.skipif(
 
 
 @pytest.fixture
-def no_cluster_left():
+def no_cluster_left(monkeypatch):
+    """ddlrun runs with a temporary directory of this test's own (a short path: a Unix
+    socket's is at most 107 bytes), so the socket check sees its sockets alone, not those
+    of a job another worker runs meanwhile; and no virtual node is left."""
     from ddl_tf.cluster.netns import find_tools, list_namespaces
 
-    def sockets() -> set[Path]:  # ddlrun's start-up check's, for the virtual nodes
-        return set(Path(tempfile.gettempdir()).glob("ddlrun-start-*.sock"))
-
-    before, sockets_before = set(list_namespaces(find_tools(), "ddlc")), sockets()
+    private = Path(tempfile.mkdtemp(prefix="ddlst", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(private))
+    before = set(list_namespaces(find_tools(), "ddlc"))
     yield
+    left = sorted(p.name for p in private.glob("ddlrun-start-*.sock"))
+    shutil.rmtree(private, ignore_errors=True)
     assert set(list_namespaces(find_tools(), "ddlc")) <= before, "a virtual node was left"
-    assert sockets() <= sockets_before, "ddlrun left its start-up check's socket"
+    assert not left, f"ddlrun left its start-up check's socket: {left}"
 
 
 @pytest.mark.parallel
