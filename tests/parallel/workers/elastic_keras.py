@@ -23,7 +23,11 @@ benchmarks/bench_elastic.py. Settings come from the environment:
 * ``ELASTIC_COMMIT``: batches per commit (default 1); ``ELASTIC_FIXED=1`` runs
   the same training without elastic state (the cost comparison);
 * ``ELASTIC_EPOCHS``, ``ELASTIC_STEPS``, ``ELASTIC_MODEL`` (``mlp`` or
-  ``mobilenet``).
+  ``mobilenet``);
+* ``ELASTIC_UNTIL_SIZE``: train on past ``ELASTIC_EPOCHS`` (up to
+  ``ELASTIC_MAX_EPOCHS``, default 40) until the job has this many ranks at the end of
+  an epoch (a growth test's newcomers join however slowly the machine imports TensorFlow;
+  every rank decides alike, from the committed epoch and the size).
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ fixed = os.environ.get("ELASTIC_FIXED") == "1"
 epochs = int(os.environ.get("ELASTIC_EPOCHS", "3"))
 steps = int(os.environ.get("ELASTIC_STEPS", "16"))
 kind = os.environ.get("ELASTIC_MODEL", "mlp")
+until_size = int(os.environ.get("ELASTIC_UNTIL_SIZE", "0"))
+max_epochs = int(os.environ.get("ELASTIC_MAX_EPOCHS", "40")) if until_size else epochs
 
 hvd.init()
 keras.utils.set_random_seed(7)
@@ -144,6 +150,11 @@ class Recorder(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.keras_epoch = epoch  # the fixed job's epoch (it has no state)
 
+    def on_epoch_end(self, epoch, logs=None):
+        # state.epoch is already the next one (UpdateEpochStateCallback runs first)
+        if until_size and state is not None and state.epoch >= epochs and hvd.size() >= until_size:
+            self.model.stop_training = True
+
     def on_train_batch_end(self, batch, logs=None):
         epoch = state.epoch if state is not None else self.keras_epoch
         steps_log.append((time.time(), hvd.size(), epoch, batch))
@@ -194,7 +205,7 @@ def train(state) -> None:
         x,
         y,
         batch_size=batch_size,
-        epochs=epochs - (state.epoch if state is not None else 0),  # Horovod's recipe
+        epochs=max_epochs - (state.epoch if state is not None else 0),  # Horovod's recipe
         steps_per_epoch=steps,
         shuffle=False,
         verbose=0,
