@@ -230,8 +230,12 @@ class LMSConfig:
     device), the callback builds that state on the host before the first
     step and runs the update there; the log and the summary say so, and a
     fit that still cannot plan puts the optimizer back. A state that fits
-    beside the weights is built on the device; when activations then leave
-    no plan, the error says whether ``True`` would let one fit (Keras's
+    beside the weights goes to the host too when a trace of the step with a
+    copy of the optimizer built on the device finds no plan and the host
+    would let one fit (:mod:`tflms.keras.state_trial`; the first step is
+    planned twice then). Where that trace cannot be made (a subclassed
+    model, an optimizer an earlier fit built) the state is built on the
+    device, and the error says whether ``True`` would let one fit (Keras's
     ``compile`` keeps the optimizer it was given, so a state built on the
     device cannot be released). Without a budget ``None`` is ``False``;
     ``False`` never moves it."""

@@ -286,22 +286,60 @@ def test_a_state_that_cannot_fit_beside_the_weights_is_built_on_the_host(devices
     assert _same_weights(plain, model)
 
 
-def test_a_state_built_on_the_device_stays_there_and_the_error_says_what_would_fit(devices):
-    # weights + gradients + state = 20.1 MiB fit 22, so the state is built on the device,
-    # but the step then peaks at 25.4 MiB at least; with the state on the host, 12.3
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_a_state_that_fits_beside_the_weights_goes_to_the_host_when_activations_leave_no_plan(
+    devices, caplog, policy
+):
+    # weights + gradients + state = 20.1 MiB fit 22, but with the state on the device the step
+    # peaks at 25.4 MiB at least; with it on the host, 12.3: a trace with a copy of the
+    # optimizer, planned on the device, finds that out before the user's state is built
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        optimizer = keras.optimizers.AdamW(1e-3)
+        model = _wide(devices, optimizer)
+        callback = _budget(devices, 22 * MiB)
+        with caplog.at_level("WARNING", logger="tflms"):
+            _fit_wide(model, devices, [callback], batch=256)
+        plain = _wide(devices, keras.optimizers.AdamW(1e-3))
+        _fit_wide(plain, devices, batch=256)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert "no plan fits the step (the best peaks at" in caplog.text
+    assert callback.state_moved is not None and "fit beside each other" in callback.state_moved
+    offloaded = model.optimizer
+    if policy == "mixed_float16":  # the loss scale stays on the device, around it
+        offloaded = offloaded.inner_optimizer
+    assert isinstance(offloaded, OffloadedOptimizer) and offloaded.inner_optimizer is optimizer
+    assert all(same_device(d, devices.host) for d in _slot_devices(optimizer))
+    assert callback.tuning.result.device_peak_bytes <= 22 * MiB
+    assert _same_weights(plain, model)
+
+
+def test_a_state_that_fits_with_the_activations_stays_on_the_device(devices):
+    # batch 8: 25.1 MiB with the state on the device fits 26, so nothing moves; the copy the
+    # first trace planned is gone, the user's optimizer built once, on the device
     optimizer = keras.optimizers.AdamW(1e-3)
     model = _wide(devices, optimizer)
+    callback = _budget(devices, 26 * MiB)
+    _fit_wide(model, devices, [callback])
+    assert callback.state_moved is None
+    assert model.optimizer is optimizer and not is_offloaded(optimizer)
+    assert all(same_device(d, devices.compute) for d in _slot_devices(optimizer))
+    plain = _wide(devices, keras.optimizers.AdamW(1e-3))
+    _fit_wide(plain, devices)
+    assert _same_weights(plain, model)
+
+
+def test_a_state_built_on_the_device_stays_there_and_the_error_says_what_would_fit(devices):
+    # an optimizer built by an earlier fit cannot move: the error names the route that works
+    optimizer = keras.optimizers.AdamW(1e-3)
+    model = _wide(devices, optimizer)
+    _fit_wide(model, devices)  # its state is built on the device now
     with pytest.raises(PlanInfeasibleError, match="a plan may fit") as refused:
         _fit_wide(model, devices, [_budget(devices, 22 * MiB)], batch=256)
     assert "LMSCallback(offload_optimizer=True)" in str(refused.value)
     assert model.optimizer is optimizer and not is_offloaded(optimizer)
     assert all(same_device(d, devices.compute) for d in _slot_devices(optimizer))
-    plain = _wide(devices, keras.optimizers.AdamW(1e-3))
-    _fit_wide(plain, devices, batch=256)
-    callback = _budget(devices, 22 * MiB, offload_optimizer=True)
-    _fit_wide(model, devices, [callback], batch=256)  # the advice holds: it trains, bitwise
-    assert callback.tuning.result.device_peak_bytes <= 22 * MiB
-    assert _same_weights(plain, model)
 
 
 def test_a_budget_leaves_the_state_where_it_is_when_forbidden_or_when_moving_it_cannot_help(

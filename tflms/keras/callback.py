@@ -43,6 +43,7 @@ from tflms.keras.offload import (
     variable_bytes,
 )
 from tflms.keras.session import FitSession, check_xla, fit_batch_size, leading_dim
+from tflms.keras.state_trial import device_state_refusal
 from tflms.plan.swap_plan import SwapPlan
 from tflms.utils.devices import same_device
 from tflms.utils.units import format_bytes
@@ -461,8 +462,10 @@ class LMSCallback(keras.callbacks.Callback):
         the budget (and the weights alone do not), no plan can keep the state
         on the device: the optimizer is wrapped in
         :class:`~tflms.keras.OffloadedOptimizer` and built on the host, so its
-        state never exists on the device. A fit that then plans no step puts
-        the optimizer back, unwrapped (its state stays on the host).
+        state never exists on the device. When they fit, the first trace
+        decides (:meth:`_weigh_state`): the step is planned with a copy of
+        the optimizer built on the device first. A fit that then plans no
+        step puts the optimizer back, unwrapped (its state stays on the host).
         """
         config, model = self.config, self.model
         if config.offload_optimizer is not None or self._lms is None:
@@ -477,22 +480,57 @@ class LMSCallback(keras.callbacks.Callback):
         weights = variable_bytes(v for v in model.weights if not same_device(v.value.device, host))
         gradients = variable_bytes(model.trainable_variables)
         usable = int(budget * (1.0 - config.safety_margin))
-        if weights + gradients + state <= usable or weights >= usable:
-            return  # on the device: moved after the first trace if no plan fits / cannot help
-        undo = offload_unbuilt(model, host)
-        lms, self._lms = self._lms, LMS(config.replace(offload_optimizer=True))
+        if weights >= usable:
+            return  # moving the state cannot help: the plan's error says what would
+        if weights + gradients + state <= usable:
+            self._weigh_state(state, gradients)  # the activations decide
+            return
+        self._build_state_on_host(
+            f"memory_budget: the weights ({format_bytes(weights)}), their gradients and the "
+            f"optimizer's state ({format_bytes(state)}) exceed the "
+            f"{format_bytes(usable)} a plan may use"
+        )
+
+    def _weigh_state(self, state: int, gradients: int) -> None:
+        """For an optimizer's ``state`` that fits beside the weights and ``gradients``: build
+        it on the host when no plan fits the step with it on the device but one may with it on
+        the host (:mod:`tflms.keras.state_trial`)."""
+        if self._lms is None or self.batch_size is None:
+            return  # the first trace's plan says what would fit (_state_advice)
+        refusal = device_state_refusal(
+            self.model,
+            self._lms.config,
+            batch_size=self.batch_size,
+            batch_source=self.batch_source,
+        )
+        if refusal is None or refusal.best_peak_bytes is None or refusal.usable_bytes is None:
+            return  # a plan fits with the state on the device (or the host budget refused)
+        least = refusal.best_peak_bytes - state - gradients
+        if least > refusal.usable_bytes:
+            return  # moving the state cannot be enough: the plan's error says so
+        self._build_state_on_host(
+            f"memory_budget: with the optimizer's state ({format_bytes(state)}) on the device "
+            f"no plan fits the step (the best peaks at {format_bytes(refusal.best_peak_bytes)}, "
+            f"over the {format_bytes(refusal.usable_bytes)} a plan may use), though the "
+            "weights, their gradients and that state fit beside each other"
+        )
+
+    def _build_state_on_host(self, why: str) -> None:
+        """Wrap the unbuilt optimizer in OffloadedOptimizer, its state built on the host;
+        put back if the fit trains no step; say ``why`` (:attr:`state_moved`)."""
+        host = self.config.host_device
+        undo = offload_unbuilt(self.model, host)
+        lms, self._lms = self._lms, LMS(self.config.replace(offload_optimizer=True))
 
         def put_back() -> None:
             undo()
             self._lms, self.state_moved = lms, None
 
-        assert self._session is not None  # the caller installs next
+        assert self._session is not None  # installed at the first step
         self._session.undo_if_untrained(put_back)
         self.state_moved = (
-            f"memory_budget: the weights ({format_bytes(weights)}), their gradients and the "
-            f"optimizer's state ({format_bytes(state)}) exceed the "
-            f"{format_bytes(usable)} a plan may use, so LMSCallback built that state on "
-            f"{host} and runs the update there (offload_optimizer=None lets it; False forbids it)"
+            f"{why}, so LMSCallback built that state on {host} and runs the update there "
+            "(offload_optimizer=None lets it; False forbids it)"
         )
         logger.warning("tflms: %s.", self.state_moved)
 
@@ -531,9 +569,10 @@ class LMSCallback(keras.callbacks.Callback):
             f"With the optimizer's state ({format_bytes(state)}) on the host a plan may fit "
             f"(the step less the state and the gradients: {format_bytes(least)}): pass "
             "LMSCallback(offload_optimizer=True), which builds the state there before the "
-            "first step. (The callback builds it there by itself only when the weights, "
-            "gradients and state alone exceed the budget: the state was built on the device "
-            "before this plan was made, and Keras's compile keeps it there.)"
+            "first step. (The callback builds it there by itself before the state exists, "
+            "from a trace of the step with a copy of the optimizer; this state was built on "
+            "the device before (an earlier fit), or the step could not be traced ahead (a "
+            "subclassed model, see the log), and Keras's compile keeps it there.)"
         )
 
     def _add_trace(self, trace: Trace) -> None:
