@@ -16,7 +16,10 @@ low), as early as needed (to hide the copy):
 3. trigger each swap-in by the last op that may trigger (the planner's
    :func:`~tflms.plan.triggers.trigger_filter`: no op of a Grappler fold) and ends before its
    copy must start and sits at a lower level than the consumer - so every
-   inserted edge still goes up in level and the graph stays acyclic.
+   inserted edge still goes up in level and the graph stays acyclic. A
+   consumer that is a recomputed clone counts as the ops reading the clones
+   (levels of ``view``: the plan's own consumer level counts the view with
+   the clones, where the backward pass is deeper).
 
 It is a plan-to-plan transform: the result is an ordinary
 :class:`~tflms.plan.swap_plan.SwapPlan`, applied and validated like any other.
@@ -90,9 +93,11 @@ def retime_triggers(
     # a recompute clone reading a swap-in is due when the clone's own consumers start
     # (minus the clones' compute time, which the copy must precede)
     clone_due = {}
+    clone_level = {}  # a clone's descendants in the view: those of the ops reading it
     for r in plan.recomputes:
         start = min(schedule.start[index[c]] for c, _, _, _ in r.consumers) - r.seconds
         clone_due.update(dict.fromkeys(r.inserted, start))  # gates: as their clones
+        clone_level.update(dict.fromkeys(r.inserted, min(levels[c] for c, _, _, _ in r.consumers)))
     entries = []
     for s, swap in enumerate(plan.swaps):
         for k, swap_in in enumerate(swap.swap_ins):
@@ -102,16 +107,22 @@ def retime_triggers(
                 clone_due[c] if c in clone_due else schedule.start[index[c]]
                 for c, _ in swap_in.consumers
             )
-            entries.append((due, s, k, link.seconds(swap.bytes)))
+            # the trigger sits below every consumer in the view's levels: never downstream
+            # of one (a plan's consumer_level may count levels of the view with the clones)
+            below = min(
+                clone_level[c] if c in clone_level else levels.get(c, swap_in.consumer_level)
+                for c, _ in swap_in.consumers
+            )
+            entries.append((due, s, k, link.seconds(swap.bytes), below))
     entries.sort(reverse=True)
 
     chosen: dict[tuple[int, int], str] = {}
     stream_free_after = float("inf")  # the copy stream is busy from here on
-    for due, s, k, copy in entries:
+    for due, s, k, copy, below in entries:
         finish = min(due, stream_free_after)
         stream_free_after = finish - copy
         start = finish - slack * copy
-        consumer_level = plan.swaps[s].swap_ins[k].consumer_level
+        consumer_level = min(plan.swaps[s].swap_ins[k].consumer_level, below)
         pos = bisect.bisect_right(ends, start) - 1
         while pos >= 0 and levels[graph.names[eligible[pos][1]]] >= consumer_level:
             pos -= 1
