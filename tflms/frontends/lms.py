@@ -42,6 +42,7 @@ from tflms.plan.splits import Split
 from tflms.plan.swap_plan import SwapPlan
 
 if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is set
+    from tflms.cost.target import Target
     from tflms.tuning.autotuner import AutotuneResult
 
 __all__ = ["LMS", "resolve_config"]
@@ -78,6 +79,9 @@ class LMS:
 
     Args:
         config: an :class:`LMSConfig`; keyword ``overrides`` replace its fields.
+        target: the :class:`~tflms.Target` of this config resolved before (a
+            front end planning one fit with several configs that differ only
+            in levers); default: resolved here.
 
     Raises:
         ConfigError: an option is invalid, or the target it names cannot be
@@ -85,9 +89,12 @@ class LMS:
             graph).
     """
 
-    def __init__(self, config: LMSConfig | None = None, **overrides):
+    def __init__(
+        self, config: LMSConfig | None = None, *, target: Target | None = None, **overrides
+    ):
         self.config = resolve_config(config, overrides)
-        self.target = self.config.target()  # device, link, budget, accounting, stack: once
+        # device, link, budget, accounting, stack: once
+        self.target = self.config.target() if target is None else target
         self.tuning: AutotuneResult | None = None
         self.view = None  # the analysis view of the last graph planned (before any rewrite)
         self.splits: tuple[Split, ...] = ()  # the ops the last run cut into row chunks

@@ -502,6 +502,7 @@ class LMSCallback(keras.callbacks.Callback):
             self._lms.config,
             batch_size=self.batch_size,
             batch_source=self.batch_source,
+            target=self._lms.target,
         )
         if refusal is None or refusal.best_peak_bytes is None or refusal.usable_bytes is None:
             return  # a plan fits with the state on the device (or the host budget refused)
@@ -520,7 +521,9 @@ class LMSCallback(keras.callbacks.Callback):
         put back if the fit trains no step; say ``why`` (:attr:`state_moved`)."""
         host = self.config.host_device
         undo = offload_unbuilt(self.model, host)
-        lms, self._lms = self._lms, LMS(self.config.replace(offload_optimizer=True))
+        lms = self._lms
+        target = lms.target if lms is not None else None
+        self._lms = LMS(self.config.replace(offload_optimizer=True), target=target)
 
         def put_back() -> None:
             undo()

@@ -43,6 +43,7 @@ def device_state_refusal(
     *,
     batch_size: int,
     batch_source: str | None = None,
+    target: Any = None,
 ) -> PlanInfeasibleError | None:
     """Plan the training step as it would be with the optimizer's state built on the device.
 
@@ -59,6 +60,7 @@ def device_state_refusal(
             ``offload_optimizer`` says.
         batch_size: The batch each step sees.
         batch_source: Where ``batch_size`` came from.
+        target: The fit's :class:`~tflms.Target` (resolved once per fit).
 
     Returns:
         The auto-tuner's :class:`~tflms.errors.PlanInfeasibleError` when no
@@ -81,7 +83,7 @@ def device_state_refusal(
             err,
         )
         return None
-    lms = LMS(config.replace(offload_optimizer=False, check_rewrites=False))
+    lms = LMS(config.replace(offload_optimizer=False, check_rewrites=False), target=target)
     refused: list[PlanInfeasibleError] = []
 
     def step(batch):

@@ -161,8 +161,14 @@ def _plan_tensor(view, producer, node, info, levels, config, trigger_ok):
     """Plan the swap of one candidate tensor; returns ``(swap, None)`` or ``(None, reason)``."""
     lp = levels[producer]
     uses = tensor_consumers(view, producer, info.index)
+    # a recomputation's hold reads the original where it was made, whatever its level
+    # (the Recompute's doc): never a swap-in
     far = sorted(
-        ((c, i) for c, i in uses if levels[c] - lp > config.swapout_threshold),
+        (
+            (c, i)
+            for c, i in uses
+            if levels[c] - lp > config.swapout_threshold and view.nodes[c].get("tflms") != "hold"
+        ),
         key=lambda ci: (levels[ci[0]], ci[0], ci[1]),
     )
     if not far:
