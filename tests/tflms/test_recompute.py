@@ -230,7 +230,7 @@ def test_a_clone_serves_the_backward_pass_not_a_forward_reader_across_a_block():
     recompute_dense=0.25 over PCIe3) peaked at 3.0 GiB so, against 1.85 without dense
     re-runs. Forward readers stay on the originals when a group has backward readers."""
     from benchmarks.models import resnet50
-    from tflms.plan.segments import turn_level
+    from tflms.plan.phases import turn_level
 
     view = tflms.build_view(resnet50().trace(16, (64, 64, 3)))
     levels = {n: d["level"] for n, d in view.nodes(data=True)}

@@ -20,8 +20,9 @@ from tests.tflms.models import tape_step
 from tflms.apply.core import apply_plan, apply_with
 from tflms.apply.proto_editor import ProtoEditor
 from tflms.errors import ConfigError
+from tflms.plan.phases import turn_level
 from tflms.plan.recompute import make_group
-from tflms.plan.segments import forward_cuts, plan_segments, turn_level
+from tflms.plan.segments import forward_cuts, plan_segments
 from tflms.plan.triggers import trigger_filter
 from tflms.simulation.grappler.optimize import grappler_optimize
 from tflms.simulation.grappler.rewrites import compare_rewrites

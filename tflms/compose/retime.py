@@ -97,7 +97,8 @@ def retime_triggers(
     for r in plan.recomputes:
         start = min(schedule.start[index[c]] for c, _, _, _ in r.consumers) - r.seconds
         clone_due.update(dict.fromkeys(r.inserted, start))  # gates: as their clones
-        clone_level.update(dict.fromkeys(r.inserted, min(levels[c] for c, _, _, _ in r.consumers)))
+        readers = [levels[c] for c, _, _, _ in r.consumers if c in levels]
+        clone_level.update(dict.fromkeys(r.inserted, min(readers, default=r.consumer_level)))
     entries = []
     for s, swap in enumerate(plan.swaps):
         for k, swap_in in enumerate(swap.swap_ins):

@@ -89,6 +89,7 @@ from tflms.plan.candidates import (
     tensor_ok,
 )
 from tflms.plan.entries import Recompute
+from tflms.plan.phases import turn_level
 from tflms.plan.rerun_cost import CHEAP_INTENSITY, cheap, data_inputs, worth_rerunning
 from tflms.plan.triggers import find_trigger, trigger_filter
 
@@ -350,8 +351,6 @@ def _backward_readers_only(view: nx.DiGraph, rerouted: dict, levels: dict) -> di
     """
     turn = _TURNS.get(view)
     if turn is None:
-        from tflms.plan.segments import turn_level  # segments builds on this module
-
         turn = _TURNS[view] = turn_level(view)
     late = {
         key: [(c, i) for c, i in readers if levels[c] >= turn] for key, readers in rerouted.items()

@@ -75,7 +75,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import weakref
 
 import networkx as nx
 
@@ -83,9 +82,9 @@ from tflms.config import LMSConfig
 from tflms.cost.target import Target
 from tflms.graph.grappler_rules import aliases_a_variable, folded_to_constants, pinned
 from tflms.graph.view import consumers as tensor_consumers
-from tflms.graph.view import is_gradient_op
 from tflms.plan.candidates import NEVER_SWAP_PRODUCERS
 from tflms.plan.entries import Recompute
+from tflms.plan.phases import batch_dependent, turn_level
 from tflms.plan.recompute import make_group
 from tflms.plan.rerun_cost import data_inputs, rerun_seconds
 from tflms.plan.triggers import trigger_filter
@@ -93,8 +92,6 @@ from tflms.plan.triggers import trigger_filter
 __all__ = [
     "plan_segments",
     "forward_cuts",
-    "turn_level",
-    "batch_dependent",
     "STRAGGLERS",
     "MAX_SEGMENT_OPS",
 ]
@@ -116,100 +113,6 @@ RERUN_AHEAD = 2
 (``swapin_ahead`` when that is smaller): a re-run has no copy to hide, and each
 level earlier holds the segment's tensors through that much more of the
 backward pass, beside the next segment's."""
-
-
-def turn_level(view: nx.DiGraph) -> int:
-    """The end of the forward pass: the first level of a gradient op that reads another
-    (:func:`~tflms.graph.view.is_gradient_op`; ops of the batch's shapes aside), else the
-    level where the most bytes are held across.
-
-    Args:
-        view: the analysis view, with levels.
-
-    Returns:
-        The level.
-    """
-    levels = nx.get_node_attributes(view, "level")
-    activations = batch_dependent(view)
-    shapes = folded_to_constants(view)  # computed from the batch's shapes alone: run early
-    gradients = {
-        name
-        for name in activations - shapes
-        if is_gradient_op(name, view.nodes[name]["type"])
-        and view.nodes[name]["type"] not in NEVER_SWAP_PRODUCERS
-    }
-    # in the chain from the loss's gradient on (not an embedding's indices read early)
-    backward = [
-        levels[name]
-        for name in gradients
-        if any(src in gradients for src, _ in data_inputs(view, name))
-    ]
-    if backward:
-        return min(backward)
-    delta: dict[int, int] = {}
-    for name, data in view.nodes(data=True):
-        if data["type"] in NEVER_SWAP_PRODUCERS or name not in activations:
-            continue
-        lp = levels[name]
-        for info in data["outputs"]:
-            last = max((levels[c] for c, _ in tensor_consumers(view, name, info.index)), default=lp)
-            if last > lp + 1 and info.bytes:
-                delta[lp + 1] = delta.get(lp + 1, 0) + info.bytes
-                delta[last] = delta.get(last, 0) - info.bytes
-    best, held, turn = -1, 0, 0
-    for level in sorted(delta):
-        held += delta[level]
-        if held > best:
-            best, turn = held, level
-    return turn
-
-
-BATCH_SOURCES = frozenset(
-    {
-        "Placeholder",
-        "PlaceholderV2",
-        "PlaceholderWithDefault",
-        "_Arg",
-        "_Recv",
-        "IteratorGetNext",
-        "IteratorGetNextSync",
-        "OptionalGetValue",
-    }
-)
-"""Ops whose outputs (other than resource handles) are the step's batch."""
-
-
-_BATCH_DEPENDENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def batch_dependent(view: nx.DiGraph) -> frozenset[str]:
-    """The ops whose outputs depend on the step's batch.
-
-    The others compute from weights and constants alone (a causal mask, a
-    weight's reshape): their tensors are not activations, whenever they run.
-
-    Computed once per view (and again when its node count changes).
-
-    Args:
-        view: the analysis view.
-
-    Returns:
-        Their names.
-    """
-    cached = _BATCH_DEPENDENT.get(view)
-    if cached is not None and cached[0] == view.number_of_nodes():
-        return cached[1]
-    found: set[str] = set()
-    for name in nx.topological_sort(view):
-        data = view.nodes[name]
-        if data["type"] in BATCH_SOURCES:
-            if any(info.dtype not in ("resource", "variant") for info in data["outputs"]):
-                found.add(name)
-        elif any(src in found for src, _ in data_inputs(view, name)):
-            found.add(name)
-    result = frozenset(found)
-    _BATCH_DEPENDENT[view] = (view.number_of_nodes(), result)  # the planner asks 3x per plan
-    return result
 
 
 def forward_cuts(view: nx.DiGraph, turn: int) -> list[tuple[str, int]]:
