@@ -600,9 +600,15 @@ def remat(r: Results) -> str:
                 f"+{r.get(f'{base}.dense_ops_rerun')} dense ops, {exact}"
             )
         rows.append(cells)
+    repeats = (
+        {f: families[f].get("repeats") for f in families} if isinstance(families, dict) else {}
+    )
+    counts = ", ".join(
+        f"{f.upper()} {n if isinstance(n, int) else r.get('repeats')}" for f, n in repeats.items()
+    )
     note = (
-        f"Measured by TensorFlow's CPU allocator (oneDNN), the median of {r.get('repeats')} "
-        "fresh processes per cell, run interleaved; CPU is the step's process CPU time over "
+        f"Measured by TensorFlow's CPU allocator (oneDNN), the median of fresh processes per "
+        f"cell ({counts}), each family's run interleaved; CPU is the step's process CPU time over "
         "plain training's; dense ops are the matmuls and convolutions the runtime runs per step "
         "beyond plain training's, counted in its optimized graph. Nothing simulated."
     )
