@@ -208,8 +208,10 @@ class LMSConfig:
     max_op_bytes: int | None = None
     """Split ops too large for any swap plan into row chunks of at most this
     many bytes (``"256MiB"``), bitwise identical (:mod:`tflms.plan.splits`):
-    the vocabulary loss of a language model, whose logits and gradient are
-    both on the device at the op; random tensors (dropout masks) larger than
+    the vocabulary loss of a language model where its logits outlive it (a
+    metric reads them after the loss: logits and gradient are then both on
+    the device at the op; otherwise TensorFlow writes the gradient into the
+    logits' buffer and a split frees nothing); random tensors (dropout masks) larger than
     this are drawn in their layer rather than all as the step starts.
     ``None`` (the default) changes nothing."""
 

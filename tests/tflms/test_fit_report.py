@@ -43,8 +43,8 @@ def test_a_plan_that_fits_says_so(lm):
 
 
 def test_a_plan_that_does_not_fit_names_the_budget_to_set(lm):
-    view = tflms.analyze(lm, batch_size=64)
-    report = fit_report(view, tflms.make_plan(view, tflms.LMSConfig(batch_size=64)), "V100-16GB")
+    view = tflms.analyze(lm, batch_size=96)
+    report = fit_report(view, tflms.make_plan(view, tflms.LMSConfig(batch_size=96)), "V100-16GB")
     assert not report.fits and report.peak_bytes > report.capacity_bytes
     assert "does not fit" in report.message
     assert "memory_budget='V100-16GB'" in report.message

@@ -246,15 +246,17 @@ def test_kerashub_models_train_bitwise(name, options, front, devices):
 
 def test_the_zoos_gpt2_stands_in_for_kerashubs_but_holds_fewer_tensors():
     """The zoo's GPT-2 has the untied head's weights more, KerasHub's the heavier step: at
-    the loss it also holds logits-sized masks and a transposed token table (docs/tests.md
-    quotes ``benchmarks/bench_kerashub_standin.py``; this is its small configuration)."""
+    the loss it also holds logits-sized masks, the logits its accuracy metric reads after
+    the loss (the zoo's loss writes its gradient into the logits' buffer) and a transposed
+    token table (docs/tests.md quotes ``benchmarks/bench_kerashub_standin.py``; this is its
+    small configuration)."""
     from benchmarks.bench_kerashub_standin import SIZES, compare
 
     row = compare(**SIZES["tests_config"])
     config = row["config"]
     untied_head = config["vocab"] * config["dim"] + config["vocab"]
     assert row["weights"]["zoo"] - row["weights"]["kerashub"] == untied_head, row
-    assert 1.10 <= row["kerashub_peak_vs_zoo"] <= 1.30, row
+    assert 1.20 <= row["kerashub_peak_vs_zoo"] <= 1.45, row
 
 
 def _extras() -> dict[str, list[Requirement]]:

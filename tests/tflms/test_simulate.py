@@ -350,6 +350,30 @@ def test_an_elementwise_op_writes_into_its_dying_input():
     assert fresh.device_peak_bytes > 2 * A
 
 
+def test_a_cross_entropys_backprop_takes_the_logits_buffer():
+    """TensorFlow's (Sparse)SoftmaxCrossEntropyWithLogits kernels write their second output,
+    the backprop, into the logits' buffer when nothing else reads the logits: a language
+    model's loss holds one logits-sized tensor, not two (measured on bench_remat's GPT
+    stack: 64 MiB allocated for the logits, none for the backprop)."""
+    view = make_view(
+        [("h", A // 8, "Placeholder"), ("labels", 64, "Placeholder"),
+         ("logits", A, "MatMul"), ("xent", 64, "SparseSoftmaxCrossEntropyWithLogits"),
+         ("dh", A // 8, "MatMul")],
+        [("h", "logits", 0), ("logits", "xent", 0), ("labels", "xent", 1)],
+    )  # fmt: skip
+    view.nodes["xent"]["outputs"] = (tensor("xent", 64), TensorInfo("xent:1", 1, "float32",
+                                     (A // 4 // 256, 256), A))  # fmt: skip
+    view.add_edge("xent", "dh", tensors=[(1, 0)], control=False)
+    assign_levels(view)
+    one = simulate(view, link="ideal", accounting="tensors").device_peak_bytes
+    assert one < 2 * A, one
+    view.add_node("keep", **{**view.nodes["dh"], "type": "Relu"})  # the logits read later
+    view.add_edge("logits", "keep", tensors=[(0, 0)], control=False)
+    view.add_edge("dh", "keep", tensors=[], control=True)
+    assign_levels(view)
+    assert simulate(view, link="ideal", accounting="tensors").device_peak_bytes >= 2 * A
+
+
 def test_buffers_are_reused_only_when_size_dtype_and_readers_allow():
     half = TensorInfo("h:0", 0, "float16", (A // 2 // 256, 256), A // 2)
     view = make_view(

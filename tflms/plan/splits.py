@@ -2,13 +2,20 @@
 
 The token-level loss of a language model, ``SparseSoftmaxCrossEntropyWithLogits``
 over the whole vocabulary, reads its logits ``[rows, vocab]`` and writes a
-backprop tensor of the same size that the backward pass reads first: both are
-live at the op, a swap cannot help (nothing runs between the op and its
-reader), and for GPT-2 small at sequence 1024 each is 196 MiB per sample. The
-split rewrite (:mod:`tflms.apply.split`) runs the op on row chunks instead,
-sends each chunk's backprop to the host as it is made, concatenates them there
-and brings the whole back when the backward pass needs it: at the op, the
-logits plus a chunk or two are on the device, not twice the logits.
+backprop tensor of the same size that the backward pass reads first; for GPT-2
+small at sequence 1024 each is 196 MiB per sample. TensorFlow's kernel writes
+the backprop into the logits' buffer when nothing else reads the logits
+(``forward_input_or_allocate_output``; the simulator does the same,
+:data:`tflms.simulation.memory.FORWARDED_OUTPUT`): the op then holds one
+logits-sized tensor and a split frees nothing there. Where the logits outlive
+the loss (a metric such as ``sparse_categorical_accuracy`` reads them after
+it), both are live at the op and a swap cannot help (nothing runs between the
+op and its reader). The split rewrite (:mod:`tflms.apply.split`) runs the op
+on row chunks instead, sends each chunk's backprop to the host as it is made,
+concatenates them there and brings the whole back when the backward pass
+needs it: at the op, the logits plus a chunk or two are on the device, not
+twice the logits. ``LMSConfig.max_op_bytes`` asks for it; the simulator
+judges whether it pays.
 
 Chunk boundaries sit on multiples of :data:`ALIGN` rows. Every row of the op is
 computed on its own, yet TensorFlow's CPU kernel gives bit-identical rows only

@@ -73,6 +73,7 @@ from tflms.simulation.schedule import CompiledGraph, Schedule
 __all__ = [
     "ACCOUNTINGS",
     "FORWARDING_OPS",
+    "FORWARDED_OUTPUT",
     "MemoryTrace",
     "LiveBuffer",
     "trace_memory",
@@ -228,10 +229,21 @@ FORWARDING_OPS: dict[str, tuple[int, ...] | None] = {
     "SelectV2": (1, 2),
     "Select": (1, 2),
     "AddN": None,
+    "SoftmaxCrossEntropyWithLogits": (0,),
+    "SparseSoftmaxCrossEntropyWithLogits": (0,),
 }  # fmt: skip
 """Ops whose TensorFlow kernels write their output into an input buffer when that input
 is read by nobody else any more (``forward_input_or_allocate_output``), and which inputs
-they try, in order (``None``: all). Element-wise ops and their gradients, BiasAdd, AddN."""
+they try, in order (``None``: all). Element-wise ops and their gradients, BiasAdd, AddN,
+and the softmax cross-entropies, whose backprop output takes the logits' buffer
+(:data:`FORWARDED_OUTPUT`): a language model's loss holds one logits-sized tensor, not two."""
+
+FORWARDED_OUTPUT: dict[str, int] = {
+    "SoftmaxCrossEntropyWithLogits": 1,
+    "SparseSoftmaxCrossEntropyWithLogits": 1,
+}
+"""The output a :data:`FORWARDING_OPS` op writes into its input's buffer, where it is not
+the first (the cross-entropies' backprop; their loss is a new, small tensor)."""
 
 
 def _forwardable(graph, schedule, i, info, buffer_of, b_tensors, b_space, b_bytes):
@@ -338,7 +350,7 @@ def trace_memory(
                             buffer_of[(i, k)] = b
                             b_tensors[b].append((i, k))
                             continue
-                if k == 0 and op_type in FORWARDING_OPS:
+                if op_type in FORWARDING_OPS and k == FORWARDED_OUTPUT.get(op_type, 0):
                     b = _forwardable(
                         graph, schedule, i, info, buffer_of, b_tensors, b_space, b_bytes
                     )
