@@ -266,6 +266,9 @@ def _clone_group(editor: Editor, recompute) -> int:
             editor.add_control(recompute.trigger, clone)
     # each original keeps a reader where its far consumers were (Recompute's doc: holds)
     started = list(gates.values()) or entries
+    for op in recompute.control_inputs:
+        for name in started:
+            editor.add_control(op, name)
     for i, (op, k) in enumerate(recompute.held):
         hold = recompute.hold_name(i)
         editor.add_identity(hold, (op, k), editor.device_of(op), "hold")
@@ -281,6 +284,7 @@ def _check_plan_matches(editor: Editor, plan: SwapPlan) -> None:
         needed.update(c for c, _, _, _ in recompute.consumers)
         if recompute.trigger is not None:
             needed.add(recompute.trigger)
+        needed.update(recompute.control_inputs)
     needed.update(op for edge in plan.order for op in edge)
     for swap in plan.swaps:
         needed.add(swap.producer)

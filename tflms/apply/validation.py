@@ -326,7 +326,8 @@ def _recompute_against_plan(view: nx.DiGraph, plan: SwapPlan, recompute) -> list
             else [recompute.clone_name(op) for op in entries]
         )
         for name in started:
-            edge = view.get_edge_data(recompute.trigger, name) or {}
-            if name in view and not edge.get("control"):
-                problems.append(f"{name} lacks its trigger edge from {recompute.trigger}")
+            for op in (recompute.trigger, *recompute.control_inputs):
+                edge = view.get_edge_data(op, name) or {}
+                if name in view and not edge.get("control"):
+                    problems.append(f"{name} lacks its control edge from {op}")
     return problems

@@ -142,6 +142,10 @@ class Recompute:
             originals (no merge) and start them at the trigger. Empty: every
             clone is kept from Grappler and the trigger edge goes into the
             clones themselves (a group that reads only constants).
+        control_inputs: ops the re-run also waits for, like the trigger (a
+            control edge from each into the gates, or into the first clones):
+            the other readers of tensors that die before the trigger, so that
+            the re-run never runs beside them (:mod:`tflms.plan.release`).
 
     Every original tensor whose far consumers now read a clone (:attr:`held`)
     keeps one reader in their place: a *hold* (:meth:`hold_name`), an
@@ -166,6 +170,7 @@ class Recompute:
     reason: str = ""
     device: str = ""
     gates: tuple[tuple[str, int], ...] = ()
+    control_inputs: tuple[str, ...] = ()
 
     def clone_name(self, op: str) -> str:
         """Name of the clone of ``op`` (see the module docstring).

@@ -36,7 +36,9 @@ cheap-op groups of :mod:`tflms.plan.recompute`, dense ops included:
    start at a trigger :data:`RERUN_AHEAD` levels before the first of them; the
    forward readers keep the originals, and a *hold* stands in for the
    rerouted ones, so Grappler rewrites the forward pass as it does without the
-   plan (:class:`~tflms.plan.entries.Recompute`).
+   plan (:class:`~tflms.plan.entries.Recompute`). The re-run also waits for
+   the other readers of the backward tensors that die before its trigger
+   (:mod:`tflms.plan.release`), so that it never runs beside them.
 
 Each group costs its ops' predicted time once more (the forward pass of its
 segment, as Chen's and Keras's ``RematScope(mode="full")`` do); with
@@ -86,6 +88,7 @@ from tflms.plan.candidates import NEVER_SWAP_PRODUCERS
 from tflms.plan.entries import Recompute
 from tflms.plan.phases import batch_dependent, turn_level
 from tflms.plan.recompute import make_group
+from tflms.plan.release import release_waits
 from tflms.plan.rerun_cost import data_inputs, rerun_seconds
 from tflms.plan.triggers import trigger_filter
 
@@ -218,7 +221,7 @@ def plan_segments(
     # the default phase (every N-th cut, counted from the first) first: it wins ties
     phases = {phase: plan_phase(phase) for phase in (every - 1, *range(every - 1))}
     phase = _cheapest(phases)
-    groups = phases[phase]
+    groups = release_waits(view, phases[phase], turn=turn, min_bytes=config.min_tensor_bytes)
     logger.debug(
         "%d cuts before the turn at level %d, checkpoints every %d from cut %d, "
         "%d segment groups (%.3g s re-run; phases: %s)",

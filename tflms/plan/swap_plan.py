@@ -284,6 +284,7 @@ def _recompute(r: dict) -> Recompute:
             **r,
             "ops": tuple(r["ops"]),
             "consumers": tuple((c, int(i), op, int(k)) for c, i, op, k in r["consumers"]),
+            "control_inputs": tuple(r.get("control_inputs", ())),
         }
     )
 
