@@ -589,14 +589,16 @@ def remat(r: Results) -> str:
     for family in families if isinstance(families, dict) else []:
         cells = [
             _REMAT_FAMILIES.get(family, family),
-            f"{r.get(f'families.{family}.variants.plain.peak_mib')} MiB",
+            f"{r.get(f'families.{family}.variants.plain.peak_mib')} MiB, worst step "
+            f"{r.get(f'families.{family}.variants.plain.worst_step_peak_mib')} MiB",
         ]
         for variant in variants:
             base = f"families.{family}.variants.{variant}"
             exact = "bitwise" if r.get(f"{base}.bitwise_with_plain") is True else "**not bitwise**"
             cells.append(
                 f"{r.get(f'{base}.peak_mib')} MiB ({fmt_pct(r.get(f'{base}.peak_vs_plain'), '.0%')}"
-                f" of plain), CPU {fmt_ratio(r.get(f'{base}.cpu_vs_plain'))}x, "
+                f" of plain), worst step {r.get(f'{base}.worst_step_peak_mib')} MiB, "
+                f"CPU {fmt_ratio(r.get(f'{base}.cpu_vs_plain'))}x, "
                 f"+{r.get(f'{base}.dense_ops_rerun')} dense ops, {exact}"
             )
         rows.append(cells)
@@ -608,7 +610,9 @@ def remat(r: Results) -> str:
     )
     note = (
         f"Measured by TensorFlow's CPU allocator (oneDNN), the median of fresh processes per "
-        f"cell ({counts}), each family's run interleaved; CPU is the step's process CPU time over "
+        f"cell ({counts}), each family's run interleaved; the worst step is the highest peak of "
+        "any measured step (3 per process: TensorFlow orders ready ops differently from step to "
+        "step, and a budget must hold for each); CPU is the step's process CPU time over "
         "plain training's; dense ops are the matmuls and convolutions the runtime runs per step "
         "beyond plain training's, counted in its optimized graph. Nothing simulated."
     )
