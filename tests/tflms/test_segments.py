@@ -20,6 +20,7 @@ from tests.tflms.models import tape_step
 from tflms.apply.core import apply_plan, apply_with
 from tflms.apply.proto_editor import ProtoEditor
 from tflms.errors import ConfigError
+from tflms.graph.view import TensorInfo, assign_levels
 from tflms.plan.phases import turn_level
 from tflms.plan.recompute import make_group
 from tflms.plan.segments import forward_cuts, plan_segments
@@ -168,16 +169,23 @@ def test_holds_keep_the_forward_pass_as_grappler_rewrites_it(devices):
     assert any("Gelu/mul" in d.op for d in apart.differences), apart.summary()
 
 
-def test_a_chain_is_checkpointed_every_nth_cut():
+def _toy_view(device: str = ""):
+    """A hand-made analysis view, and ``op(name, type, *inputs)`` adding an op to it whose
+    one output is a (8, 1024) float32 tensor, read by ``inputs``' outputs in that order."""
     view = nx.DiGraph(name="toy")
-    from tflms.graph.view import TensorInfo, assign_levels
 
     def op(name, kind, *ins):
         out = TensorInfo(f"{name}:0", 0, "float32", (8, 1024), 1 << 15)
-        view.add_node(name, type=kind, device="", placement="compute", outputs=(out,),
+        view.add_node(name, type=kind, device=device, placement="compute", outputs=(out,),
                       control_flow=False, functions=(), stateful=False, tflms=None)  # fmt: skip
         for i, src in enumerate(ins):
             view.add_edge(src, name, tensors=[(0, i)], control=False)
+
+    return view, op
+
+
+def test_a_chain_is_checkpointed_every_nth_cut():
+    view, op = _toy_view()
 
     op("x", "Placeholder")
     for i in range(8):
@@ -200,16 +208,7 @@ def test_a_tensor_kept_for_its_backward_reader_is_read_not_rerun():
     """On CPU a ``MaxPoolGrad`` must read its ``MaxPool``'s own output (oneDNN links the
     two through a workspace), so ``pool`` stays kept: the clones read it instead of
     re-running it, and re-run the rest of the segment."""
-    view = nx.DiGraph(name="toy")
-    from tflms.graph.view import TensorInfo, assign_levels
-
-    def op(name, kind, *ins):
-        out = TensorInfo(f"{name}:0", 0, "float32", (8, 1024), 1 << 15)
-        view.add_node(name, type=kind, device="/device:CPU:0", placement="compute",
-                      outputs=(out,), control_flow=False, functions=(), stateful=False,
-                      tflms=None)  # fmt: skip
-        for i, src in enumerate(ins):
-            view.add_edge(src, name, tensors=[(0, i)], control=False)
+    view, op = _toy_view(device="/device:CPU:0")
 
     op("x", "Placeholder")
     op("t0", "Tanh", "x")
@@ -257,18 +256,10 @@ def test_a_rerun_waits_for_the_side_readers_of_the_losss_backprop(devices):
 def test_a_rerun_never_waits_beside_a_sum_of_three():
     """A side reader of an AddN of 3+ inputs' input is not waited for: ordering the two
     would decide which buffer the sum reuses, hence its summation order."""
-    from tflms.graph.view import TensorInfo, assign_levels
     from tflms.plan.entries import Recompute
     from tflms.plan.release import release_waits
 
-    view = nx.DiGraph(name="toy")
-
-    def op(name, kind, *ins):
-        out = TensorInfo(f"{name}:0", 0, "float32", (8, 1024), 1 << 15)
-        view.add_node(name, type=kind, device="", placement="compute", outputs=(out,),
-                      control_flow=False, functions=(), stateful=False, tflms=None)  # fmt: skip
-        for i, src in enumerate(ins):
-            view.add_edge(src, name, tensors=[(0, i)], control=False)
+    view, op = _toy_view()
 
     op("x", "Placeholder")
     op("h", "Tanh", "x")

@@ -57,11 +57,10 @@ Example:
 
 from __future__ import annotations
 
-import weakref
-
 import networkx as nx
 
 from tflms.utils.devices import device_type as tf_device_type
+from tflms.utils.memo import per_view
 
 __all__ = [
     "aliases_a_variable",
@@ -103,7 +102,6 @@ _NOT_FOLDABLE = frozenset(
         *("IteratorGetNext", "Identity", "IdentityN", "Snapshot", "NoOp"),
     }
 )
-_FOLDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # view -> (nodes, ops)
 _VIEW_OPS = frozenset({"Reshape", "ExpandDims", "Squeeze", "Identity", "Snapshot"})
 _VARIABLE_SOURCES = frozenset({"VarHandleOp", "VariableV2", "Variable", "_Recv", "_HostRecv"})
 _KEEPING_CONSUMERS = frozenset({"_Retval", "Merge", "RefMerge"})
@@ -214,13 +212,15 @@ def in_a_fold(view: nx.DiGraph, name: str) -> bool:
     )
 
 
+@per_view
 def folded_to_constants(view: nx.DiGraph) -> frozenset[str]:
     """Ops whose outputs Grappler's constant folding computes before the step runs.
 
     An op folds when it is stateless, outside control flow, not a tflms op, and
     each data input is a constant, a shape op (``Shape``, ``Size``, ``Rank``:
     the step's shapes are static once traced) or another folding op. Identity
-    ops are left out (Grappler keeps some of them). Computed once per view.
+    ops are left out (Grappler keeps some of them). Computed once per view
+    (:func:`~tflms.utils.memo.per_view`).
 
     Args:
         view: the analysis view.
@@ -228,9 +228,6 @@ def folded_to_constants(view: nx.DiGraph) -> frozenset[str]:
     Returns:
         The names of those ops (constants and shape ops included).
     """
-    cached = _FOLDED.get(view)
-    if cached is not None and cached[0] == view.number_of_nodes():
-        return cached[1]
     folded: set[str] = set()
     for name in nx.topological_sort(view):
         node = view.nodes[name]
@@ -248,9 +245,7 @@ def folded_to_constants(view: nx.DiGraph) -> frozenset[str]:
         sources = _data_sources(view, name)
         if sources and all(src in folded for src in sources):
             folded.add(name)
-    result = frozenset(folded)
-    _FOLDED[view] = (view.number_of_nodes(), result)
-    return result
+    return frozenset(folded)
 
 
 def aliases_a_variable(view: nx.DiGraph, name: str) -> bool:

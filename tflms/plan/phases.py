@@ -14,8 +14,6 @@ readers after it.
 
 from __future__ import annotations
 
-import weakref
-
 import networkx as nx
 
 from tflms.graph.grappler_rules import folded_to_constants
@@ -23,10 +21,12 @@ from tflms.graph.view import consumers as tensor_consumers
 from tflms.graph.view import is_gradient_op
 from tflms.plan.candidates import NEVER_SWAP_PRODUCERS
 from tflms.plan.rerun_cost import data_inputs
+from tflms.utils.memo import per_view
 
 __all__ = ["turn_level", "batch_dependent", "BATCH_SOURCES"]
 
 
+@per_view
 def turn_level(view: nx.DiGraph) -> int:
     """The end of the forward pass: the first level of a gradient op that reads another
     (:func:`~tflms.graph.view.is_gradient_op`; ops of the batch's shapes aside), else the
@@ -88,16 +88,14 @@ BATCH_SOURCES = frozenset(
 """Ops whose outputs (other than resource handles) are the step's batch."""
 
 
-_BATCH_DEPENDENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
+@per_view  # the planner asks 3x per plan
 def batch_dependent(view: nx.DiGraph) -> frozenset[str]:
     """The ops whose outputs depend on the step's batch.
 
     The others compute from weights and constants alone (a causal mask, a
     weight's reshape): their tensors are not activations, whenever they run.
 
-    Computed once per view (and again when its node count changes).
+    Computed once per view (:func:`~tflms.utils.memo.per_view`).
 
     Args:
         view: the analysis view.
@@ -105,9 +103,6 @@ def batch_dependent(view: nx.DiGraph) -> frozenset[str]:
     Returns:
         Their names.
     """
-    cached = _BATCH_DEPENDENT.get(view)
-    if cached is not None and cached[0] == view.number_of_nodes():
-        return cached[1]
     found: set[str] = set()
     for name in nx.topological_sort(view):
         data = view.nodes[name]
@@ -116,6 +111,4 @@ def batch_dependent(view: nx.DiGraph) -> frozenset[str]:
                 found.add(name)
         elif any(src in found for src, _ in data_inputs(view, name)):
             found.add(name)
-    result = frozenset(found)
-    _BATCH_DEPENDENT[view] = (view.number_of_nodes(), result)  # the planner asks 3x per plan
-    return result
+    return frozenset(found)

@@ -64,7 +64,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import weakref
 
 import networkx as nx
 
@@ -334,9 +333,6 @@ def _at_hand(view, src, k, earliest, config) -> bool:
     return any(levels[c]["level"] >= earliest for c, _ in tensor_consumers(view, src, k))
 
 
-_TURNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _backward_readers_only(view: nx.DiGraph, rerouted: dict, levels: dict) -> dict:
     """``rerouted`` without its forward readers when it has backward ones too.
 
@@ -349,9 +345,7 @@ def _backward_readers_only(view: nx.DiGraph, rerouted: dict, levels: dict) -> di
     (A ResNet-50's chained dense groups ran their convolutions in the forward
     pass this way, to 3.0 GiB instead of 1.9 simulated.)
     """
-    turn = _TURNS.get(view)
-    if turn is None:
-        turn = _TURNS[view] = turn_level(view)
+    turn = turn_level(view)
     late = {
         key: [(c, i) for c, i in readers if levels[c] >= turn] for key, readers in rerouted.items()
     }

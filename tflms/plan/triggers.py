@@ -52,7 +52,7 @@ def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
         Grappler before the step runs and not inside an arithmetic chain Grappler
         folds (a control fanout would stop the fold). Its answers are kept
         for the view while its node and edge counts stay the same, as
-        :func:`~tflms.graph.grappler_rules.folded_to_constants` keeps its own.
+        :func:`~tflms.utils.memo.per_view` keeps whole-view answers.
     """
 
     # len(edges): number_of_edges sums degrees; pins (grappler_rules.PINNED) change answers too
