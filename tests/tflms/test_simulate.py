@@ -525,3 +525,36 @@ def test_a_cycle_is_reported_by_both_schedulers():
     for compiled in {False, native.COMPILED}:
         with pytest.raises(UnsupportedGraphError, match="never become ready"):
             first_ready(graph, compiled=compiled)
+
+
+@pytest.mark.parametrize("decay_waits", [False, True])
+def test_a_weight_updated_while_its_read_is_held_is_copied(decay_waits):
+    """A decay that waits for nothing (Keras's ``var.assign_sub(var * lr * wd)``) writes
+    the weight while the forward pass's read still holds its buffer for the backward pass:
+    TensorFlow copies it, and the old value lives until the weight's backward reader ends.
+    A decay made after the gradient finds the buffer free."""
+    import tensorflow as tf
+
+    import tflms
+
+    w = tf.Variable(tf.ones((256, 1024)))  # 1 MiB
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = tf.nn.relu(tf.matmul(x, w))
+            loss = tf.reduce_sum(tf.tanh(tf.matmul(h, w, transpose_b=True)))
+        (g,) = tape.gradient(loss, [w])
+        with tf.control_dependencies([g] if decay_waits else []):
+            w.assign_sub(w * 0.01)
+        w.assign_sub(0.1 * g)
+        return loss
+
+    graph = step.get_concrete_function(tf.TensorSpec((512, 256), tf.float32)).graph
+    result = simulate(tflms.build_view(graph), link="ideal", accounting="tensors")
+    copies = [b for b in result.live_at_peak if "the value before" in b.tensor]
+    if decay_waits:
+        assert copies == []
+    else:
+        (copy,) = copies
+        assert copy.bytes == 1 << 20 and "AssignSubVariableOp" in copy.tensor

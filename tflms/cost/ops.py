@@ -41,12 +41,37 @@ from dataclasses import dataclass
 
 from tflms.cost.hardware import DeviceModel
 
-__all__ = ["OpCost", "op_cost", "FREE_OPS", "ALIAS_OPS", "DENSE_OPS", "dtype_size"]
+__all__ = [
+    "OpCost",
+    "op_cost",
+    "FREE_OPS",
+    "ALIAS_OPS",
+    "DENSE_OPS",
+    "VARIABLE_UPDATES",
+    "dtype_size",
+    "updates_a_variable",
+]
 
 ALIAS_OPS = frozenset(
     {"Identity", "IdentityN", "StopGradient", "Reshape", "Squeeze", "ExpandDims", "Snapshot"}
 )
 """Ops whose output shares its input's buffer on a GPU (TensorFlow forwards it)."""
+
+VARIABLE_UPDATES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+"""Ops that write a variable through its handle, besides the ``ResourceApply*`` kernels
+(:func:`updates_a_variable`)."""
+
+
+def updates_a_variable(kind: str) -> bool:
+    """Whether an op of type ``kind`` writes the variables whose handles it reads.
+
+    >>> updates_a_variable("AssignSubVariableOp"), updates_a_variable("ResourceApplyAdam")
+    (True, True)
+    >>> updates_a_variable("ReadVariableOp")
+    False
+    """
+    return kind in VARIABLE_UPDATES or kind.startswith(("ResourceApply", "ResourceSparseApply"))
+
 
 FREE_OPS = ALIAS_OPS | frozenset(
     {

@@ -63,7 +63,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tflms.cost import gpu_memory
-from tflms.cost.ops import ALIAS_OPS
+from tflms.cost.ops import ALIAS_OPS, updates_a_variable
 from tflms.cost.target import ACCOUNTINGS
 from tflms.cost.temporaries import TEMPORARY_OPS
 from tflms.errors import ConfigError
@@ -182,16 +182,21 @@ def variable_sizes(graph: CompiledGraph, space: str = "device") -> list[int]:
             continue
         if not out or out[0].dtype != "resource":
             continue
-        size = graph.held[i] if graph.held else 0
-        for j in graph.consumers.get((i, 0), ()):
-            if graph.types[j] == "ReadVariableOp":
-                size = max(size, sum(t.bytes for t in graph.outputs[j]))
-            elif graph.types[j] == "AssignVariableOp":
-                for p, k, in_idx in graph.inputs[j]:
-                    if in_idx == 1:
-                        size = max(size, graph.outputs[p][k].bytes)
-        sizes.append(size)
+        sizes.append(_variable_size(graph, i))
     return sizes
+
+
+def _variable_size(graph: CompiledGraph, handle: int) -> int:
+    """Bytes of the variable behind op ``handle`` (see :func:`variable_bytes`)."""
+    size = graph.held[handle] if graph.held else 0
+    for j in graph.consumers.get((handle, 0), ()):
+        if graph.types[j] == "ReadVariableOp":
+            size = max(size, sum(t.bytes for t in graph.outputs[j]))
+        elif graph.types[j] == "AssignVariableOp":
+            for p, k, in_idx in graph.inputs[j]:
+                if in_idx == 1:
+                    size = max(size, graph.outputs[p][k].bytes)
+    return size
 
 
 def _whole_us(seconds: float) -> float:
@@ -404,6 +409,19 @@ def trace_memory(
             free_key.append(f_key)
             events.append((*a_key, b, 1))
             events.append((*f_key, b, -1))
+        for update, name, space, nbytes, last in _copies_on_write(graph, alloc, end, position):
+            b = len(b_space)
+            crossing_names[b] = f"{name} (the value before {graph.names[update]})"
+            b_space.append(space)
+            b_bytes.append(nbytes)
+            b_producer.append(update)
+            b_tensors.append([])
+            a_key = (alloc[update], 1, position[update])
+            f_key = (end[last], 0, position[last])
+            alloc_key.append(a_key)
+            free_key.append(f_key)
+            events.append((*a_key, b, 1))
+            events.append((*f_key, b, -1))
     held: list[tuple[int, str, int]] = []  # (op, space, bytes) held while the op runs
     if graph.scratch and any(graph.scratch):  # a loop's iterations in flight
         held += [
@@ -558,6 +576,64 @@ def _crossings(graph: CompiledGraph, end, position):
                 last[space] = c
         for space, c in last.items():
             yield i, tensor.name, space, tensor.bytes, c
+
+
+def _copies_on_write(graph: CompiledGraph, start, end, position):
+    """The old buffers of variables written while a read of them is still held.
+
+    A ``ReadVariableOp``'s output is the variable's own buffer. An update
+    that finds that buffer shared
+    (:func:`~tflms.cost.ops.updates_a_variable`) writes into a new one
+    (``PrepareToUpdateVariable``: copy on write), and
+    the old one lives on until the last reader of the read's value (through
+    ``Identity``/``Reshape`` views) ends. Keras's weight decay is such an
+    update: ``var.assign_sub(var * lr * wd)`` waits for nothing of the
+    backward pass, so it runs as the step starts while the forward pass's
+    reads are held for the backward pass: the step holds every decayed weight
+    twice until its layer's gradient is made. Only reads made since the
+    previous update of the variable share the buffer it has.
+
+    Yields:
+        ``(update op, variable's handle name, space, bytes, last reader)`` per copy.
+    """
+    types, consumers = graph.types, graph.consumers
+    for (h, k), users in consumers.items():
+        if k or types[h] not in _HANDLE_TYPES or graph.spaces[h] is None:
+            continue
+        updates = sorted(
+            (u for u in users if updates_a_variable(types[u])),
+            key=lambda u: (start[u], position[u]),
+        )
+        if not updates:
+            continue
+        reads = [r for r in users if types[r] == "ReadVariableOp"]
+        since = (-1.0, -1)
+        for u in updates:
+            at = (start[u], position[u])
+            last = max(
+                (
+                    _last_reader(graph, r, end, position)
+                    for r in reads
+                    if since < (start[r], position[r]) < at
+                ),
+                key=lambda c: (end[c], position[c]),
+                default=None,
+            )
+            if last is not None and end[last] > start[u]:
+                yield u, graph.names[h], graph.spaces[h], _variable_size(graph, h), last
+            since = at
+
+
+def _last_reader(graph: CompiledGraph, read: int, end, position) -> int:
+    """The op that ends last among the readers of ``read``'s value, views included."""
+    last, todo = read, [read]
+    while todo:
+        for c in graph.consumers.get((todo.pop(), 0), ()):
+            if graph.types[c] in ALIAS_OPS:
+                todo.append(c)
+            if (end[c], position[c]) > (end[last], position[last]):
+                last = c
+    return last
 
 
 def _workspaces(graph: CompiledGraph, limit: int) -> list[int]:
