@@ -52,6 +52,7 @@ import networkx as nx
 
 from tflms.apply.core import apply_to_view
 from tflms.config import LMSConfig
+from tflms.cost.ops import updates_a_variable
 from tflms.cost.target import Target
 from tflms.plan.entries import Recompute
 from tflms.plan.planner import plan_swaps
@@ -59,6 +60,7 @@ from tflms.plan.recompute import plan_recomputes
 from tflms.plan.segments import plan_segments
 from tflms.plan.streams import plan_host_casts, plan_stream_clones
 from tflms.plan.swap_plan import SwapPlan
+from tflms.plan.updates import update_waits
 from tflms.utils.units import format_bytes
 
 __all__ = ["Levers", "compose_plan"]
@@ -133,8 +135,15 @@ class Levers:
                     f"{sum(r.seconds for r in recomputes) * 1e3:.2f} ms predicted on "
                     f"{self.target.device.name})"
                 )
+            waits = update_waits(self.view, _triggers(plan, recomputes))
+            if waits:
+                notes.append(
+                    f"{len(waits)} update waits: {_updates(self.view, waits)} variable updates "
+                    "wait for the backward matmuls that read their variables, and write them in "
+                    "place"
+                )
             self.unordered[config] = dataclasses.replace(
-                plan, recomputes=recomputes, notes=tuple(notes)
+                plan, recomputes=recomputes, order=waits, notes=tuple(notes)
             )
         return self.unordered[config]
 
@@ -148,13 +157,15 @@ class Levers:
         if self.timed is None:
             compiled = compile_view(self.view, device=self.target.device, link=self.target.link)
             self.timed = (compiled, first_ready(compiled))
-        return retime_triggers(self.view, plan, self.target, slack=slack, timed=self.timed)
+        retimed = retime_triggers(self.view, plan, self.target, slack=slack, timed=self.timed)
+        waits = update_waits(self.view, _triggers(retimed, retimed.recomputes))  # new triggers
+        return retimed if waits == retimed.order else dataclasses.replace(retimed, order=waits)
 
     def ordered(self, plan: SwapPlan) -> SwapPlan:
         """``plan`` with the order edges the simulator finds for the graph it rewrites."""
         from tflms.compose.ordering import order_edges  # the simulator: only when ordering
 
-        base = dataclasses.replace(plan, order=())
+        base = plan  # its order edges, the update waits, stay: the found ones add to them
         rewritten = apply_to_view(self.view, base) if not base.empty else self.view
         found = order_edges(rewritten, self.target, costs=self.costs)
         if not found.edges:
@@ -163,7 +174,9 @@ class Levers:
             f"{len(found.edges)} order edges: simulated peak {format_bytes(found.peak_before)} -> "
             f"{format_bytes(found.peak_after)} ({self.target.device.name}, {self.target.link.name})"
         )
-        return dataclasses.replace(base, order=found.edges, notes=(*base.notes, note))
+        return dataclasses.replace(
+            base, order=(*base.order, *found.edges), notes=(*base.notes, note)
+        )
 
 
 def compose_plan(
@@ -206,3 +219,18 @@ def compose_plan(
     if config.reorder and (order_plain or not plan.empty):  # last: edges depend on triggers
         plan = levers.ordered(plan)
     return dataclasses.replace(plan, config=config)  # shared plans: the setting asked for
+
+
+def _updates(view: nx.DiGraph, waits) -> int:
+    """How many variable updates ``waits`` hold back (their own reads aside)."""
+    return len({b for _, b in waits if updates_a_variable(view.nodes[b]["type"])})
+
+
+def _triggers(plan: SwapPlan, recomputes: tuple[Recompute, ...]) -> frozenset[str]:
+    """The ops ``plan`` and ``recomputes`` make other ops wait for."""
+    found = {r.trigger for r in recomputes} | {op for r in recomputes for op in r.control_inputs}
+    for swap in plan.swaps:
+        found |= {si.trigger for si in swap.swap_ins} | set(swap.wait_for_swapout)
+        found |= {op for si in swap.swap_ins for op in si.control_inputs}
+    found |= {op for chain in plan.serialization for op in chain}
+    return frozenset(op for op in found if op is not None)

@@ -65,7 +65,7 @@ from tflms.graph.view import consumers as tensor_consumers
 from tflms.plan.candidates import WEIGHT_GRADIENT_OPS, order_sensitive
 from tflms.plan.entries import Recompute
 
-__all__ = ["release_waits", "WAITABLE"]
+__all__ = ["release_waits", "WAITABLE", "buffer_readers", "beside_a_sum"]
 
 WAITABLE = DENSE_OPS | WEIGHT_GRADIENT_OPS
 """The side readers a re-run may wait for: matrix products, convolutions and weight
@@ -105,7 +105,7 @@ def release_waits(
             for info in view.nodes[op]["outputs"]:
                 if info.bytes < max(min_bytes, 1):
                     continue
-                readers = _buffer_readers(view, op, info.index)
+                readers = buffer_readers(view, op, info.index)
                 side = readers - before
                 if side and len(side) < len(readers) and _may_wait(view, side, bound, rerouted):
                     waits |= side
@@ -117,7 +117,7 @@ def release_waits(
     )
 
 
-def _buffer_readers(view: nx.DiGraph, op: str, index: int) -> set[str]:
+def buffer_readers(view: nx.DiGraph, op: str, index: int) -> set[str]:
     """The readers of ``op:index`` and of the aliases that share its buffer."""
     found: set[str] = set()
     todo = [(op, index)]
@@ -144,13 +144,13 @@ def _may_wait(view: nx.DiGraph, side: set[str], bound: int, rerouted: set[str]) 
             or data["control_flow"]
             or data.get("tflms")
             or in_a_fold(view, reader)
-            or _beside_a_sum(view, reader)
+            or beside_a_sum(view, reader)
         ):
             return False
     return True
 
 
-def _beside_a_sum(view: nx.DiGraph, reader: str) -> bool:
+def beside_a_sum(view: nx.DiGraph, reader: str) -> bool:
     """Whether ``reader`` reads, or makes, a tensor a sum of 3+ inputs reads: ordering
     the two, or a control edge out of an input's producer, decides which input buffer
     the sum reuses, hence its summation order."""
