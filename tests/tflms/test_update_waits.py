@@ -65,13 +65,18 @@ def _traced(family, blocks=None):
 
 def test_the_simulator_sees_the_copies_go():
     """bench_remat's 8-block MLP: 14 of its 8 MiB kernels are copied at the simulated peak
-    (16 in a tf.profiler trace of the real allocator); with the waits none is."""
+    (16 in a tf.profiler trace of the real allocator). With the waits the up projections'
+    are not; the down projections' input gradients read the residual stream's gradient
+    sum, a sum of 3+, and are not waited for (tflms.plan.release.beside_a_sum)."""
     view = _traced("mlp")
     plain = tflms.simulate(view, accounting="tensors")
     waited = tflms.simulate(view, tflms.SwapPlan(order=update_waits(view)), accounting="tensors")
-    assert any("the value before" in b.tensor for b in plain.live_at_peak)
-    assert not any("the value before" in b.tensor for b in waited.live_at_peak)
-    assert waited.device_peak_bytes <= plain.device_peak_bytes - 64 * 2**20
+
+    def copies(result):
+        return sum(1 for b in result.live_at_peak if "the value before" in b.tensor)
+
+    assert copies(plain) >= 8 and copies(waited) <= copies(plain) - 6, (plain, waited)
+    assert waited.device_peak_bytes <= plain.device_peak_bytes - 32 * 2**20
 
 
 def test_a_weight_read_by_the_forward_pass_alone_keeps_its_order():
@@ -80,9 +85,10 @@ def test_a_weight_read_by_the_forward_pass_alone_keeps_its_order():
     view = _traced("mlp", blocks=1)
     edges = update_waits(view)
     waited = {b for _, b in edges if updates_a_variable(view.nodes[b]["type"])}
-    # the block's up and down projections and the output layer; not the input layer, not
-    # the biases and LayerNorm (no matmul reads them)
-    assert len(waited) == 3, edges
+    # the block's up projection alone: not the input layer (forward only), not the biases
+    # and LayerNorm (no matmul reads them), not the down projection and the output layer
+    # (their input gradients read or make an input of the residual stream's gradient sum)
+    assert len(waited) == 1, edges
     assert all(view.nodes[a]["type"] == "MatMul" and "gradient" in a for a, _ in edges), edges
 
 
@@ -110,8 +116,8 @@ print(json.dumps(dict(peak=m.peak_bytes, weights=digest)))
 def test_update_waits_cut_the_real_allocators_peak_bitwise():
     """TensorFlow's CPU allocator, one process each (bench_remat's 8-block residual MLP,
     AdamW): the decay copies 16 kernels of 8 MiB without the waits (a tf.profiler trace).
-    Segments alone measured 0.91 of plain's peak in results/remat.json (593.6 MiB), with
-    the waits 0.72 (468-470 MiB)."""
+    Every-cut segments alone measured 0.91 of plain's peak (593.6 MiB), with the waits
+    517-523 MiB against plain's 660 (0.79)."""
     from tflms.utils.cpu import measurement_env
 
     results = {}
@@ -127,4 +133,4 @@ def test_update_waits_cut_the_real_allocators_peak_bitwise():
         assert out.returncode == 0, out.stderr[-3000:]
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     assert results["segments"]["weights"] == results["plain"]["weights"]
-    assert results["segments"]["peak"] <= 0.8 * results["plain"]["peak"], results
+    assert results["segments"]["peak"] <= 0.85 * results["plain"]["peak"], results

@@ -29,8 +29,11 @@ orders every read of a variable before the update, so each read sees the
 value it saw. Only matrix products and convolutions of the backward pass are
 waited for (they read a weight last: a forward reader feeds the loss they
 wait for; a weight read by anything else there keeps its order), never one
-in a fold of Grappler's arithmetic optimizer (as :mod:`tflms.plan.release`),
-and no edge closes a cycle: a reader that an update of the step precedes is
+in a fold of Grappler's arithmetic optimizer or one that reads or makes an
+input of a sum of 3+ inputs (as :mod:`tflms.plan.release`: without that
+rule, the 8-block MLP of ``benchmarks/bench_remat.py``, whose down
+projections' input gradients read the residual stream's gradient sum,
+trained to a different result in each of three processes), and no edge closes a cycle: a reader that an update of the step precedes is
 never waited for. A forward matmul gains no edge: a control edge out of it
 would stop Grappler's remapper from fusing it with its bias add.
 
@@ -65,7 +68,7 @@ import networkx as nx
 from tflms.cost.ops import ALIAS_OPS, DENSE_OPS, updates_a_variable
 from tflms.graph.grappler_rules import in_a_fold
 from tflms.plan.phases import turn_level
-from tflms.plan.release import buffer_readers
+from tflms.plan.release import beside_a_sum, buffer_readers
 
 __all__ = ["update_waits", "WAITABLE"]
 
@@ -185,4 +188,5 @@ def _may_wait(view: nx.DiGraph, reader: str) -> bool:
         or data["control_flow"]
         or data.get("tflms")
         or in_a_fold(view, reader)
+        or beside_a_sum(view, reader)
     )
