@@ -156,3 +156,47 @@ def swap_by_hand(
     if mark:
         protect(out, back)
     return out, back
+
+
+_MEASURED_STEP = """
+import hashlib, json, sys
+sys.path.insert(0, {root!r})
+import keras, tensorflow as tf, tflms
+from benchmarks.remat_models import batch, build
+from tests.tflms.models import tape_step
+from tflms.simulation.measure import measure_cpu_step
+model = build({family!r}, False)
+optimizer = keras.optimizers.AdamW(1e-3)
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+step = tape_step(model, optimizer, loss_fn)
+config = {config}
+fn = tflms.function(step, config=tflms.LMSConfig(**config)) if config else tf.function(step)
+x, y = (tf.constant(a) for a in batch({family!r}))
+m = measure_cpu_step(fn, x, y, runs=3, warmup=1, profile=False)
+digest = hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights)).hexdigest()
+print(json.dumps(dict(peak=m.peak_bytes, weights=digest)))
+"""
+
+
+def measured_in_a_fresh_process(family: str, config: dict | None) -> dict:
+    """A bench_remat family trained by AdamW in a fresh process on TensorFlow's CPU allocator
+    (``measurement_env``; the median of 3 steps): ``{"peak": bytes, "weights": sha256}``;
+    ``config``: ``LMSConfig`` options, None for plain training."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tflms.utils.cpu import measurement_env
+
+    root = str(Path(__file__).resolve().parents[2])
+    code = _MEASURED_STEP.format(root=root, family=family, config=config)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=measurement_env(),
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

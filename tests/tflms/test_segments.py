@@ -3,9 +3,6 @@ that let Grappler optimize recompute clones as it optimizes their originals."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import keras
@@ -16,7 +13,7 @@ import tensorflow as tf
 
 import tflms
 from benchmarks.remat_models import batch, build
-from tests.tflms.models import tape_step
+from tests.tflms.models import measured_in_a_fresh_process, tape_step
 from tflms.apply.core import apply_plan, apply_with
 from tflms.apply.proto_editor import ProtoEditor
 from tflms.errors import ConfigError
@@ -288,44 +285,14 @@ def test_bad_segment_options_are_named():
         tflms.LMSConfig(recompute=True, recompute_segments=-1)
 
 
-_WORKER = """
-import hashlib, json, sys
-sys.path.insert(0, {root!r})
-import keras, tensorflow as tf, tflms
-from benchmarks.remat_models import batch, build
-from tflms.simulation.measure import measure_cpu_step
-model = build("gpt", False)
-optimizer = keras.optimizers.AdamW(1e-3)
-loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-def step(x, y):
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y, model(x, training=True))
-    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-    return loss
-config = {config}
-fn = tflms.function(step, config=tflms.LMSConfig(**config)) if config else tf.function(step)
-x, y = (tf.constant(a) for a in batch("gpt"))
-m = measure_cpu_step(fn, x, y, runs=3, warmup=1, profile=False)
-digest = hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights)).hexdigest()
-print(json.dumps(dict(peak=m.peak_bytes, weights=digest)))
-"""
-
-
 @pytest.mark.measures
 def test_segments_cut_the_real_allocators_peak_bitwise():
     """TensorFlow's CPU allocator, one process each (bench_remat's 4-block GPT stack, AdamW;
     the median of 3 steps): results/remat.json measured 62-64% of plain's peak."""
-    from tflms.utils.cpu import measurement_env
-
-    results = {}
-    for name, config in (("plain", None), ("segments", SEGMENTS)):
-        code = _WORKER.format(root=str(ROOT), config=config)
-        env = measurement_env()
-        out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    results = {
+        name: measured_in_a_fresh_process("gpt", config)
+        for name, config in (("plain", None), ("segments", SEGMENTS))
+    }
     assert results["segments"]["weights"] == results["plain"]["weights"]
     assert results["segments"]["peak"] <= 0.8 * results["plain"]["peak"], results
 

@@ -3,9 +3,6 @@ backward matmuls that read it, so TensorFlow writes it in place instead of copyi
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import keras
@@ -14,7 +11,7 @@ import tensorflow as tf
 
 import tflms
 from benchmarks.remat_models import batch, build
-from tests.tflms.models import tape_step
+from tests.tflms.models import measured_in_a_fresh_process, tape_step
 from tflms.cost.ops import updates_a_variable
 from tflms.plan.updates import update_waits
 
@@ -92,45 +89,15 @@ def test_a_weight_read_by_the_forward_pass_alone_keeps_its_order():
     assert all(view.nodes[a]["type"] == "MatMul" and "gradient" in a for a, _ in edges), edges
 
 
-_WORKER = """
-import hashlib, json, sys
-sys.path.insert(0, {root!r})
-import keras, tensorflow as tf, tflms
-from benchmarks.remat_models import batch, build
-from tests.tflms.models import tape_step
-from tflms.simulation.measure import measure_cpu_step
-model = build("mlp", False)
-optimizer = keras.optimizers.AdamW(1e-3)
-loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-step = tape_step(model, optimizer, loss_fn)
-config = {config}
-fn = tflms.function(step, config=tflms.LMSConfig(**config)) if config else tf.function(step)
-x, y = (tf.constant(a) for a in batch("mlp"))
-m = measure_cpu_step(fn, x, y, runs=3, warmup=1, profile=False)
-digest = hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights)).hexdigest()
-print(json.dumps(dict(peak=m.peak_bytes, weights=digest)))
-"""
-
-
 @pytest.mark.measures
 def test_update_waits_cut_the_real_allocators_peak_bitwise():
     """TensorFlow's CPU allocator, one process each (bench_remat's 8-block residual MLP,
     AdamW): the decay copies 16 kernels of 8 MiB without the waits (a tf.profiler trace).
     Every-cut segments alone measured 0.91 of plain's peak (593.6 MiB), with the waits
     517-523 MiB against plain's 660 (0.79)."""
-    from tflms.utils.cpu import measurement_env
-
-    results = {}
-    for name, config in (("plain", None), ("segments", SEGMENTS)):
-        code = _WORKER.format(root=str(ROOT), config=config)
-        out = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            env=measurement_env(),
-            timeout=600,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    results = {
+        name: measured_in_a_fresh_process("mlp", config)
+        for name, config in (("plain", None), ("segments", SEGMENTS))
+    }
     assert results["segments"]["weights"] == results["plain"]["weights"]
     assert results["segments"]["peak"] <= 0.85 * results["plain"]["peak"], results

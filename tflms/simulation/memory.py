@@ -395,33 +395,36 @@ def trace_memory(
         events.append((*a_key, b, 1))
         events.append((*f_key, b, -1))
     crossing_names: dict[int, str] = {}
-    if realistic:  # TensorFlow's own copy of a tensor read across the link (no tflms op)
-        for producer, name, space, nbytes, last in _crossings(graph, end, position):
-            b = len(b_space)
-            crossing_names[b] = f"{name} (TensorFlow's copy on the {space})"
-            b_space.append(space)
-            b_bytes.append(nbytes)
-            b_producer.append(producer)
-            b_tensors.append([])
-            a_key = (end[producer], 1, position[producer])
-            f_key = (end[last], 0 if end[last] > end[producer] else 2, position[last])
-            alloc_key.append(a_key)
-            free_key.append(f_key)
-            events.append((*a_key, b, 1))
-            events.append((*f_key, b, -1))
-        for update, name, space, nbytes, last in _copies_on_write(graph, alloc, end, position):
-            b = len(b_space)
-            crossing_names[b] = f"{name} (the value before {graph.names[update]})"
-            b_space.append(space)
-            b_bytes.append(nbytes)
-            b_producer.append(update)
-            b_tensors.append([])
-            a_key = (alloc[update], 1, position[update])
-            f_key = (end[last], 0, position[last])
-            alloc_key.append(a_key)
-            free_key.append(f_key)
-            events.append((*a_key, b, 1))
-            events.append((*f_key, b, -1))
+    implicit = []  # buffers TensorFlow makes with no op of the graph: (label, space, bytes, op, at, last)
+    if realistic:  # its copy of a tensor read across the link (no tflms op), and copies on write
+        implicit += [
+            (
+                f"{name} (TensorFlow's copy on the {space})",
+                space,
+                nbytes,
+                producer,
+                end[producer],
+                last,
+            )
+            for producer, name, space, nbytes, last in _crossings(graph, end, position)
+        ]
+        implicit += [
+            (f"{name} (the value before {graph.names[u]})", space, nbytes, u, alloc[u], last)
+            for u, name, space, nbytes, last in _copies_on_write(graph, alloc, end, position)
+        ]
+    for label, space, nbytes, producer, t_alloc, last in implicit:
+        b = len(b_space)
+        crossing_names[b] = label
+        b_space.append(space)
+        b_bytes.append(nbytes)
+        b_producer.append(producer)
+        b_tensors.append([])
+        a_key = (t_alloc, 1, position[producer])
+        f_key = (end[last], 0 if end[last] > t_alloc else 2, position[last])
+        alloc_key.append(a_key)
+        free_key.append(f_key)
+        events.append((*a_key, b, 1))
+        events.append((*f_key, b, -1))
     held: list[tuple[int, str, int]] = []  # (op, space, bytes) held while the op runs
     if graph.scratch and any(graph.scratch):  # a loop's iterations in flight
         held += [
