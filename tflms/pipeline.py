@@ -241,6 +241,7 @@ class Pipeline:
             device=check_device(view),
             host_device=self.config.host_device,
             batch_size=view.graph.get("batch_size"),
+            memory_bytes=self.target.device.memory_bytes,
         )
         pinned = frozenset(view.graph.get(PINNED, ()))
         not_recomputed = frozenset(view.graph.get(NOT_RECOMPUTED, ()))

@@ -25,7 +25,9 @@ from tests.tflms.users_models import USERS_MODELS, users_data
 from tflms.apply.core import apply_with
 from tflms.apply.proto_editor import ProtoEditor
 from tflms.graph.grappler_rules import PINNED
-from tflms.simulation.grappler.rewrites import compare_rewrites, step_fetches
+from tflms.simulation.grappler.devices import CPU_DEVICE_BYTES, make_cluster
+from tflms.simulation.grappler.metagraph import graph_def_with_handles
+from tflms.simulation.grappler.rewrites import compare_rewrites, grappler_structure, step_fetches
 
 BATCH = 8
 STEPS = 3
@@ -163,6 +165,44 @@ def test_the_check_finds_a_dead_gradient_a_swap_keeps_alive():
     assert dead, before.summary()
     assert not {s.producer for s in checked.swaps} & dead
     assert checked.swaps and _compare(graph, checked).agree
+
+
+@pytest.mark.parametrize("rows, accumulated", [(16384, True), (1024, False)])
+def test_the_check_sizes_a_cpu_as_tensorflow_does(rows, accumulated):
+    """Grappler's memory optimizer turns a sum of 3+ inputs into a ``TemporaryVariable``
+    that ``AssignAdd`` ops accumulate into in the order the inputs arrive, once its static
+    peak of the step passes 80% of the device's declared memory: on a CPU, 256 MiB
+    whatever the machine has. TensorFlow's run does it to this step at 64 MiB per input
+    (seen in its dumped runtime graph) and not at 4 MiB; the check, which once sized a
+    CPU step's device as its host (the two named alike, the host's size won), sees the
+    same."""
+    v = tf.Variable(tf.ones([256, 1024]))
+
+    @tf.function
+    def step(x):
+        h = tf.matmul(x, v)
+        terms = [tf.sin(h) * 2.0, tf.cos(h) * 3.0, tf.exp(h) * 4.0, tf.tanh(h) * 5.0]
+        return tf.reduce_sum(tf.math.add_n(terms))
+
+    graph = step.get_concrete_function(tf.TensorSpec([rows, 256])).graph
+    for device in ("/device:CPU:0", "/device:CPU:1"):  # the host itself, a compute stand-in
+        ops = {
+            kind
+            for kind, *_ in grappler_structure(
+                graph_def_with_handles(graph), device=device, host_device="/device:CPU:0"
+            ).ops.values()
+        }
+        assert ("TemporaryVariable" in ops) == accumulated, (device, sorted(ops))
+        assert ("AddN" in ops) != accumulated
+
+
+def test_a_cluster_of_one_cpu_keeps_the_compute_size():
+    cluster = make_cluster("/device:CPU:0", "/device:CPU:0", CPU_DEVICE_BYTES)
+    try:
+        devices = cluster.ListDevices()
+    finally:
+        cluster.Shutdown()
+    assert [d.properties.memory_size for d in devices] == [CPU_DEVICE_BYTES]
 
 
 def test_step_fetches_prune_a_dead_branch_as_tensorflow_does():

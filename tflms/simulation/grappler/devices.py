@@ -22,6 +22,7 @@ __all__ = [
     "SIMULATOR",
     "VIRTUAL_GPU",
     "VIRTUAL_GPU_BYTES",
+    "CPU_DEVICE_BYTES",
     "virtual_gpu",
     "virtual_cpu",
     "make_cluster",
@@ -34,6 +35,15 @@ VIRTUAL_GPU = "/device:GPU:0"
 VIRTUAL_GPU_BYTES = get_device(DEFAULT_DEVICE).memory_bytes
 """The virtual GPU's memory unless given: the default device preset's
 (:data:`tflms.cost.target.DEFAULT_DEVICE`, the V100 the virtual GPU's speeds are of)."""
+CPU_DEVICE_BYTES = 256 << 20
+"""The memory TensorFlow's CPU device declares (its ``DeviceAttributes.memory_limit``,
+whatever the machine has), which Grappler takes for the device's size when it
+optimizes a step that runs there. It matters to one rewrite: the memory
+optimizer's scheduling pass turns a sum of 3+ inputs (``AddN``) into a
+``TemporaryVariable`` that ``AssignAdd`` ops accumulate into *in the order the
+inputs arrive*, when Grappler's static peak of the step exceeds 80% of the
+device's size and one of the sum's inputs is live at that peak: on the CPU,
+any step whose static peak passes 205 MiB."""
 UNLIMITED_BYTES = 1 << 50
 """1 PiB: a virtual device size that never refuses a graph (``fits`` is judged separately)."""
 SIMULATOR = f"grappler VirtualCluster + GraphMemory.InferStatically (TF {tf.__version__})"
@@ -93,7 +103,11 @@ def make_cluster(
         device: name of the virtual GPU, e.g. ``"/device:GPU:0"``; a CPU name
             (``"/device:CPU:1"``) makes the compute device a virtual CPU of
             ``memory_bytes`` (what Grappler's CPU-only rewrites key on).
-        host_device: name of the virtual host CPU.
+        host_device: name of the virtual host CPU. When it names ``device``
+            (a step that runs on the CPU it is hosted on) the cluster has that
+            one device, of ``memory_bytes``: Grappler keys a cluster's devices
+            by name, so a second entry would replace the compute device's size
+            with the host's.
         memory_bytes: memory size of the virtual GPU.
         gpu_properties: the GPU's properties (default :func:`virtual_gpu`).
         cpu_properties: the host's properties (default :func:`virtual_cpu`).
@@ -120,13 +134,10 @@ def make_cluster(
             props.frequency = max(1, props.frequency // slowdown)
         if props.bandwidth:
             props.bandwidth = max(1, props.bandwidth // slowdown)
-    return gcluster.Cluster(
-        disable_timeline=not timeline,
-        devices=[
-            device_properties_pb2.NamedDevice(name=device, properties=gpu),
-            device_properties_pb2.NamedDevice(name=host_device, properties=cpu),
-        ],
-    )
+    devices = [device_properties_pb2.NamedDevice(name=device, properties=gpu)]
+    if tf.DeviceSpec.from_string(host_device) != tf.DeviceSpec.from_string(device):
+        devices.append(device_properties_pb2.NamedDevice(name=host_device, properties=cpu))
+    return gcluster.Cluster(disable_timeline=not timeline, devices=devices)
 
 
 def make_item(metagraph):

@@ -29,11 +29,22 @@ name sorts first, which moves with the other names of the graph). Control
 inputs are left out: they order ops, they compute nothing.
 :func:`compare_rewrites` lists the ops whose structure differs with the plan.
 
+The check sizes the compute device as TensorFlow declares it to Grappler (a
+CPU 256 MiB, a GPU the target's memory), since one rewrite keys on the size:
+the memory optimizer turns a sum of 3+ inputs into an accumulation in the
+order its inputs arrive once the static peak passes 80% of it
+(:data:`~tflms.simulation.grappler.devices.CPU_DEVICE_BYTES`).
+
 What it cannot see: rewrites of a device kind this TensorFlow build lacks (a
 CPU-only build applies no GPU-only fusion, so a GPU step's fusions are checked
-only where ``tensorflow[and-cuda]`` is installed), and run-time choices inside
+only where ``tensorflow[and-cuda]`` is installed), run-time choices inside
 kernels (which buffer an ``AddN`` reuses: see
-:data:`tflms.plan.candidates.ORDER_SENSITIVE`).
+:data:`tflms.plan.candidates.ORDER_SENSITIVE`), the order an accumulation runs
+in, and a static peak its offline run sizes differently from the real one:
+on ``benchmarks/bench_remat.py``'s 8-block MLP, TensorFlow's run of the
+cheap-op plan with its update waits turned a gradient sum into an
+accumulation that plain training keeps (its result differed from plain's),
+while the offline run rewrites no sum of that step at any device size.
 
 Example:
     >>> import tensorflow as tf
@@ -65,7 +76,7 @@ from tflms.apply.proto_editor import ProtoEditor
 from tflms.graph.view import SWAP_ATTR
 from tflms.plan.entries import SCOPE
 from tflms.plan.swap_plan import SwapPlan
-from tflms.simulation.grappler.devices import VIRTUAL_GPU
+from tflms.simulation.grappler.devices import CPU_DEVICE_BYTES, VIRTUAL_GPU, VIRTUAL_GPU_BYTES
 from tflms.simulation.grappler.metagraph import graph_def_with_handles
 from tflms.simulation.grappler.optimize import grappler_optimize
 from tflms.utils.devices import parse_device
@@ -251,6 +262,7 @@ def grappler_structure(
     device: str = VIRTUAL_GPU,
     host_device: str = "/device:CPU:0",
     batch_size: int | None = None,
+    memory_bytes: int | None = None,
 ) -> Structure:
     """Grappler's optimized form of ``graph_def``, reduced to what decides the arithmetic.
 
@@ -262,6 +274,11 @@ def grappler_structure(
         host_device: the host; ops placed there stay there.
         batch_size: replaces an unknown leading placeholder dimension (shapes
             decide some rewrites).
+        memory_bytes: the size of a GPU ``device`` as TensorFlow declares it
+            (default :data:`~tflms.simulation.grappler.devices.VIRTUAL_GPU_BYTES`);
+            a CPU is always of
+            :data:`~tflms.simulation.grappler.devices.CPU_DEVICE_BYTES`, as at run
+            time. The memory optimizer's rewrite of sums keys on it.
 
     Functional control flow (``While``, ``If``, ``Case``) is kept as one op,
     not lowered into frames: tflms leaves loop bodies alone, and the nodes of
@@ -278,8 +295,14 @@ def grappler_structure(
         if node.op in _FUNCTIONAL_CONTROL_FLOW:
             node.attr[_LOWER].b = False
     _inputs_as_at_run_time(unlowered)
+    on_cpu = (tf.DeviceSpec.from_string(device).device_type or "").upper() == "CPU"
     optimized = grappler_optimize(
-        unlowered, fetches=fetches, device=device, host_device=host_device, batch_size=batch_size
+        unlowered,
+        fetches=fetches,
+        device=device,
+        host_device=host_device,
+        gpu_memory_bytes=CPU_DEVICE_BYTES if on_cpu else memory_bytes or VIRTUAL_GPU_BYTES,
+        batch_size=batch_size,
     )
     return structure_of(optimized)
 
@@ -526,6 +549,7 @@ class RewriteGuard:
         host_device: the host device.
         batch_size: the batch that sizes open leading dimensions (shapes
             decide some rewrites).
+        memory_bytes: the size of a GPU ``device`` (see :func:`grappler_structure`).
     """
 
     def __init__(
@@ -536,10 +560,11 @@ class RewriteGuard:
         device: str,
         host_device: str,
         batch_size: int | None,
+        memory_bytes: int | None = None,
     ):
         self.graph_def = _step_graph_def(graph)
         self.fetches, self.device, self.host_device = fetches, device, host_device
-        self.batch_size = batch_size
+        self.batch_size, self.memory_bytes = batch_size, memory_bytes
         self.before: Structure | None = None
 
     def structure(self, graph_def: graph_pb2.GraphDef) -> Structure:
@@ -550,6 +575,7 @@ class RewriteGuard:
             device=self.device,
             host_device=self.host_device,
             batch_size=self.batch_size,
+            memory_bytes=self.memory_bytes,
         )
 
     def check(self, plan: SwapPlan) -> RewriteCheck:
