@@ -608,12 +608,69 @@ def remat(r: Results) -> str:
     counts = ", ".join(
         f"{f.upper()} {n if isinstance(n, int) else r.get('repeats')}" for f, n in repeats.items()
     )
+    paired = ", ".join(
+        f"{f.upper()} {r.get(f'families.{f}.paired.processes')} processes x "
+        f"{r.get(f'families.{f}.paired.rounds_per_process')} rounds"
+        for f in repeats
+    )
     note = (
         f"Measured by TensorFlow's CPU allocator (oneDNN), the median of fresh processes per "
         f"cell ({counts}), each family's run interleaved; the worst step is the highest peak of "
         "any measured step (3 per process: TensorFlow orders ready ops differently from step to "
         "step, and a budget must hold for each); CPU is the step's process CPU time over "
-        "plain training's; dense ops are the matmuls and convolutions the runtime runs per step "
+        "plain training's, timed side by side: every variant built in one process, one step "
+        "of each per round in an order rotated from round to round, the median of the "
+        f"per-round ratios ({paired}); dense ops are the matmuls and convolutions the runtime "
+        "runs per step "
         "beyond plain training's, counted in its optimized graph. Nothing simulated."
     )
     return markdown_table(header, rows, "l" + "r" * (len(header) - 1)) + "\n\n" + note
+
+
+@table("remat_pairs", "remat.json")
+def remat_pairs(r: Results) -> str:
+    """Each family's tflms figure against RematScope's: peak, paired CPU and wall, extra ops."""
+    header = [
+        "model",
+        "tflms setting",
+        "peak, tflms / RematScope",
+        "CPU, tflms / RematScope (90% interval)",
+        "wall, tflms / RematScope",
+        "ops tflms runs beyond RematScope's",
+    ]
+    rows = []
+    families = r.get("families")
+    for family in families if isinstance(families, dict) else []:
+        best = f"families.{family}.best_segments"
+        scope = f"families.{family}.variants.rematscope"
+        low, high = (r.get(f"{best}.paired.cpu_vs_rematscope_90.{i}") for i in (0, 1))
+        mine = r.get(f"{best}.ops_beyond_plain")
+        theirs = r.get(f"{scope}.ops_beyond_plain")
+        extra = (
+            ", ".join(
+                f"{op} +{n - theirs.get(op, 0)}" for op, n in mine.items() if n > theirs.get(op, 0)
+            )
+            or "none"
+            if isinstance(mine, dict) and isinstance(theirs, dict)
+            else "?"
+        )
+        rows.append(
+            [
+                _REMAT_FAMILIES.get(family, family),
+                _REMAT_LABELS.get(r.get(f"{best}.setting"), r.get(f"{best}.setting")),
+                f"{r.get(f'{best}.peak_mib')} / {r.get(f'{scope}.peak_mib')} MiB",
+                f"{fmt_ratio(r.get(f'{best}.paired.cpu_vs_rematscope'), 3)} "
+                f"({fmt_ratio(low, 3)}-{fmt_ratio(high, 3)}), under it in "
+                f"{r.get(f'{best}.paired.rounds_under_rematscope')} rounds",
+                fmt_ratio(r.get(f"{best}.paired.wall_vs_rematscope"), 3),
+                extra,
+            ]
+        )
+    note = (
+        "Per-round ratios of steps timed side by side in one process (the table above), their "
+        "median and a bootstrap 90% interval of it; ops are counted by type in the runtime's "
+        "optimized step, each row's count beyond plain training's, and listed where tflms's "
+        "exceeds RematScope's (resource reads, Identity and Const left out: they compute "
+        "nothing). Nothing simulated."
+    )
+    return markdown_table(header, rows, "llrrrl") + "\n\n" + note
