@@ -269,3 +269,34 @@ def test_a_custom_loop_with_recomputation_trains_bitwise(devices):
     assert plan.recomputes and plan.notes[-1].startswith(AGREE), plan.summary()
     for a, b in zip(plain, lms, strict=True):
         np.testing.assert_array_equal(b, a, err_msg=plan.summary())
+
+
+def test_the_check_sees_the_sum_rewrite_update_waits_move(devices):
+    """A 4-block residual MLP (bench_remat's, batch 512) under the cheap-op plan, whose
+    update waits move Grappler's static peak: past 80% of the CPU's declared 256 MiB the
+    memory optimizer turns a gradient sum of 4 inputs into an accumulation in arrival order
+    (TensorFlow's runtime graph held it, and training was not bitwise). The check sees it
+    once the step it optimizes carries the control edges tracing adds, and pins the wait."""
+    from benchmarks.remat_models import batch, build
+
+    def train(config):
+        keras.utils.set_random_seed(0)
+        model = build("mlp", False, blocks=4)
+        step = tape_step(
+            model,
+            keras.optimizers.AdamW(1e-3),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        fn = tflms.function(step, config=config) if config else tf.function(step)
+        with tf.device(devices.compute):
+            x, y = (tf.constant(a) for a in batch("mlp"))
+            for _ in range(2):
+                fn(x, y)
+        return [w.numpy() for w in model.weights], fn, (x, y)
+
+    plain, _, _ = train(None)
+    weights, lms, args = train(tflms.LMSConfig(swap=False, recompute=True))
+    for a, b in zip(plain, weights, strict=True):
+        assert a.tobytes() == b.tobytes()
+    check = lms.plan_for(*args).notes[-1]
+    assert "2 round(s)" in check and "MatMul" in check, check

@@ -33,18 +33,21 @@ The check sizes the compute device as TensorFlow declares it to Grappler (a
 CPU 256 MiB, a GPU the target's memory), since one rewrite keys on the size:
 the memory optimizer turns a sum of 3+ inputs into an accumulation in the
 order its inputs arrive once the static peak passes 80% of it
-(:data:`~tflms.simulation.grappler.devices.CPU_DEVICE_BYTES`).
+(:data:`~tflms.simulation.grappler.devices.CPU_DEVICE_BYTES`) and one of
+its inputs is live at that peak. Where that peak falls follows the step's
+control edges, so the step the check optimizes carries those TensorFlow's
+automatic control dependencies add when a traced step's tracing ends
+(:mod:`~tflms.simulation.grappler.state_order`): without them the check
+rewrote no sum of ``benchmarks/bench_remat.py``'s MLP under the cheap-op
+plan, whose update waits made the real run rewrite one (and train to a
+different result).
 
 What it cannot see: rewrites of a device kind this TensorFlow build lacks (a
 CPU-only build applies no GPU-only fusion, so a GPU step's fusions are checked
 only where ``tensorflow[and-cuda]`` is installed), run-time choices inside
 kernels (which buffer an ``AddN`` reuses: see
-:data:`tflms.plan.candidates.ORDER_SENSITIVE`), the order an accumulation runs
-in, and a static peak its offline run sizes differently from the real one:
-on ``benchmarks/bench_remat.py``'s 8-block MLP, TensorFlow's run of the
-cheap-op plan with its update waits turned a gradient sum into an
-accumulation that plain training keeps (its result differed from plain's),
-while the offline run rewrites no sum of that step at any device size.
+:data:`tflms.plan.candidates.ORDER_SENSITIVE`), and the order an
+accumulation runs in.
 
 Example:
     >>> import tensorflow as tf
@@ -79,6 +82,7 @@ from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.grappler.devices import CPU_DEVICE_BYTES, VIRTUAL_GPU, VIRTUAL_GPU_BYTES
 from tflms.simulation.grappler.metagraph import graph_def_with_handles
 from tflms.simulation.grappler.optimize import grappler_optimize
+from tflms.simulation.grappler.state_order import automatic_control_edges, with_control_edges
 from tflms.utils.devices import parse_device
 
 __all__ = [
@@ -428,8 +432,12 @@ def structure_of(optimized: graph_pb2.GraphDef) -> Structure:
 def _step_graph_def(graph: graph_pb2.GraphDef | tf.Graph) -> graph_pb2.GraphDef:
     """A step's GraphDef as the check needs it: a ``tf.Graph``'s variables keep their shapes
     (:func:`~tflms.simulation.grappler.metagraph.graph_def_with_handles`; shapes decide some
-    of Grappler's rewrites); a GraphDef is taken as it is."""
-    return graph_def_with_handles(graph) if isinstance(graph, tf.Graph) else graph
+    of Grappler's rewrites), and a step still being traced gets the control edges its
+    tracing will add (:mod:`~tflms.simulation.grappler.state_order`: Grappler's static
+    schedule, which some rewrites key on, follows them); a GraphDef is taken as it is."""
+    if not isinstance(graph, tf.Graph):
+        return graph
+    return with_control_edges(graph_def_with_handles(graph), automatic_control_edges(graph))
 
 
 def compare_rewrites(
