@@ -300,3 +300,39 @@ def test_the_check_sees_the_sum_rewrite_update_waits_move(devices):
         assert a.tobytes() == b.tobytes()
     check = lms.plan_for(*args).notes[-1]
     assert "2 round(s)" in check and "MatMul" in check, check
+
+
+def test_the_check_sees_the_sum_rewrite_the_update_waits_alone_cause():
+    """The update waits alone on a 4-block residual MLP move which tensors Grappler's static
+    schedule holds at its peak, and the memory optimizer turns a gradient sum into an
+    accumulation: the check, on this machine's CPU as TensorFlow describes it
+    (``local_cpu``: cores, frequency and caches set the schedule's op times), says so."""
+    import dataclasses
+
+    from benchmarks.remat_models import batch, build
+    from tflms.plan.updates import update_waits
+    from tflms.simulation.grappler.devices import local_cpu
+    from tflms.simulation.grappler.rewrites import RewriteGuard
+
+    assert local_cpu().type == "CPU" and local_cpu().memory_size == CPU_DEVICE_BYTES
+    model = build("mlp", False, blocks=4)
+    step = tape_step(
+        model,
+        keras.optimizers.AdamW(1e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    x, y = (tf.constant(a) for a in batch("mlp"))
+    graph = tf.function(step).get_concrete_function(x, y).graph
+    view = tflms.build_view(graph)
+    plan = tflms.make_plan(view, tflms.LMSConfig(swap=False, recompute=True))
+    waits = dataclasses.replace(plan, recomputes=(), order=update_waits(view))
+    assert waits.order
+    guard = RewriteGuard(
+        graph,
+        fetches=step_fetches(graph),
+        device="/device:CPU:0",
+        host_device="/device:CPU:0",
+        batch_size=512,
+    )
+    check = guard.check(waits)
+    assert not check.agree and "TemporaryVariable" in check.summary(), check.summary()

@@ -7,6 +7,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
 from tensorflow.core.protobuf import device_properties_pb2
 from tensorflow.python.grappler import cluster as gcluster
@@ -25,6 +27,7 @@ __all__ = [
     "CPU_DEVICE_BYTES",
     "virtual_gpu",
     "virtual_cpu",
+    "local_cpu",
     "make_cluster",
     "make_item",
 ]
@@ -86,6 +89,33 @@ def virtual_cpu(memory_bytes: int = 256 * GIB) -> device_properties_pb2.DevicePr
     return device_properties_pb2.DeviceProperties(
         type="CPU", frequency=2600, num_cores=20, memory_size=memory_bytes, bandwidth=100_000_000
     )
+
+
+@functools.cache
+def _local_cpu() -> bytes:
+    cluster = gcluster.Cluster(disable_detailed_stats=True, disable_timeline=True)
+    try:
+        found = [d.properties for d in cluster.ListDevices() if d.properties.type == "CPU"]
+    finally:
+        cluster.Shutdown()
+    return found[0].SerializeToString() if found else b""
+
+
+def local_cpu() -> device_properties_pb2.DeviceProperties:
+    """This machine's CPU as TensorFlow describes it to Grappler when it optimizes a step
+    that runs there: its cores, frequency and caches (which set the op times of
+    Grappler's static schedule, hence where its static peak falls) and
+    :data:`CPU_DEVICE_BYTES`. Falls back to :func:`virtual_cpu` of that size where
+    TensorFlow lists no CPU.
+    """
+    props = device_properties_pb2.DeviceProperties()
+    raw = _local_cpu()
+    if raw:
+        props.ParseFromString(raw)
+    else:
+        props.CopyFrom(virtual_cpu(CPU_DEVICE_BYTES))
+    props.memory_size = CPU_DEVICE_BYTES
+    return props
 
 
 def make_cluster(

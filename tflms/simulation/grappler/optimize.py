@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
-from tensorflow.core.protobuf import config_pb2
+from tensorflow.core.protobuf import config_pb2, device_properties_pb2
 from tensorflow.python.grappler import tf_optimizer
 
 from tflms.errors import UnsupportedGraphError
@@ -30,6 +30,7 @@ def grappler_optimize(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     config: config_pb2.ConfigProto | None = None,
     optimizers: Iterable[str] | None = None,
+    device_properties: device_properties_pb2.DeviceProperties | None = None,
 ) -> graph_pb2.GraphDef:
     """Run Grappler's optimizer pipeline offline, as on a machine with a GPU.
 
@@ -51,6 +52,9 @@ def grappler_optimize(
         config: a ``ConfigProto`` whose ``graph_options.rewrite_options`` steer
             Grappler. Default: TensorFlow's defaults with ``min_graph_nodes=-1``.
         optimizers: names of the only optimizers to run, e.g. ``["dependency"]``.
+        device_properties: the compute device's properties (default: a virtual
+            V100, or a virtual CPU for a CPU ``device``); its memory is
+            ``gpu_memory_bytes``.
 
     Returns:
         The optimized ``GraphDef``, its nodes placed on ``device``/``host_device``.
@@ -90,7 +94,7 @@ def grappler_optimize(
         rewrite = options.graph_options.rewrite_options
         del rewrite.optimizers[:]
         rewrite.optimizers.extend(optimizers)
-    cluster = make_cluster(device, host_device, gpu_memory_bytes, None, None, 1)
+    cluster = make_cluster(device, host_device, gpu_memory_bytes, device_properties, None, 1)
     try:
         optimized = tf_optimizer.OptimizeGraph(
             options, prepared.metagraph, verbose=False, cluster=cluster

@@ -40,7 +40,9 @@ automatic control dependencies add when a traced step's tracing ends
 (:mod:`~tflms.simulation.grappler.state_order`): without them the check
 rewrote no sum of ``benchmarks/bench_remat.py``'s MLP under the cheap-op
 plan, whose update waits made the real run rewrite one (and train to a
-different result).
+different result). The schedule's op times come from the device's
+properties, so a CPU step's device is this machine's CPU as TensorFlow
+describes it (:func:`~tflms.simulation.grappler.devices.local_cpu`).
 
 What it cannot see: rewrites of a device kind this TensorFlow build lacks (a
 CPU-only build applies no GPU-only fusion, so a GPU step's fusions are checked
@@ -79,7 +81,12 @@ from tflms.apply.proto_editor import ProtoEditor
 from tflms.graph.view import SWAP_ATTR
 from tflms.plan.entries import SCOPE
 from tflms.plan.swap_plan import SwapPlan
-from tflms.simulation.grappler.devices import CPU_DEVICE_BYTES, VIRTUAL_GPU, VIRTUAL_GPU_BYTES
+from tflms.simulation.grappler.devices import (
+    CPU_DEVICE_BYTES,
+    VIRTUAL_GPU,
+    VIRTUAL_GPU_BYTES,
+    local_cpu,
+)
 from tflms.simulation.grappler.metagraph import graph_def_with_handles
 from tflms.simulation.grappler.optimize import grappler_optimize
 from tflms.simulation.grappler.state_order import automatic_control_edges, with_control_edges
@@ -282,7 +289,10 @@ def grappler_structure(
             (default :data:`~tflms.simulation.grappler.devices.VIRTUAL_GPU_BYTES`);
             a CPU is always of
             :data:`~tflms.simulation.grappler.devices.CPU_DEVICE_BYTES`, as at run
-            time. The memory optimizer's rewrite of sums keys on it.
+            time. The memory optimizer's rewrite of sums keys on it. A CPU
+            also has this machine's cores, frequency and caches
+            (:func:`~tflms.simulation.grappler.devices.local_cpu`), as TensorFlow
+            describes it: they set the static schedule that rewrite reads.
 
     Functional control flow (``While``, ``If``, ``Case``) is kept as one op,
     not lowered into frames: tflms leaves loop bodies alone, and the nodes of
@@ -307,6 +317,7 @@ def grappler_structure(
         host_device=host_device,
         gpu_memory_bytes=CPU_DEVICE_BYTES if on_cpu else memory_bytes or VIRTUAL_GPU_BYTES,
         batch_size=batch_size,
+        device_properties=local_cpu() if on_cpu else None,
     )
     return structure_of(optimized)
 
