@@ -208,37 +208,41 @@ def ops_beyond_plain(row: dict, plain: dict) -> dict[str, int]:
 _NO_WORK = frozenset({"Identity", "Const", "ReadVariableOp", "NoOp"})
 
 
-def _run(family: str, variant: str) -> dict:
-    from tflms.utils.cpu import measurement_env
-
-    with tempfile.TemporaryDirectory(prefix="bench_remat_") as dump:
-        env = measurement_env()
-        env.update(TF_DUMP_GRAPH_PREFIX=dump, TF_DUMP_GRAPH_NAME_FILTER="*")
-        done = subprocess.run(
-            [sys.executable, __file__, "--worker", family, variant],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=1800,
-        )
-    if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1][:300]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _run_paired(family: str, rounds: int) -> dict:
+def _this_script(*args: str, timeout: int, **env: str) -> tuple[dict | None, str]:
+    """Runs this script with ``args`` in a fresh process (``measurement_env`` plus ``env``):
+    ``(the JSON of its last output line, or None if it failed; its stderr)``."""
     from tflms.utils.cpu import measurement_env
 
     done = subprocess.run(
-        [sys.executable, __file__, "--paired-worker", family, str(rounds)],
+        [sys.executable, __file__, *args],
         capture_output=True,
         text=True,
-        env=measurement_env(),
-        timeout=3600,
+        env={**measurement_env(), **env},
+        timeout=timeout,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"paired timing of {family} failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        return None, done.stderr.strip()
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def _run(family: str, variant: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench_remat_") as dump:
+        out, err = _this_script(
+            "--worker",
+            family,
+            variant,
+            timeout=1800,
+            TF_DUMP_GRAPH_PREFIX=dump,
+            TF_DUMP_GRAPH_NAME_FILTER="*",
+        )
+    return out if out is not None else {"error": err.splitlines()[-1][:300]}
+
+
+def _run_paired(family: str, rounds: int) -> dict:
+    out, err = _this_script("--paired-worker", family, str(rounds), timeout=3600)
+    if out is None:
+        raise RuntimeError(f"paired timing of {family} failed: {err[-2000:]}")
+    return out
 
 
 def _interval(ratios: list[float], level: float = 0.9, draws: int = 2000) -> list[float]:
