@@ -77,7 +77,7 @@ from ddl_tf.core.numerics.reduce_ops import ReduceOp
 from ddl_tf.core.process_sets import ProcessSet, global_process_set, member_engine
 from ddl_tf.errors import CollectiveMismatchError, ConfigError, StallError
 from ddl_tf.keras.gradient_reducer import GradientReducer, variable_key, variables_of_apply
-from ddl_tf.keras.shard_plan import ShardPlan, check_same_variables, scatter_groups
+from ddl_tf.keras.shard_plan import ShardPlan, check_same_variables, gather_buckets, scatter_groups
 from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.allreduce_ops import reduce_tensors
 from ddl_tf.tensorflow.overlap import resolve
@@ -388,25 +388,36 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
         return [gathered[at[p]] if p in at else None for p in positions]
 
     def _share_weights(self, plan: ShardPlan) -> None:
-        """Allgather each rank's updated variables and assign the others' on this rank."""
+        """Allgather each rank's updated variables in fused messages, and assign the others' on this rank."""
         engine = member_engine(self.process_set)
         if engine is None or plan.size == 1:
             return
-        dtypes = sorted(set(plan.dtypes))
-        mine = []
-        for dtype in dtypes:
-            parts = [tf.reshape(self._all[i].value, [-1]) for i in plan.of(plan.rank, dtype)]
-            mine.append(tf.concat(parts, 0) if parts else tf.zeros([0], dtype))
-        gathered = gather_tensors(engine, mine, f"{self.name}_weights")
-        for dtype, flat in zip(dtypes, gathered, strict=True):
-            start = 0
-            for r in range(plan.size):
-                for i in plan.of(r, dtype):
-                    n = plan.sizes[i]
-                    if r != plan.rank:
-                        variable = self._all[i]
-                        variable.assign(tf.reshape(flat[start : start + n], variable.shape))
-                    start += n
+        fusion = engine.config.fusion_threshold_bytes  # DDL_FUSION_THRESHOLD
+        for k, bucket in enumerate(gather_buckets(plan, fusion)):
+            members = set(bucket)
+            dtypes = sorted({plan.dtypes[i] for i in bucket})
+            mine = []
+            for dtype in dtypes:
+                parts = [
+                    tf.reshape(self._all[i].value, [-1])
+                    for i in plan.of(plan.rank, dtype)
+                    if i in members
+                ]
+                mine.append(tf.concat(parts, 0) if parts else tf.zeros([0], dtype))
+            gathered = gather_tensors(engine, mine, f"{self.name}_weights_b{k}")
+            for dtype, flat in zip(dtypes, gathered, strict=True):
+                total = sum(plan.sizes[i] for i in bucket if plan.dtypes[i] == dtype)
+                flat = tf.reshape(flat, [total])  # a static shape, for Grappler and tflms
+                start = 0
+                for r in range(plan.size):
+                    for i in plan.of(r, dtype):
+                        if i not in members:
+                            continue
+                        n = plan.sizes[i]
+                        if r != plan.rank:
+                            variable = self._all[i]
+                            variable.assign(tf.reshape(flat[start : start + n], variable.shape))
+                        start += n
 
     def _refuse_untracked_elastic(self) -> None:
         """Refuse to train in an elastic job unless a ``KerasState`` re-forms the shards.

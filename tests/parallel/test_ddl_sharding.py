@@ -14,7 +14,8 @@ def test_sharded_training_equals_replicated_and_its_checkpoint_loads_on_other_ra
     mpirun, tmp_path
 ):
     outdir = tmp_path / "job"
-    ranks = mpirun(WORKER, np=2, args=("train", outdir), outdir=outdir, timeout=400)
+    fused = {"DDL_FUSION_THRESHOLD": "2048"}  # the weights' allgathers: several messages a step
+    ranks = mpirun(WORKER, np=2, args=("train", outdir), outdir=outdir, timeout=400, env=fused)
     rank0, rank1 = ranks.check().rank_outputs
     for name in OPTIMIZERS:
         assert rank0[f"{name}_moved"] > 1e-3, f"{name} did not train"
@@ -30,6 +31,9 @@ def test_sharded_training_equals_replicated_and_its_checkpoint_loads_on_other_ra
     assert rank0["clip_changes_training"], "the clip norm was too loose to test anything"
     # ZeRO-2 in buckets: one reduce-scatter per bucket, still bit for bit
     assert rank0["buckets_scatters_per_step"] >= 2, rank0["buckets_scatters_per_step"]
+    for rank in (rank0, rank1):  # the weights' allgathers: the plan's count, on every rank
+        assert rank["buckets_gathers_planned"] >= 2, rank["buckets_gathers_planned"]
+        assert rank["buckets_gathers_per_step"] == rank["buckets_gathers_planned"], rank
     assert rank0["buckets_weights"] and rank0["buckets_state"], rank0
     assert rank1["buckets_weights"] and rank1["buckets_state"], rank1
     for label in ("clip", "fp16", "mixed"):

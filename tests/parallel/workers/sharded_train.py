@@ -37,7 +37,9 @@ import numpy as np
 import tensorflow as tf
 
 import ddl_tf.keras as hvd
+from ddl_tf.core import basics
 from ddl_tf.errors import ConfigError
+from ddl_tf.keras.shard_plan import gather_buckets
 from tests.parallel.workers.common import report
 
 FEATURES, BATCH, STEPS = 12, 8, 6
@@ -155,7 +157,13 @@ def train_mode(outdir, only=None):
         sharding="gradients",
         bucket_bytes=1024,
     )
-    results["buckets_scatters_per_step"] = hvd.collective_stats()["reducescatter"]["calls"] / STEPS
+    stats = hvd.collective_stats()
+    results["buckets_scatters_per_step"] = stats["reducescatter"]["calls"] / STEPS
+    # the updated weights come back in fused messages, not as one copy of the whole model
+    results["buckets_gathers_per_step"] = stats["allgather"]["calls"] / STEPS
+    plan = sharded.optimizer.inner_optimizer.plan
+    fusion = basics.engine().config.fusion_threshold_bytes  # the test sets DDL_FUSION_THRESHOLD
+    results["buckets_gathers_planned"] = len(gather_buckets(plan, fusion))
     results["buckets_weights"] = same(replicated.get_weights(), sharded.get_weights())
     results["buckets_state"] = same(state_of(replicated.optimizer), state_of(sharded.optimizer))
 
