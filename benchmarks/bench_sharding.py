@@ -8,7 +8,8 @@ replicated, ZeRO-1 and ZeRO-2 interleaved round by round in the same job
 
 Writes ``benchmarks/results/sharding.json``: per rank count and variant the
 optimizer-state bytes on each rank (by its variables, and the bytes that
-building the optimizer added to TensorFlow's CPU allocator), the median over
+building the optimizer added to TensorFlow's CPU allocator), the most bytes
+a step allocates above what each rank held before it, the median over
 rounds of the slowest rank's median step, each sharded variant's step time
 over the replicated one, and whether the weights ended bitwise equal to the
 replicated run's. Measured on this machine's CPUs (ranks share two cores and
@@ -32,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.machine import machine_info, wait_for_quiet  # noqa: E402
 from ddl_tf.cluster.mpi import job_environment  # noqa: E402
+from tflms.utils.cpu import measurement_env  # noqa: E402
 
 OUT = HERE / "results" / "sharding.json"
 
@@ -44,7 +46,9 @@ def run(ranks: int, rounds: int, folder: Path) -> dict:
         sys.executable, str(HERE / "sharding_worker.py"), "--out", str(out),
         "--rounds", str(rounds),
     ]  # fmt: skip
-    env = {**job_environment(os.environ), "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # the allocator's statistics need oneDNN's or the BFC allocator: the same on every CPU
+    env = measurement_env(job_environment(os.environ))
+    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     subprocess.run(command, check=True, env=env, timeout=1800, capture_output=True)
     row = json.loads(out.read_text())
     steps = {name: median(times) for name, times in row["step_seconds_per_round"].items()}
@@ -57,6 +61,10 @@ def run(ranks: int, rounds: int, folder: Path) -> dict:
             max(row["state_bytes_per_rank"][name]) / row["state_bytes_per_rank"]["None"][0], 3
         )
         for name in ("optimizer", "gradients")
+    }
+    peaks = row["step_peak_bytes_above_resting_per_rank"]
+    row["step_peak_over_replicated"] = {
+        name: round(max(peaks[name]) / max(peaks["None"]), 3) for name in ("optimizer", "gradients")
     }
     return row
 

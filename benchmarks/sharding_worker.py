@@ -6,8 +6,11 @@ variant in turn (the custom-loop path: ``opt.apply`` inside ``tf.function``).
 Rank 0 writes the JSON named by ``--out``: per variant the step seconds of
 every round (this rank's median; the slowest rank's, gathered), the
 optimizer-state bytes each rank holds (by its variables, and by TensorFlow's
-CPU allocator: the bytes that building the optimizer added), and whether the
-weights of the three variants ended bitwise equal.
+CPU allocator: the bytes that building the optimizer added), the most bytes
+a step allocated on each rank above what it held before the step (the
+allocator's peak, after the rounds: gradients, the reduced and gathered
+buffers, the update's temporaries), and whether the weights of the three
+variants ended bitwise equal.
 """
 
 from __future__ import annotations
@@ -35,6 +38,14 @@ def make_model(width: int, depth: int) -> keras.Model:
 
 def allocated() -> int:
     return int(tf.config.experimental.get_memory_info("CPU:0")["current"])
+
+
+def step_peak(step) -> int:
+    """The most bytes one run of ``step`` held above what was allocated before it."""
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    resting = allocated()
+    step().numpy()
+    return int(tf.config.experimental.get_memory_info("CPU:0")["peak"]) - resting
 
 
 def main() -> None:
@@ -86,13 +97,19 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
             slowest = hvd.allgather(np.array([median(times)])).numpy().max()
             run["times"].append(float(slowest))
+    for run in runs.values():
+        hvd.barrier()
+        run["step_peak"] = step_peak(run["step"])
     weights = {
         name: np.concatenate([w.ravel() for w in r["model"].get_weights()])
         for name, r in runs.items()
     }
     params = int(sum(np.prod(v.shape) for v in runs["None"]["model"].trainable_variables))
     per_rank = hvd.allgather_object(
-        {name: [r["state_bytes"], r["allocator_bytes_added_by_build"]] for name, r in runs.items()}
+        {
+            name: [r["state_bytes"], r["allocator_bytes_added_by_build"], r["step_peak"]]
+            for name, r in runs.items()
+        }
     )
     if rank == 0:
         out = {
@@ -103,6 +120,9 @@ def main() -> None:
             "state_bytes_per_rank": {n: [p[n][0] for p in per_rank] for n in runs},
             "allocator_bytes_added_by_build_per_rank": {
                 n: [p[n][1] for p in per_rank] for n in runs
+            },
+            "step_peak_bytes_above_resting_per_rank": {
+                n: [p[n][2] for p in per_rank] for n in runs
             },
             "weights_bitwise_equal": {
                 n: bool(np.array_equal(weights["None"], weights[n]))

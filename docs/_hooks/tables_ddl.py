@@ -11,6 +11,7 @@ import tables_horovod  # noqa: F401 - registers the Horovod side-by-side tables
 from results_tables import (
     MISSING,
     Results,
+    fmt_bytes,
     fmt_pct,
     fmt_ratio,
     fmt_seconds,
@@ -310,3 +311,38 @@ def elastic_cost(r: Results) -> str:
         "interleaved in the same minutes."
     )
     return markdown_table(header, rows, "lrrrr") + "\n\n" + note
+
+
+SHARDED = ("optimizer", "gradients")
+"""The sharded variants of sharding.json, beside replicated (``None``)."""
+
+
+@table("sharding", "sharding.json")
+def sharding(r: Results) -> str:
+    """ZeRO-1/2 against replicated training on 2 and 4 ranks: state, step time, step peak, bits."""
+    header = [
+        "ranks",
+        "optimizer state per rank, replicated / sharded",
+        "step time over replicated, ZeRO-1 / ZeRO-2",
+        "a step's peak above resting memory, replicated / ZeRO-1 / ZeRO-2 (largest rank)",
+        "weights bitwise equal to replicated, ZeRO-1 / ZeRO-2",
+    ]
+    rows = []
+    counts = r.get("by_ranks")
+    for n in sorted(counts if isinstance(counts, dict) else {}, key=int):
+        row = f"by_ranks.{n}"
+        state = [
+            fmt_bytes(r.get(f"{row}.state_bytes_per_rank.{v}.0")) for v in ("None", "optimizer")
+        ]
+        times = [fmt_ratio(r.get(f"{row}.step_time_over_replicated.{v}"), 3) for v in SHARDED]
+        peaks = r.get(f"{row}.step_peak_bytes_above_resting_per_rank")
+        peak = [
+            fmt_bytes(max(peaks[v])) if isinstance(peaks, dict) and v in peaks else "missing"
+            for v in ("None", *SHARDED)
+        ]
+        bits = [
+            {True: "yes", False: "no"}.get(r.get(f"{row}.weights_bitwise_equal.{v}"), "missing")
+            for v in SHARDED
+        ]
+        rows.append([n, " / ".join(state), " / ".join(times), " / ".join(peak), " / ".join(bits)])
+    return markdown_table(header, rows, "rllll")
