@@ -19,6 +19,17 @@ traced as ``tflms.analyze`` traces it, in three placements:
   batch 8 first, reported as "at least 8" when a plan fits there, else the
   largest fitting batch bisected below it), and over NVLink2 at that batch:
   what a user asking for ``memory_budget="V100-16GB"`` gets.
+* ``zero2_tuned`` (GPT-2 XL on the V100-16GB only): per rank on 8 ranks with
+  ddl_tf's ``DistributedOptimizer(AdamW, sharding="gradients")`` (ZeRO-2)
+  and no offload: the weights and the rank's share of AdamW's slots on the
+  device, and the auto-tuner's activation plan for the GPU, at batch 8 per
+  rank (the goal's batch; no other is tried: each try is one ``mpirun -np 8``
+  of ``model_state_rank.py`` of about 25 minutes here, where eight processes
+  build the model, without memory, and the sharded optimizer, and rank 0
+  traces the step and searches a plan per link). Simulated on the step rank
+  0 really traces: its bucketed reduce-scatters, its own update and the fused
+  allgathers of the weights. Where no plan fits, the smallest peak the
+  search reached is recorded.
 
 Two logical CPU devices stand in for the GPU (``CPU:1``) and its host
 (``CPU:0``), so each view places every variable where it lives. The
@@ -33,11 +44,11 @@ checked, then its neighbours until the boundary is found. At that batch,
 the predicted step time over PCIe3 and NVLink2 and its ratio to the busy
 time of the compute stream (the GPU's own work), and the host peak (pinned).
 
-Per rank on 8 ranks with ddl_tf's sharding and no offload
-(``DistributedOptimizer(sharding="optimizer")``, ZeRO-1): each rank keeps
-1/8 of AdamW's slots, which are resident all step, so its device peak is the
-plain one minus 7/8 of the slot bytes (derived from the plain simulation,
-not simulated with the collectives).
+Per rank on 8 ranks with ZeRO-1 and no plan
+(``DistributedOptimizer(sharding="optimizer")``): each rank keeps 1/8 of
+AdamW's slots, which are resident all step, so its device peak is the plain
+one minus 7/8 of the slot bytes (derived from the plain simulation, not
+simulated with the collectives; ``zero2_tuned`` is simulated).
 
 Published anchors, quoted beside (not reproduced): ZeRO-Offload (Ren et al.,
 USENIX ATC 2021) trains a 13B-parameter model on one V100-32GB; ZeRO
@@ -54,9 +65,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -75,6 +90,7 @@ from tensorflow.python.ops.resource_variable_ops import (  # noqa: E402
 
 import tflms  # noqa: E402
 from benchmarks.common import RESULTS, provenance, setup_logging, write_result  # noqa: E402
+from ddl_tf.cluster.mpi import job_environment  # noqa: E402
 from tflms import zoo  # noqa: E402
 from tflms.cost.hardware import get_device  # noqa: E402
 from tflms.errors import PlanInfeasibleError  # noqa: E402
@@ -83,7 +99,9 @@ from tflms.keras import OffloadedOptimizer, weights_on_host  # noqa: E402
 HOST, DEVICE = "/device:CPU:0", "/device:CPU:1"
 GPUS = ("V100-16GB", "A100-80GB")
 LINKS = ("pcie3", "nvlink2")
-PLACEMENTS = ("plain", "offload", "stream", "stream_swap", "stream_tuned")
+PLACEMENTS = ("plain", "offload", "stream", "stream_swap", "stream_tuned", "zero2_tuned")
+TUNED = ("stream_tuned", "zero2_tuned")
+"""Placements whose plan is the auto-tuner's: a batch fits when it finds one."""
 TUNED_GPUS = ("V100-16GB",)  # each autotune of GPT-2 XL takes minutes
 TUNED_MODELS = ("xl",)  # the size the goal names; the others' searches add an hour here
 TUNED_CAP = 8
@@ -221,7 +239,7 @@ def largest_batch(traces: Placement, gpu: str, log) -> tuple[int, dict]:
 
     if peak(1) > limit:
         return 0, peaks
-    if traces.name == "stream_tuned":  # a tuned plan fits or not: the cap, else bisect
+    if traces.name in TUNED:  # a tuned plan fits or not: the cap, else bisect
         if peak(TUNED_CAP) <= limit:
             return TUNED_CAP, peaks  # at least this (each try of GPT-2 XL takes minutes)
         fits, fails = 1, TUNED_CAP
@@ -246,7 +264,10 @@ def study(size: str, placements, row: dict, log) -> dict:
     kept = {"plain": "plain", "offload": "offload"}
     traces: dict[str, Traces] = {}
     for placement in placements:
-        if placement == "stream_tuned" and size not in TUNED_MODELS:
+        if placement in TUNED and size not in TUNED_MODELS:
+            continue
+        if placement == "zero2_tuned":
+            row[placement] = _sharded_entry(size, log)
             continue
         where = kept.get(placement, "host")
         for other in [w for w in traces if w != where]:
@@ -254,29 +275,9 @@ def study(size: str, placements, row: dict, log) -> dict:
         traces.setdefault(where, Traces(size, where))
         runner = Placement(traces[where], placement)
         entry: dict = {}
-        for gpu in TUNED_GPUS if placement == "stream_tuned" else GPUS:
+        for gpu in TUNED_GPUS if placement in TUNED else GPUS:
             batch, peaks = largest_batch(runner, gpu, log)
-            limit = get_device(gpu).memory_bytes
-            cell: dict = {
-                "largest_batch": batch,
-                "capped": placement == "stream_tuned" and batch == TUNED_CAP,
-                "peaks_tried": {  # None: no tuned plan fits at that batch
-                    str(b): None if p > limit and placement == "stream_tuned" else p
-                    for b, p in sorted(peaks.items())
-                },
-            }
-            for link in LINKS if batch else ():
-                result = runner.simulate(batch, gpu, link)
-                if result is None:  # no tuned plan over this link at this batch
-                    cell[link] = {"fits": False}
-                    continue
-                cell[link] = {
-                    "device_peak_bytes": result.device_peak_bytes,
-                    "host_peak_bytes": result.host_peak_bytes,
-                    "step_time_s": round(result.step_time_s, 4),
-                    "compute_time_s": round(result.compute_time_s, 4),
-                    "step_over_compute": round(result.step_time_s / result.compute_time_s, 3),
-                }
+            cell = _cell(runner, gpu, batch, peaks)
             if placement == "plain":
                 cell["zero1_per_rank"] = _zero1(peaks, 8 * traces[where].parameters, gpu)
             entry[gpu] = cell
@@ -291,6 +292,112 @@ def study(size: str, placements, row: dict, log) -> dict:
         ",".join(placements): round(time.perf_counter() - started, 1),
     }
     return row
+
+
+def _cell(runner, gpu: str, batch: int, peaks: dict) -> dict:
+    """The result entry of one placement on ``gpu``: its largest batch, and each link there."""
+    limit = get_device(gpu).memory_bytes
+    tuned = runner.name in TUNED
+    cell: dict = {
+        "largest_batch": batch,
+        "capped": tuned and batch == TUNED_CAP,
+        "peaks_tried": {  # None: no tuned plan fits at that batch
+            str(b): None if p > limit and tuned else p for b, p in sorted(peaks.items())
+        },
+    }
+    for link in LINKS if batch else ():
+        result = runner.simulate(batch, gpu, link)
+        if result is None:  # no tuned plan over this link at this batch
+            cell[link] = {"fits": False}
+            continue
+        cell[link] = step_figures(result)
+    return cell
+
+
+def step_figures(result) -> dict:
+    """A simulated step's device and host peaks, its times and their ratio, for the JSON."""
+    return {
+        "device_peak_bytes": result.device_peak_bytes,
+        "host_peak_bytes": result.host_peak_bytes,
+        "step_time_s": round(result.step_time_s, 4),
+        "compute_time_s": round(result.compute_time_s, 4),
+        "step_over_compute": round(result.step_time_s / result.compute_time_s, 3),
+    }
+
+
+class ShardedRank:
+    """Rank 0's step of a ZeRO-2 job of RANKS ranks, simulated by ``model_state_rank.py`` under mpirun.
+
+    One job per batch, which traces the step, simulates it plain and asks the
+    auto-tuner for a plan per link on each GPU of TUNED_GPUS.
+    """
+
+    name = "zero2_tuned"
+
+    def __init__(self, size: str, log):
+        self.size, self.log = size, log
+        self.rows: dict[int, dict] = {}
+
+    def row(self, batch: int) -> dict:
+        if batch not in self.rows:
+            with tempfile.TemporaryDirectory() as tmp:
+                done = Path(tmp) / "rank0.json"
+                command = [
+                    str(Path(sys.executable).with_name("mpirun")),
+                    "-np", str(RANKS), "--oversubscribe", "--bind-to", "none",
+                    sys.executable, str(HERE / "model_state_rank.py"), "--size", self.size,
+                    "--batch", str(batch), "--gpus", ",".join(TUNED_GPUS), "--tune",
+                    "--done", str(done),
+                ]  # fmt: skip
+                env = {
+                    **job_environment(os.environ),
+                    "PYTHONPATH": str(HERE.parent),
+                    "TF_CPP_MIN_LOG_LEVEL": "2",
+                    # eight processes build GPT-2 XL's initial values one after another:
+                    # give freed buffers back at once, or their sum outgrows 24 GiB
+                    "MALLOC_MMAP_THRESHOLD_": "131072",
+                    "MALLOC_TRIM_THRESHOLD_": "131072",
+                }
+                transcript = Path(tmp) / "ranks.log"
+                with transcript.open("w") as out:
+                    code = subprocess.run(
+                        command, env=env, timeout=7200, stdout=out, stderr=subprocess.STDOUT
+                    ).returncode
+                if code != 0:
+                    tail = transcript.read_text()[-3000:]
+                    raise RuntimeError(f"the ranks' job failed ({code}):\n{tail}")
+                self.rows[batch] = json.loads(done.read_text())
+            self.log(f"  {self.size} zero2_tuned batch {batch}: {json.dumps(self.rows[batch])}")
+        return self.rows[batch]
+
+    def simulate(self, batch: int, gpu: str, link: str):
+        """The tuned step on ``gpu`` over ``link`` (None: the auto-tuner found no plan)."""
+        cell = self.row(batch)[gpu][link]
+        return SimpleNamespace(**cell) if cell["fits"] else None
+
+
+def _sharded_entry(size: str, log) -> dict:
+    """ZeRO-2 rank 0 at TUNED_CAP per rank: fits (with the links' steps) or its best peaks."""
+    runner = ShardedRank(size, log)
+    row = runner.row(TUNED_CAP)
+    entry: dict = {}
+    for gpu in TUNED_GPUS:
+        fits = runner.simulate(TUNED_CAP, gpu, "pcie3") is not None
+        cell = _cell(runner, gpu, TUNED_CAP if fits else 0, {})
+        cell.update(
+            batch_tried=TUNED_CAP,
+            ranks=row["ranks"],
+            rank0_parameters_owned=row["rank0_parameters_owned"],
+            rank0_slot_bytes=row["rank0_slot_bytes"],
+            untuned_device_peak_bytes=row[gpu]["plain_device_peak_bytes"],
+            best_peak_bytes={
+                link: row[gpu][link].get("best_peak_bytes", row[gpu][link].get("device_peak_bytes"))
+                for link in LINKS
+            },
+            search_s={link: row[gpu][link]["search_s"] for link in LINKS},
+        )
+        entry[gpu] = cell
+    return entry
 
 
 def _zero1(peaks: dict, slot_bytes: int, gpu: str) -> dict:

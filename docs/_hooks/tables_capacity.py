@@ -89,18 +89,26 @@ _PLACEMENTS = (
 )
 
 
+LINKS = ("pcie3", "nvlink2")
+
+
 def _largest(r: Results, path: str) -> str:
-    if path.endswith("stream_tuned.A100-80GB"):
+    tuned = "stream_tuned" in path or "zero2_tuned" in path
+    if tuned and path.endswith("A100-80GB"):
         return "not run"  # the auto-tuner's search ran for the V100 only
-    if "stream_tuned" in path and not isinstance(r.get(path, record=False), dict):
+    if tuned and not isinstance(r.get(path, record=False), dict):
         return "not run"  # bench_model_state.py --placements stream_tuned --models ...
     batch = r.get(f"{path}.largest_batch")
+    tried = r.get(f"{path}.batch_tried", record=False)
+    if batch == 0 and isinstance(tried, int):  # one batch tried (the goal's): the best peaks
+        best = " / ".join(fmt_bytes(r.get(f"{path}.best_peak_bytes.{link}")) for link in LINKS)
+        return f"not at {tried} (best plans {best})"
     if batch == 0:
         return "does not fit"
     if r.get(f"{path}.capped", record=False) is True:
         batch = f">= {batch}"  # the largest batch tried
     ratios = []
-    for link in ("pcie3", "nvlink2"):
+    for link in LINKS:
         cell = r.get(f"{path}.{link}", record=False)
         if isinstance(cell, dict) and cell.get("fits") is False:
             ratios.append("no plan")  # the auto-tuner found none over this link
@@ -112,7 +120,13 @@ def _largest(r: Results, path: str) -> str:
 @table("model_state", "model_state.json")
 def model_state(r: Results) -> str:
     """GPT-2 small to XL: the largest batch per placement of the model state, per GPU."""
-    header = ["model", "GPU", *(f"{label}" for _, label in _PLACEMENTS), "ZeRO-1, 8 ranks"]
+    header = [
+        "model",
+        "GPU",
+        *(f"{label}" for _, label in _PLACEMENTS),
+        "ZeRO-1, 8 ranks (derived)",
+        "ZeRO-2, 8 ranks, + autotune's plan",
+    ]
     rows = []
     models = r.get("models")
     for name in models if isinstance(models, dict) else []:
@@ -127,6 +141,7 @@ def model_state(r: Results) -> str:
                     gpu,
                     *(_largest(r, f"models.{name}.{key}.{gpu}") for key, _ in _PLACEMENTS),
                     "does not fit" if zero == 0 else zero,
+                    _largest(r, f"models.{name}.zero2_tuned.{gpu}"),
                 ]
             )
     return markdown_table(header, rows)
