@@ -17,7 +17,10 @@ rank holds the whole model again (Rajbhandari et al., "ZeRO", 2020):
   it. Inside a graph the reduce-scatters run in buckets, in the order
   backprop produces the gradients, overlapping the backward pass as the
   allreduce's buckets do (each bucket balanced between its owners:
-  :func:`balanced_buckets`); eagerly, one fused reduce-scatter. The bytes on
+  :func:`balanced_buckets`); eagerly, one fused reduce-scatter. A bucket's
+  rows are assembled on the host when its reduce-scatter runs
+  (:func:`~ddl_tf.tensorflow.reducescatter_ops.scatter_rows`), so a bucket
+  queued behind others holds its gradients and no copy of them. The bytes on
   the wire are those of one allreduce (a reduce-scatter and an allgather).
 
 Ownership is by whole variable (largest first onto the least-loaded rank,
@@ -81,7 +84,7 @@ from ddl_tf.keras.shard_plan import ShardPlan, check_same_variables, gather_buck
 from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.allreduce_ops import reduce_tensors
 from ddl_tf.tensorflow.overlap import resolve
-from ddl_tf.tensorflow.reducescatter_ops import scatter_tensors
+from ddl_tf.tensorflow.reducescatter_ops import scatter_rows
 
 __all__ = ["SHARDINGS", "ShardedOptimizer", "check_sharding", "from_wrapper_config"]
 
@@ -304,7 +307,7 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
             bucketing = resolve(overlap, bucketing.bucket_bytes)
         name = f"{reducer.name}_reducescatter"
         for label, members in scatter_groups(plan, by_position, bucketing, name):
-            tensors, segments = [], []
+            matrices, widths, segments = [], [], []
             for dtype in sorted({plan.dtypes[i] for i in members}):
                 rows = [
                     [i for i in members if plan.owners[i] == r and plan.dtypes[i] == dtype]
@@ -313,12 +316,15 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
                 width = max(sum(plan.sizes[i] for i in row) for row in rows)
                 if width == 0:
                     continue
-                parts = [[_flat(by_position.get(i), self._all[i]) for i in row] for row in rows]
-                tensors.append(tf.stack([_padded(p, width, dtype) for p in parts]))
+                matrices.append(
+                    [[_flat(by_position.get(i), self._all[i]) for i in row] for row in rows]
+                )
+                widths.append(width)
                 segments.append(rows[plan.rank])
-            if not tensors:
+            if not matrices:
                 continue
-            received = scatter_tensors(engine, tensors, reducer.spec, label)
+            # the rows are assembled when the collective runs: a queued bucket holds no stacked copy
+            received = scatter_rows(engine, matrices, widths, reducer.spec, label)
             for segment, mine in zip(segments, received, strict=True):
                 start = 0
                 for i in segment:
@@ -744,11 +750,6 @@ def _flat(grad: Any, variable: Any) -> tf.Tensor:
     if grad is None:
         return tf.zeros([int(np.prod(variable.shape, dtype=np.int64))], variable.dtype)
     return tf.reshape(tf.convert_to_tensor(grad), [-1])
-
-
-def _padded(parts: list, width: int, dtype: str) -> tf.Tensor:
-    used = sum(int(p.shape[0]) for p in parts)
-    return tf.concat([*parts, tf.zeros([width - used], dtype)], 0)
 
 
 def _innermost(optimizer: Any) -> Any:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core.collectives.reduce_spec import ReduceSpec
@@ -34,7 +35,7 @@ from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.allgather_ops import gather_tensors
 from ddl_tf.tensorflow.tf_errors import engine_for
 
-__all__ = ["reducescatter", "grouped_reducescatter", "scatter_tensors"]
+__all__ = ["reducescatter", "grouped_reducescatter", "scatter_rows", "scatter_tensors"]
 
 
 def grouped_reducescatter(
@@ -118,6 +119,89 @@ def scatter_tensors(engine: Any, tensors: Sequence, spec: ReduceSpec, name: str 
         assert contexts is not None  # set with the compression above
         results = [tf_compressor.decompress(r, c) for r, c in zip(results, contexts, strict=True)]
     return results
+
+
+def scatter_rows(
+    engine: Any,
+    matrices: Sequence[Sequence[Sequence]],
+    widths: Sequence[int],
+    spec: ReduceSpec,
+    name: str,
+) -> list:
+    """:func:`scatter_tensors` of ``[size, width]`` matrices given as rows of flat parts, one row per rank.
+
+    Row ``r`` of matrix ``k`` is the flat tensors ``matrices[k][r]`` (one
+    dtype per matrix) concatenated and zero-padded to ``widths[k]``; each
+    rank receives its own row, reduced. Nothing is stacked in TensorFlow: the
+    collective's op takes the parts themselves and writes the rows into one
+    host array when it runs, where MPI reads them anyway. A stacked copy built
+    as ordinary ops would be made as soon as its gradients exist and held
+    until the collectives before it finish (ddl_tf runs them one after
+    another), so buckets queued behind a slow link would hold a second copy
+    of their gradients (on a GPU, in device memory). A Horovod-style
+    ``compression`` object transforms whole tensors, so with one the
+    matrices are stacked first, as :func:`scatter_tensors` needs them. Not
+    differentiable (it reduces gradients).
+
+    Args:
+        engine: The set's engine on this rank.
+        matrices: Per matrix, per rank, the flat tensors of that rank's row.
+        widths: Each matrix's row length (at least its longest row).
+        spec: How to reduce them.
+        name: The collective's name, compared across ranks.
+
+    Returns:
+        Per matrix, this rank's reduced row, shape ``[1, width]``.
+
+    Example (one process: the one row comes back):
+        >>> import ddl_tf as hvd
+        >>> from ddl_tf.core.basics import engine
+        >>> from ddl_tf.core.collectives.reduce_spec import ReduceSpec
+        >>> _ = hvd.init()
+        >>> rows = [[[tf.constant([1.0, 2.0]), tf.constant([3.0])]]]
+        >>> scatter_rows(engine(), rows, [4], ReduceSpec(), "rows")[0].numpy().tolist()
+        [[1.0, 2.0, 3.0, 0.0]]
+    """
+    dtypes = [_dtype_of(m) for m in matrices]
+    if spec.wrapper is not None:
+        stacked = [
+            tf.stack([tf.concat([*row, tf.zeros([width - _length(row)], dtype)], 0) for row in m])
+            for m, width, dtype in zip(matrices, widths, dtypes, strict=True)
+        ]
+        return scatter_tensors(engine, stacked, spec, name)
+    counts = [[len(row) for row in m] for m in matrices]
+
+    def assemble_and_scatter(*parts: np.ndarray) -> list[np.ndarray]:
+        flat = iter(parts)
+        arrays = []
+        for per_row, width, dtype in zip(counts, widths, dtypes, strict=True):
+            array = np.empty((len(per_row), width), dtype.as_numpy_dtype)
+            for r, count in enumerate(per_row):
+                start = 0
+                for _ in range(count):
+                    part = np.ravel(next(flat))
+                    array[r, start : start + part.size] = part
+                    start += part.size
+                array[r, start:] = 0
+            arrays.append(array)
+        return engine.grouped_reducescatter(arrays, spec, name=name)
+
+    inputs = [part for m in matrices for row in m for part in row]
+    return bridge.run(
+        assemble_and_scatter,
+        inputs,
+        dtypes,
+        [tf.TensorShape([1, width]) for width in widths],
+        name=bridge.op_name("Reducescatter", name),
+    )
+
+
+def _dtype_of(matrix: Sequence[Sequence]) -> tf.DType:
+    return next(tf.convert_to_tensor(part).dtype for row in matrix for part in row)
+
+
+def _length(row: Sequence) -> int:
+    return sum(int(part.shape[0]) for part in row)
 
 
 def reducescatter(

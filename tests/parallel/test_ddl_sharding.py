@@ -36,7 +36,7 @@ def test_sharded_training_equals_replicated_and_its_checkpoint_loads_on_other_ra
         assert rank["buckets_gathers_per_step"] == rank["buckets_gathers_planned"], rank
     assert rank0["buckets_weights"] and rank0["buckets_state"], rank0
     assert rank1["buckets_weights"] and rank1["buckets_state"], rank1
-    for label in ("clip", "fp16", "mixed"):
+    for label in ("clip", "fp16", "wrapped", "mixed"):
         for sharding in ("optimizer", "gradients"):
             assert rank0[f"{label}_{sharding}"] and rank1[f"{label}_{sharding}"], label
     assert rank0["mixed_type"] == "DistributedLossScaleOptimizer"

@@ -6,8 +6,9 @@ the same model from the same weights trains on the same per-rank data with
 ``DistributedOptimizer(opt, sharding=...)``; the weights and the optimizer
 state (gathered into the replicated layout) must be bitwise equal. Also:
 ``global_clipnorm``, ``mixed_float16`` (the loss-scale optimizer), fp16
-compression, a rank's share of the optimizer-state bytes, and a checkpoint
-written by every rank (``hvd.save_model``) for ``load`` to read.
+compression (ddl_tf's, and a Horovod-style compressor of the user's), a
+rank's share of the optimizer-state bytes, and a checkpoint written by
+every rank (``hvd.save_model``) for ``load`` to read.
 
 ``differ`` (2 ranks): rank 1 builds a model with one layer wider, then one
 layer more, than rank 0's; every rank must raise ``ConfigError`` at the
@@ -75,6 +76,16 @@ def make_stack():
     keras.utils.set_random_seed(0)
     hidden = [keras.layers.Dense(16, activation="tanh") for _ in range(5)]
     return keras.Sequential([keras.Input((FEATURES,)), *hidden, keras.layers.Dense(1)])
+
+
+class CastToHalf:
+    """A Horovod-style compressor of the user's own (``compress``/``decompress`` on tensors)."""
+
+    def compress(self, tensor):
+        return tf.cast(tensor, tf.float16), tensor.dtype
+
+    def decompress(self, tensor, dtype):
+        return tf.cast(tensor, dtype)
 
 
 def data(rank):
@@ -184,6 +195,13 @@ def train_mode(outdir, only=None):
         sharded = train(keras.optimizers.Adam(0.01), rank, compression=fp16, sharding=sharding)
         results[f"fp16_{sharding}"] = same(replicated.get_weights(), sharded.get_weights())
         results[f"fp16_{sharding}_diff"] = worst(replicated.get_weights(), sharded.get_weights())
+
+    # a user's Horovod-style compressor: it transforms whole tensors, so ZeRO-2 stacks its rows
+    replicated = train(keras.optimizers.Adam(0.01), rank, compression=CastToHalf())
+    for sharding in shardings:
+        options = {"compression": CastToHalf(), "sharding": sharding}
+        sharded = train(keras.optimizers.Adam(0.01), rank, **options)
+        results[f"wrapped_{sharding}"] = same(replicated.get_weights(), sharded.get_weights())
 
     # mixed precision: the loss-scale optimizer, the finiteness agreed by every rank
     keras.mixed_precision.set_global_policy("mixed_float16")
