@@ -364,7 +364,14 @@ def _growth_figures(results: dict[int, dict], added: float) -> dict:
     """Growth's figures from rank 0's steps ``(time, size, epoch, batch)`` and the write time."""
     steps = results[0]["steps"]
     times = [t for t, *_ in steps]
-    first = next(i for i, (t, size, _, _) in enumerate(steps) if size == 4 and t > added)
+    first = next((i for i, (t, size, _, _) in enumerate(steps) if size == 4 and t > added), None)
+    if first is None:
+        sizes = sorted({size for _, size, _, _ in steps})
+        raise RuntimeError(
+            f"the job trained no step at 4 ranks after the host was listed (sizes seen: {sizes}, "
+            f"{len(steps)} steps): the new ranks did not join before training ended; run again "
+            "(the `--repeat` bench counts such runs)"
+        )
     before = [b - a for a, b in zip(times, times[1:first], strict=False) if b <= added]
     step = statistics.median(before)
     # the survivors' longest gap between two steps from the write to the first step at 4
