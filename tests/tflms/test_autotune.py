@@ -355,3 +355,63 @@ def test_a_host_budget_below_the_state_kept_on_the_host_is_refused_before_planni
         tflms.autotune(view, "64MiB", config=small, accounting="tensors")
     with pytest.raises(ConfigError, match="host_memory_budget must be"):
         tflms.LMSConfig(host_memory_budget="lots")
+
+
+@pytest.fixture(scope="module")
+def mlp_view():
+    """The zoo's MLP at a batch whose 0.8x budget a PCIe3 search met and an NVLink2 one missed."""
+    view = tflms.analyze(zoo.mlp(), batch_size=256)
+    return view, tflms.simulate(view, accounting="tensors").device_peak_bytes
+
+
+def _fits_over(view, plan, budget, *links):
+    return all(
+        tflms.simulate(view, plan, accounting="tensors", link=link).device_peak_bytes <= budget
+        for link in links
+    )
+
+
+@pytest.mark.parametrize("fraction", [0.8, 0.75])
+def test_a_faster_link_fits_every_budget_a_slower_link_fits(mlp_view, fraction):
+    """Links from slowest to fastest: once a search finds a plan, every faster one does.
+
+    At 0.8 the ordered plan that swaps all four candidates fits over PCIe3
+    but not over NVLink2 (its order edges are chosen for faster copies),
+    and the plan with one of its swaps does over both: the last resort cuts
+    the lowest plans' swap counts, which the trim only did for plans that fit.
+    """
+    view, plain = mlp_view
+    budget = int(plain * fraction)
+    found = []
+    for link in ("pcie3", "pcie4", "pcie5", "nvlink2"):
+        try:
+            tuned = tflms.autotune(view, budget, safety_margin=0, link=link, accounting="tensors")
+        except PlanInfeasibleError:
+            assert not found, f"{link} found no plan for a budget {found} met"
+            continue
+        found.append(link)
+        assert _fits_over(view, tuned.plan, budget, link, "ideal")
+    assert found == ["pcie3", "pcie4", "pcie5", "nvlink2"] or fraction != 0.8
+
+
+def test_the_last_resort_composes_the_lowest_plans_for_a_slower_link(mlp_view, monkeypatch):
+    """Without the cut to fewer swaps, the NVLink2 search still fits the 0.8x budget:
+    the lowest plans composed as for a slower link (orders for slower copies) fit
+    over NVLink2, and the result's config names the link its plan was composed for."""
+    from tflms.tuning import search
+
+    view, plain = mlp_view
+    budget = int(plain * 0.8)
+    monkeypatch.setattr(search.Search, "_fewer_swaps", lambda self, plans: [])
+    tuned = tflms.autotune(view, budget, safety_margin=0, link="nvlink2", accounting="tensors")
+
+    assert tuned.link == "nvlink2" and tuned.config.link in ("pcie5", "pcie4", "pcie3")
+    assert f"composed as if over {tuned.config.link}" in tuned.summary()
+    assert _fits_over(view, tuned.plan, budget, "nvlink2", "ideal")
+    composed = [c for c in tuned.candidates if c.options.get("composed_for")]
+    assert composed and any(c.fits for c in composed)
+    again = tflms.make_plan(view, tuned.config)  # the config makes the plan again
+    assert again.swaps == tuned.plan.swaps and again.order == tuned.plan.order
+    # NVLink2's own composition of those options, before the final trim, does not fit
+    own = tflms.make_plan(view, tuned.config.replace(link="nvlink2", n_tensors=None))
+    assert not _fits_over(view, own, budget, "nvlink2", "ideal")

@@ -24,7 +24,12 @@ whose predicted step time is lowest:
    levels around the peak, ``min_tensor_bytes=0``, and last the most
    memory-saving plans (every candidate swapped from the lowest thresholds
    with the latest swap-ins, with and without recomputation, the two lowest
-   of them also ordered: neither lever always lowers the peak);
+   of them also ordered: neither lever always lowers the peak); if still
+   nothing fits, the two lowest plans composed as for each slower preset
+   link (their dense recomputations and order edges assume slower copies
+   and keep less resident), simulated over the given link, and the lowest
+   plans with their swap counts halved down to one (an ordered plan's peak
+   is not monotone in the count);
 7. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
    traffic, less overhead - for the best plan, the best plan that re-runs
    dense ops and the best that does not (one swap first, then a bisection).
@@ -90,7 +95,10 @@ class AutotuneResult:
     Attributes:
         lms_needed: ``False`` when the step fits without swapping.
         config: the chosen options (the input config with the searched
-            fields replaced).
+            fields replaced); ``tflms.make_plan(view, config)`` makes the
+            plan again. Its ``link`` is the link the plan was composed for:
+            ``link`` below, or a slower preset when only a plan composed for
+            slower copies fits (the search's last resort).
         plan: the chosen plan (no swaps when LMS is not needed).
         result: the simulation of the step with ``plan`` (baseline included).
         baseline: the simulation without swaps.
@@ -150,6 +158,14 @@ class AutotuneResult:
                 + (
                     f", swap-ins retimed by simulation (slack {self.retime:g})"
                     if self.retime
+                    else ""
+                )
+                + (
+                    f"; composed as if over {self.config.link} (its recomputations and "
+                    f"orders keep less resident), simulated over {self.link}"
+                    if self.config.link != self.link
+                    and self.config.link in LINKS
+                    and self.link in LINKS
                     else ""
                 ),
                 self._state_line(),

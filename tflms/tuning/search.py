@@ -41,12 +41,14 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from dataclasses import dataclass
 
 from tflms.compose.levers import Levers, compose_plan
 from tflms.config import LMSConfig
+from tflms.cost.hardware import LINKS, get_link
 from tflms.cost.target import Accounting, Target
 from tflms.plan.swap_plan import SwapPlan
 from tflms.simulation.plans import PlanSimulator
@@ -81,6 +83,8 @@ _PROMISING = 3
 _DENSE_RATIOS = (0.05, 0.1, 0.25)
 _SEGMENTS = (1, 2, 4)
 """Checkpoint spacings tried (``recompute_segments``): every cut, every second, every fourth."""
+_LOWEST = 2
+"""Plans the last resort composes for slower links and cuts to fewer swaps."""
 _COLLECT_EVERY = 16
 """Plans evaluated between two explicit garbage collections (the collector is paused)."""
 
@@ -153,6 +157,7 @@ class Search:
         self._seen: dict[tuple, _Evaluated] = {}
         # what the plans of settings share: recomputations, unordered plans, op times
         self.levers = Levers(view, target, costs=self.plans.costs)
+        self._composed_for: dict[str, Levers] = {}  # the last resort's slower links
 
     # ------------------------------------------------------------ evaluation
     def evaluate(self, retime: float | None = None, **options) -> _Evaluated:
@@ -165,16 +170,21 @@ class Search:
                 (:func:`~tflms.compose.retime.retime_triggers`); None keeps the
                 planner's level-based triggers.
             **options: :class:`~tflms.LMSConfig` fields overriding the base config.
+                A ``link`` other than the target's composes the plan for that
+                link (its dense recomputations, retimed triggers and order
+                edges assume its copies: the last resort's slower presets);
+                the plan is simulated over the target's link all the same.
 
         Returns:
             The evaluation: config, plan, simulation result and retime slack.
         """
         cfg = self.base.replace(**options)
-        key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime)
+        key = (*(getattr(cfg, name) for name in TUNED_OPTIONS), retime, cfg.link)
         if key in self._seen:
             return self._seen[key]
+        levers = self._levers_for(cfg.link)
         plan = compose_plan(
-            self.view, cfg, self.target, retime=retime, levers=self.levers, order_plain=False
+            self.view, cfg, levers.target, retime=retime, levers=levers, order_plain=False
         )
         result = self.plans.simulate(plan, baseline=self.baseline)
         done = _Evaluated(cfg, plan, result, retime)
@@ -189,6 +199,16 @@ class Search:
             len(plan.swaps),
         )
         return done
+
+    def _levers_for(self, link: str) -> Levers:
+        """The composition memo for plans made as if copies ran over ``link``."""
+        if link == self.base.link:
+            return self.levers
+        if link not in self._composed_for:
+            target = dataclasses.replace(self.target, link=get_link(link))
+            # op times of its own: a swap's copy takes that link's time in the orders
+            self._composed_for[link] = Levers(self.view, target)
+        return self._composed_for[link]
 
     def evaluated(self) -> list[_Evaluated]:
         """Every evaluation made so far, in search order."""
@@ -205,6 +225,11 @@ class Search:
                     options={
                         **{name: _jsonable(getattr(done.config, name)) for name in TUNED_OPTIONS},
                         "retime": done.retime,
+                        **(
+                            {}
+                            if done.config.link == self.base.link
+                            else {"composed_for": done.config.link}
+                        ),
                     },
                     device_peak_bytes=done.result.device_peak_bytes,
                     step_time_s=done.result.step_time_s,
@@ -391,6 +416,8 @@ class Search:
         if not self.fits(current):
             current = self._rescue(current)
         if not self.fits(current):
+            current = self._last_resort()
+        if not self.fits(current):
             return self.best(self._seen.values())
         # Trim the swaps of the best plan of each kind: a plan that re-runs convolutions
         # often needs only a few swaps, and is fastest with them.
@@ -444,6 +471,57 @@ class Search:
         lowest = sorted(family, key=lambda e: (e.peak, e.result.step_time_s))[:2]
         family += [self.evaluate(**_opts(e.config, reorder=True)) for e in lowest]
         return self.pick(pool + family)
+
+    def _last_resort(self) -> _Evaluated:
+        """When even the rescue fits nothing: the lowest plans with fewer swaps, or composed otherwise.
+
+        Two ways a plan that fits can lie outside every path above, both found
+        on the zoo's MLP (a budget the PCIe3 search met and the NVLink2 search
+        did not):
+
+        * fewer swaps: the trim runs on plans that fit, but an ordered plan's
+          peak is not monotone in its swap count either (each count gets its
+          own order edges). The :data:`_LOWEST` lowest plans' counts are
+          halved down to one;
+        * a link's own composition: dense recomputations, retimed triggers
+          and order edges are chosen for the target's link, and over a fast
+          link they keep more resident. If the cuts fit nothing either, the
+          lowest plans are composed again for each slower preset link,
+          fastest first (:func:`_slower_links`), simulated over the target's
+          link, and cut the same way; the first link with a plan that fits
+          ends the walk.
+
+        Returns:
+            The best plan that fits, else the lowest of every plan made.
+        """
+        lowest = self._lowest_plans(self.evaluated())
+        found = self.best(self._fewer_swaps(lowest))
+        # (a link model that is no preset: the config cannot name it, nor one slower)
+        slower = _slower_links(self.link) if self.link.name == self.base.link else []
+        for link in slower:
+            if found is not None:
+                break
+            composed = [
+                self.evaluate(retime=e.retime, **_opts(e.config, link=link)) for e in lowest
+            ]
+            found = self.best(composed + self._fewer_swaps(self._lowest_plans(composed)))
+        return found or self.lowest()
+
+    def _fewer_swaps(self, plans: list[_Evaluated]) -> list[_Evaluated]:
+        """``plans`` with their swap counts halved, down to one swap."""
+        cut = []
+        for start in plans:
+            n = len(start.plan.swaps) // 2
+            while n >= 1:
+                cut.append(self.evaluate(retime=start.retime, **_opts(start.config, n_tensors=n)))
+                n //= 2
+        return cut
+
+    @staticmethod
+    def _lowest_plans(pool: list[_Evaluated]) -> list[_Evaluated]:
+        """The :data:`_LOWEST` plans of ``pool`` with swaps and the lowest peaks."""
+        rewriting = [e for e in pool if e.plan.swaps]
+        return sorted(rewriting, key=lambda e: (e.peak, e.result.step_time_s))[:_LOWEST]
 
     def _trim(self, current: _Evaluated, bar: float) -> _Evaluated:
         """The fewest largest-first swaps of ``current`` that still fit.
@@ -561,13 +639,19 @@ recomputation peaks 23% below the one with both - so each is tried both ways rat
 assumed to help."""
 
 
+def _slower_links(link) -> list[str]:
+    """The preset links slower than ``link``, fastest first (none for an unnamed model)."""
+    slower = [other for other in LINKS.values() if other.bandwidth < link.bandwidth]
+    return [other.name for other in sorted(slower, key=lambda m: -m.bandwidth)]
+
+
 def _compute_bound(done: _Evaluated) -> bool:
     """Whether a plan's step is as long as its compute alone: no copy delays it."""
     return done.result.step_time_s <= done.result.compute_time_s * (1 + 1e-9)
 
 
 def _opts(config: LMSConfig, **changes) -> dict:
-    options = {name: getattr(config, name) for name in TUNED_OPTIONS}
+    options = {name: getattr(config, name) for name in (*TUNED_OPTIONS, "link")}
     options.update(changes)
     return options
 
