@@ -377,8 +377,8 @@ def test_a_faster_link_fits_every_budget_a_slower_link_fits(mlp_view, fraction):
 
     At 0.8 the ordered plan that swaps all four candidates fits over PCIe3
     but not over NVLink2 (its order edges are chosen for faster copies),
-    and the plan with one of its swaps does over both: the last resort cuts
-    the lowest plans' swap counts, which the trim only did for plans that fit.
+    and the plan with half its swaps does over both: the last resort's descent
+    cuts the lowest plans' swap counts, which the trim only did for plans that fit.
     """
     view, plain = mlp_view
     budget = int(plain * fraction)
@@ -395,14 +395,14 @@ def test_a_faster_link_fits_every_budget_a_slower_link_fits(mlp_view, fraction):
 
 
 def test_the_last_resort_composes_the_lowest_plans_for_a_slower_link(mlp_view, monkeypatch):
-    """Without the cut to fewer swaps, the NVLink2 search still fits the 0.8x budget:
+    """Without the descent (the cut to fewer swaps), NVLink2 still fits the 0.8x budget:
     the lowest plans composed as for a slower link (orders for slower copies) fit
     over NVLink2, and the result's config names the link its plan was composed for."""
     from tflms.tuning import search
 
     view, plain = mlp_view
     budget = int(plain * 0.8)
-    monkeypatch.setattr(search.Search, "_fewer_swaps", lambda self, plans: [])
+    monkeypatch.setattr(search.Search, "_moves", lambda self, done: [])  # no descent
     tuned = tflms.autotune(view, budget, safety_margin=0, link="nvlink2", accounting="tensors")
 
     assert tuned.link == "nvlink2" and tuned.config.link in ("pcie5", "pcie4", "pcie3")
@@ -415,3 +415,20 @@ def test_the_last_resort_composes_the_lowest_plans_for_a_slower_link(mlp_view, m
     # NVLink2's own composition of those options, before the final trim, does not fit
     own = tflms.make_plan(view, tuned.config.replace(link="nvlink2", n_tensors=None))
     assert not _fits_over(view, own, budget, "nvlink2", "ideal")
+
+
+def test_a_budget_off_the_search_paths_is_met_by_the_last_resorts_descent(monkeypatch):
+    """VGG16 at 60% of its plain peak (the fidelity bench's budget): every plan the ladder,
+    the rescue and the most-saving family make peaks above it (2.33 GiB against 2.28);
+    one-lever moves from the lowest of them (order edges on the synchronous plan) fit."""
+    from tflms.tuning import search
+
+    view = tflms.analyze(zoo.vgg16(224), batch_size=32)
+    budget = int(tflms.simulate(view, accounting="tensors").device_peak_bytes * 0.6)
+
+    tuned = tflms.autotune(view, budget, safety_margin=0)
+    assert tuned.lms_needed and _fits_over(view, tuned.plan, budget, "pcie3", "ideal")
+
+    monkeypatch.setattr(search.Search, "_moves", lambda self, done: [])  # no descent
+    with pytest.raises(PlanInfeasibleError, match="No swap plan brings"):
+        tflms.autotune(view, budget, safety_margin=0)

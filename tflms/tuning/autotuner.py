@@ -25,11 +25,13 @@ whose predicted step time is lowest:
    memory-saving plans (every candidate swapped from the lowest thresholds
    with the latest swap-ins, with and without recomputation, the two lowest
    of them also ordered: neither lever always lowers the peak); if still
-   nothing fits, the two lowest plans composed as for each slower preset
-   link (their dense recomputations and order edges assume slower copies
-   and keep less resident), simulated over the given link, and the lowest
-   plans with their swap counts halved down to one (an ordered plan's peak
-   is not monotone in the count);
+   nothing fits, a descent from the lowest plans (one lever moved at a
+   time: half the swaps, order, recomputation, dense ratios, small
+   tensors, asynchronous copies, the swap-in lead; a few rounds while the
+   plans get better), then the same from the lowest plans composed as for
+   each slower preset link (their order edges and dense recomputations
+   assume slower copies and keep less resident), simulated over the given
+   link;
 7. ``n_tensors``: the fewest (largest-first) swaps that still fit - less
    traffic, less overhead - for the best plan, the best plan that re-runs
    dense ops and the best that does not (one swap first, then a bisection).

@@ -6,8 +6,9 @@ the threshold ladder, ``swapin_ahead`` for the most promising thresholds,
 ``swapin_groupby``, simulated-time triggers, recomputation (cheap, then
 dense over a finite link), ordering, the rescue options (sync modes,
 serialization, ``min_tensor_bytes=0``, the most memory-saving plans) when
-nothing fits, and finally the
-fewest swaps that still fit. Every simulated plan is kept as a
+nothing fits, the last resort's descent (one lever at a time from the
+lowest plans, then from those plans composed for slower links) when that
+fits nothing either, and finally the fewest swaps that still fit. Every simulated plan is kept as a
 :class:`Candidate` for the report.
 
 The plans are all of one view, so the work they share is done once: a
@@ -84,7 +85,9 @@ _DENSE_RATIOS = (0.05, 0.1, 0.25)
 _SEGMENTS = (1, 2, 4)
 """Checkpoint spacings tried (``recompute_segments``): every cut, every second, every fourth."""
 _LOWEST = 2
-"""Plans the last resort composes for slower links and cuts to fewer swaps."""
+"""Plans the last resort descends from, and composes for slower links."""
+_DESCENT_ROUNDS = 4
+"""Rounds of one-lever moves in the last resort's descent."""
 _COLLECT_EVERY = 16
 """Plans evaluated between two explicit garbage collections (the collector is paused)."""
 
@@ -473,49 +476,97 @@ class Search:
         return self.pick(pool + family)
 
     def _last_resort(self) -> _Evaluated:
-        """When even the rescue fits nothing: the lowest plans with fewer swaps, or composed otherwise.
+        """When even the rescue fits nothing: a descent on the peak from the lowest plans.
 
-        Two ways a plan that fits can lie outside every path above, both found
-        on the zoo's MLP (a budget the PCIe3 search met and the NVLink2 search
-        did not):
-
-        * fewer swaps: the trim runs on plans that fit, but an ordered plan's
-          peak is not monotone in its swap count either (each count gets its
-          own order edges). The :data:`_LOWEST` lowest plans' counts are
-          halved down to one;
-        * a link's own composition: dense recomputations, retimed triggers
-          and order edges are chosen for the target's link, and over a fast
-          link they keep more resident. If the cuts fit nothing either, the
-          lowest plans are composed again for each slower preset link,
-          fastest first (:func:`_slower_links`), simulated over the target's
-          link, and cut the same way; the first link with a plan that fits
-          ends the walk.
+        The paths above make plans in a fixed order of levers, and a plan
+        that fits can lie off every one of them. Found so far: VGG16 at 60%
+        of its plain peak (the rescue's most-saving plans never re-run dense
+        ops: 2.33 GiB against 2.28; with ``recompute_dense=0.25`` added,
+        2.22), and the zoo's MLP, whose ordered plans peak higher over NVLink2
+        than over PCIe3 and lower with fewer swaps. So, from the
+        :data:`_LOWEST` lowest plans, each lever is moved one step
+        (:meth:`_moves`) for up to :data:`_DESCENT_ROUNDS` rounds while the
+        lowest peak falls; then, if nothing fits yet, the lowest plans are
+        composed again for each slower preset link, fastest first
+        (:func:`_slower_links`; their dense recomputations, retimed triggers
+        and order edges assume slower copies and keep less resident),
+        simulated over the target's link, and descended the same way; the
+        first link with a plan that fits ends the walk.
 
         Returns:
             The best plan that fits, else the lowest of every plan made.
         """
-        lowest = self._lowest_plans(self.evaluated())
-        found = self.best(self._fewer_swaps(lowest))
+        found = self._descend(self._lowest_plans(self.evaluated()))
         # (a link model that is no preset: the config cannot name it, nor one slower)
         slower = _slower_links(self.link) if self.link.name == self.base.link else []
+        lowest = self._lowest_plans(self.evaluated())
         for link in slower:
             if found is not None:
                 break
             composed = [
                 self.evaluate(retime=e.retime, **_opts(e.config, link=link)) for e in lowest
             ]
-            found = self.best(composed + self._fewer_swaps(self._lowest_plans(composed)))
+            found = self._descend(self._lowest_plans(composed))
         return found or self.lowest()
 
-    def _fewer_swaps(self, plans: list[_Evaluated]) -> list[_Evaluated]:
-        """``plans`` with their swap counts halved, down to one swap."""
-        cut = []
-        for start in plans:
-            n = len(start.plan.swaps) // 2
-            while n >= 1:
-                cut.append(self.evaluate(retime=start.retime, **_opts(start.config, n_tensors=n)))
-                n //= 2
-        return cut
+    def _descend(self, starts: list[_Evaluated]) -> _Evaluated | None:
+        """One-lever moves from the best plans while they get better; the best fit or None.
+
+        Better is :meth:`rank`: a lower peak until a plan fits, then a
+        shorter step among those that fit. So the descent does not stop at
+        the first plan that fits: VGG16's ran its copies synchronously,
+        1.93x its plain step, and the moves from it re-run dense ops instead
+        and copy asynchronously again.
+        """
+        made = {id(e): e for e in starts}
+        frontier = self._lowest_plans(list(made.values()))
+        for _ in range(_DESCENT_ROUNDS):
+            if not frontier:
+                break
+            before = min(self.rank(e) for e in made.values())
+            for e in frontier:
+                for move in self._moves(e):
+                    trial = self.evaluate(retime=e.retime, **move)
+                    made[id(trial)] = trial
+            ranked = sorted(made.values(), key=self.rank)
+            frontier = [e for e in ranked[:_LOWEST] if self.rank(e) < before]
+        return self.best(made.values())
+
+    def _moves(self, done: _Evaluated) -> list[dict]:
+        """The options of ``done`` with one lever moved: each a setting to evaluate.
+
+        Half the swaps (an ordered plan's peak is not monotone in the
+        count), order toggled, recomputation toggled (turned on with dense
+        ops re-run at each ratio too), small tensors considered or not,
+        copies asynchronous again, swap-ins a step earlier or later.
+        """
+        cfg = done.config
+        finite = self.link.bandwidth != float("inf")  # (dense ops are judged by their copies)
+        moves = [_opts(cfg, reorder=not cfg.reorder)]
+        if len(done.plan.swaps) > 1:
+            moves.append(_opts(cfg, n_tensors=len(done.plan.swaps) // 2))
+        if cfg.recompute:
+            moves.append(_opts(cfg, recompute=False, recompute_dense=0.0, recompute_segments=0))
+        else:
+            moves.append(_opts(cfg, recompute=True))
+        if finite:
+            moves += [
+                _opts(cfg, recompute=True, recompute_dense=r)
+                for r in _DENSE_RATIOS
+                if r != cfg.recompute_dense
+            ]
+        small = 0 if cfg.min_tensor_bytes else self.base.min_tensor_bytes
+        moves.append(_opts(cfg, min_tensor_bytes=small))
+        if cfg.sync_mode:
+            moves.append(_opts(cfg, sync_mode=0))
+        if cfg.swapin_ahead in _AHEADS:
+            at = _AHEADS.index(cfg.swapin_ahead)
+            moves += [
+                _opts(cfg, swapin_ahead=_AHEADS[i])
+                for i in (at - 1, at + 1)
+                if 0 <= i < len(_AHEADS)
+            ]
+        return moves
 
     @staticmethod
     def _lowest_plans(pool: list[_Evaluated]) -> list[_Evaluated]:
