@@ -19,7 +19,9 @@ low), as early as needed (to hide the copy):
    inserted edge still goes up in level and the graph stays acyclic. A
    consumer that is a recomputed clone counts as the ops reading the clones
    (levels of ``view``: the plan's own consumer level counts the view with
-   the clones, where the backward pass is deeper).
+   the clones, where the backward pass is deeper), and a clone read by
+   another group's clone or gate (streamed weights with recomputation) as
+   that group's readers, recursively.
 
 It is a plan-to-plan transform: the result is an ordinary
 :class:`~tflms.plan.swap_plan.SwapPlan`, applied and validated like any other.
@@ -90,15 +92,7 @@ def retime_triggers(
     )
     ends = [t for t, _ in eligible]
 
-    # a recompute clone reading a swap-in is due when the clone's own consumers start
-    # (minus the clones' compute time, which the copy must precede)
-    clone_due = {}
-    clone_level = {}  # a clone's descendants in the view: those of the ops reading it
-    for r in plan.recomputes:
-        start = min(schedule.start[index[c]] for c, _, _, _ in r.consumers) - r.seconds
-        clone_due.update(dict.fromkeys(r.inserted, start))  # gates: as their clones
-        readers = [levels[c] for c, _, _, _ in r.consumers if c in levels]
-        clone_level.update(dict.fromkeys(r.inserted, min(readers, default=r.consumer_level)))
+    clone_due, clone_level = _clone_times(plan, schedule, index, levels)
     entries = []
     for s, swap in enumerate(plan.swaps):
         for k, swap_in in enumerate(swap.swap_ins):
@@ -153,3 +147,49 @@ def retime_triggers(
             f"swap-in triggers chosen by simulated time ({link.name}, slack {slack:g})",
         ),
     )
+
+
+def _clone_times(plan: SwapPlan, schedule, index: dict, levels: dict) -> tuple[dict, dict]:
+    """When each recompute clone (and gate) is due, and the view level it sits below.
+
+    A clone reading a swap-in is due when the clone's own consumers start,
+    less the clones' compute time (which the copy must precede); its level
+    is that of the ops reading it. A consumer may itself be another group's
+    clone (chained groups: a weight's host cast read by its streamed views,
+    a segment read by a cheap op's clone): it counts by its own group's due
+    time and level, resolved recursively.
+
+    Returns:
+        ``(due time by inserted op, view level by inserted op)``.
+    """
+    group_of = {op: r for r in plan.recomputes for op in r.inserted}
+    due: dict = {}
+    level: dict = {}
+
+    def resolve(r) -> None:
+        first = r.inserted[0]
+        if first in due:
+            return
+        due[first] = None  # in progress: a cycle counts the consumer by its schedule
+        starts, readers = [], []
+        for c, _, _, _ in r.consumers:
+            other = group_of.get(c)
+            if other is not None and other is not r:
+                resolve(other)
+                head = other.inserted[0]
+                if due.get(head) is not None:
+                    starts.append(due[head])
+                    readers.append(level[head])
+                    continue
+            if c in index:
+                starts.append(schedule.start[index[c]])
+            if c in levels:
+                readers.append(levels[c])
+        start = min(starts, default=0.0) - r.seconds
+        low = min(readers, default=r.consumer_level)
+        due.update(dict.fromkeys(r.inserted, start))  # gates: as their clones
+        level.update(dict.fromkeys(r.inserted, low))
+
+    for r in plan.recomputes:
+        resolve(r)
+    return due, level
