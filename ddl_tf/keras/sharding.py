@@ -81,7 +81,7 @@ from ddl_tf.core.process_sets import ProcessSet, global_process_set, member_engi
 from ddl_tf.errors import CollectiveMismatchError, ConfigError, StallError
 from ddl_tf.keras.gradient_reducer import GradientReducer, variable_key, variables_of_apply
 from ddl_tf.keras.shard_plan import ShardPlan, check_same_variables, gather_buckets, scatter_groups
-from ddl_tf.tensorflow.allgather_ops import gather_tensors
+from ddl_tf.tensorflow.allgather_ops import gather_parts, gather_tensors
 from ddl_tf.tensorflow.allreduce_ops import reduce_tensors
 from ddl_tf.tensorflow.overlap import resolve
 from ddl_tf.tensorflow.reducescatter_ops import scatter_rows
@@ -402,15 +402,14 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
         for k, bucket in enumerate(gather_buckets(plan, fusion)):
             members = set(bucket)
             dtypes = sorted({plan.dtypes[i] for i in bucket})
-            mine = []
-            for dtype in dtypes:
-                parts = [
-                    tf.reshape(self._all[i].value, [-1])
-                    for i in plan.of(plan.rank, dtype)
-                    if i in members
-                ]
-                mine.append(tf.concat(parts, 0) if parts else tf.zeros([0], dtype))
-            gathered = gather_tensors(engine, mine, f"{self.name}_weights_b{k}")
+            # this rank's updated variables, joined on the host by the collective itself
+            mine = [
+                [self._all[i].value for i in plan.of(plan.rank, dtype) if i in members]
+                for dtype in dtypes
+            ]
+            gathered = gather_parts(
+                engine, mine, [tf.as_dtype(d) for d in dtypes], f"{self.name}_weights_b{k}"
+            )
             for dtype, flat in zip(dtypes, gathered, strict=True):
                 total = sum(plan.sizes[i] for i in bucket if plan.dtypes[i] == dtype)
                 flat = tf.reshape(flat, [total])  # a static shape, for Grappler and tflms

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from ddl_tf.core.collectives.reduce_spec import AVERAGE
@@ -33,7 +34,7 @@ from ddl_tf.core.process_sets import ProcessSet
 from ddl_tf.tensorflow import bridge
 from ddl_tf.tensorflow.tf_errors import engine_for
 
-__all__ = ["allgather", "grouped_allgather", "gather_tensors", "gathered_shape"]
+__all__ = ["allgather", "grouped_allgather", "gather_tensors", "gather_parts", "gathered_shape"]
 
 
 def gathered_shape(x: tf.Tensor) -> tf.TensorShape | None:
@@ -118,6 +119,59 @@ def gather_tensors(engine: Any, tensors: Sequence, name: str | None) -> list[tf.
         return ys, grad
 
     return list(gather(*tensors))
+
+
+def gather_parts(
+    engine: Any, groups: Sequence[Sequence], dtypes: Sequence[tf.DType], name: str
+) -> list[tf.Tensor]:
+    """Allgather flat tensors given as parts: each group's parts are joined on the host.
+
+    Group ``k`` on this rank is its tensors flattened and concatenated, of
+    ``dtypes[k]`` (an empty group: nothing); every rank receives every
+    rank's concatenation, in rank order. Nothing is concatenated in
+    TensorFlow: the collective's op takes the parts and joins them in one
+    host array when it runs, where MPI reads them anyway, so a rank's own
+    share (ZeRO's updated weights) is not copied on the device first. Not
+    differentiable.
+
+    Args:
+        engine: The set's engine on this rank.
+        groups: Per message, this rank's tensors (any shapes, one dtype).
+        dtypes: Each group's dtype (needed for an empty group).
+        name: The collective's name, compared across ranks.
+
+    Returns:
+        Per group, a 1-D tensor: every rank's concatenation, in rank order.
+
+    Example (one process: the parts come back joined):
+        >>> import ddl_tf as hvd
+        >>> from ddl_tf.core.basics import engine
+        >>> _ = hvd.init()
+        >>> parts = [[tf.constant([[1.0], [2.0]]), tf.constant([3.0])], []]
+        >>> out = gather_parts(engine(), parts, [tf.float32, tf.int32], "parts")
+        >>> [t.numpy().tolist() for t in out]
+        [[1.0, 2.0, 3.0], []]
+        >>> hvd.shutdown()
+    """
+    counts = [len(group) for group in groups]
+
+    def join_and_gather(*parts: np.ndarray) -> list[np.ndarray]:
+        flat = iter(parts)
+        joined = [
+            np.concatenate([np.ravel(next(flat)) for _ in range(count)])
+            if count
+            else np.zeros([0], dtype.as_numpy_dtype)
+            for count, dtype in zip(counts, dtypes, strict=True)
+        ]
+        return engine.grouped_allgather(joined, name=name)
+
+    return bridge.run(
+        join_and_gather,
+        [part for group in groups for part in group],
+        list(dtypes),
+        [tf.TensorShape([None]) for _ in groups],
+        name=bridge.op_name("Allgather", name),
+    )
 
 
 def allgather(
