@@ -252,7 +252,11 @@ def order_edges(
         if bypass
         else compiled
     )
-    removed = {i for i, name in enumerate(compiled.names) if removed_at_run_time(view, name)}
+    removed = {  # and the initializers a traced step lifts out (tflms.graph.initializers)
+        i
+        for i, name in enumerate(compiled.names)
+        if removed_at_run_time(view, name) or (name in view and view.nodes[name].get("initializer"))
+    }
     graph = _Graph(compiled, accounting, written, removed, view)
     g = graph.g
     concern = _addn_concerns(graph)

@@ -12,6 +12,9 @@ Node attributes:
     ``control_flow`` (the op is a control-flow op or sits inside a TF1
     while/cond context), ``functions`` (names of functions the op calls),
     ``stateful``, ``tflms`` (``"out"``/``"in"`` for tflms' swap ops, else ``None``),
+    ``initializer`` (the op computes a variable's initial value in a function
+    being traced, which TensorFlow lifts out of the step: no plan touches it,
+    :mod:`tflms.graph.initializers`),
     ``loop`` (``While`` ops only: a :class:`~tflms.graph.loops.LoopLists`),
     ``body`` (``While`` ops only: one iteration of its body as a view, for its
     ops' costs; ``None`` where the body cannot be imported),
@@ -68,6 +71,7 @@ from tflms.config import LMSConfig
 from tflms.errors import ConfigError, UnsupportedGraphError
 from tflms.graph import cudnn_rnn, loops
 from tflms.graph.graph_def import graph_from_function_def
+from tflms.graph.initializers import initializer_ops
 from tflms.utils.devices import DeviceMatcher, canonical, default_compute_type, same_device
 from tflms.utils.gc_pause import gc_paused
 
@@ -345,6 +349,9 @@ def _build(graph: tf.Graph, config: LMSConfig, batch_size, batch_source) -> nx.D
             edge["tensors"].append((int(index), in_idx))
             in_idx += 1
     view.add_edges_from((u, v, data) for (u, v), data in edges.items())
+    lifted = initializer_ops(view)
+    for name, node in view.nodes(data=True):
+        node["initializer"] = name in lifted
     _colocate_with_resources(
         view, {n for n in captured if n in view and view.nodes[n]["placement"] == "host"}
     )

@@ -128,9 +128,10 @@ def producer_ok(name: str, node: dict, config: LMSConfig) -> bool:
 
     Returns:
         ``True`` for compute-device ops outside control flow that are not
-        tflms ops, not in :data:`NEVER_SWAP_PRODUCERS` and pass the filters.
+        tflms ops nor variables' initializers (:mod:`tflms.graph.initializers`),
+        not in :data:`NEVER_SWAP_PRODUCERS` and pass the filters.
     """
-    if node["placement"] != "compute" or node["tflms"]:
+    if node["placement"] != "compute" or node["tflms"] or node.get("initializer"):
         return False
     if node["control_flow"] and not node.get("loop"):
         return False  # a loop's own outputs: only its kept lists (see kept_list)

@@ -214,12 +214,20 @@ def _serialization_chains(view, config: LMSConfig) -> tuple[tuple[str, ...], ...
         return ()
     by_level: dict[int, list[str]] = {}
     for name, data in view.nodes(data=True):
-        if data["placement"] == "compute" and not data["control_flow"] and not data["tflms"]:
+        if (
+            data["placement"] == "compute"
+            and not data["control_flow"]
+            and not data["tflms"]
+            and not data.get("initializer")  # lifted out of the step when tracing ends
+            and view.pred[name]  # a source (a Placeholder, a Const) does no work to order
+        ):
             by_level.setdefault(data["level"], []).append(name)
     chains = []
     for lo, hi in config.serialization:
         for level in range(lo, hi + 1):
-            ops = sorted(by_level.get(level, ()))
+            # in the order the ops were made (the view's): TensorFlow orders a traced step's
+            # stateful ops by that order when tracing ends, so an edge against it closes a cycle
+            ops = by_level.get(level, ())
             if len(ops) > 1:
                 chains.append(tuple(ops))
     return tuple(chains)
