@@ -417,21 +417,40 @@ def test_the_last_resort_composes_the_lowest_plans_for_a_slower_link(mlp_view, m
     assert not _fits_over(view, own, budget, "nvlink2", "ideal")
 
 
-def test_a_budget_off_the_search_paths_is_met_by_the_last_resorts_descent(monkeypatch):
-    """VGG16 at 60% of its plain peak (the fidelity bench's budget): every plan the ladder,
-    the rescue and the most-saving family make peaks above it (2.33 GiB against 2.28);
-    one-lever moves from the lowest of them (order edges on the synchronous plan) fit."""
+@pytest.fixture(scope="module")
+def vgg_at_60():
+    """VGG16 (224, batch 32) and 60% of its plain peak: the fidelity bench's budget."""
+    view = tflms.analyze(zoo.vgg16(224), batch_size=32)
+    return view, int(tflms.simulate(view, accounting="tensors").device_peak_bytes * 0.6)
+
+
+def test_a_budget_off_the_search_paths_is_met_by_the_last_resorts_descent(vgg_at_60, monkeypatch):
+    """VGG16 at 60% of its plain peak: every plan the ladder, the rescue and the
+    most-saving family make peaks above it (2.33 GiB against 2.28); one-lever moves
+    from the lowest of them (order edges on the synchronous plan) fit, with the
+    dense-recompute corner left out; with the moves left out too, nothing does."""
     from tflms.tuning import search
 
-    view = tflms.analyze(zoo.vgg16(224), batch_size=32)
-    budget = int(tflms.simulate(view, accounting="tensors").device_peak_bytes * 0.6)
-
+    view, budget = vgg_at_60
+    monkeypatch.setattr(search.Search, "_dense_corner", lambda self: [])
     tuned = tflms.autotune(view, budget, safety_margin=0)
     assert tuned.lms_needed and _fits_over(view, tuned.plan, budget, "pcie3", "ideal")
 
     monkeypatch.setattr(search.Search, "_moves", lambda self, done: [])  # no descent
     with pytest.raises(PlanInfeasibleError, match="No swap plan brings"):
         tflms.autotune(view, budget, safety_margin=0)
+
+
+def test_the_last_resort_finds_the_fast_plan_four_levers_from_the_descents(vgg_at_60):
+    """The descent alone ends on a synchronous, serialized plan at +93% (one lever at a
+    time cannot leave it: every single move from it is over the budget or slower).
+    Threshold 2, dense ops re-run, order edges, asynchronous copies fit at about +47%
+    before the trim (simulated): the last resort makes that corner before descending."""
+    view, budget = vgg_at_60
+    tuned = tflms.autotune(view, budget, safety_margin=0)
+    assert _fits_over(view, tuned.plan, budget, "pcie3", "ideal")
+    assert tuned.config.sync_mode == 0 and tuned.config.recompute_dense > 0
+    assert tuned.overhead < 0.5, tuned.summary()
 
 
 def test_retimed_triggers_of_a_plan_whose_recomputations_read_each_others_clones(devices):
