@@ -102,3 +102,60 @@ def test_a_plan_over_the_first_levels_leaves_a_state_built_in_the_trace_alone(
     assert len(plain) == len(planned)
     for a, b in zip(plain, planned, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _touched(plan) -> set[str]:
+    """Every op a plan reroutes, waits on, triggers from, re-runs or orders."""
+    ops: set[str] = set()
+    for swap in plan.swaps:
+        ops |= {swap.producer, *swap.wait_for_swapout, *(c for c, _ in swap.consumers)}
+        for swap_in in swap.swap_ins:
+            ops |= {swap_in.trigger, *swap_in.control_inputs, *(c for c, _ in swap_in.consumers)}
+    for group in plan.recomputes:
+        ops |= {group.trigger, *group.control_inputs, *group.ops}
+        ops |= {consumer for consumer, *_ in group.consumers}
+    ops |= {op for edge in plan.order for op in edge}
+    ops |= {op for chain in plan.serialization for op in chain}
+    return ops - {None}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(sync_mode=3, swapout_threshold=1, min_tensor_bytes=0),
+        dict(recompute=True, swapout_threshold=1, min_tensor_bytes=0, swapin_ahead=1),
+        dict(
+            recompute=True,
+            recompute_dense=0.25,
+            reorder=True,
+            swapout_threshold=0,
+            min_tensor_bytes=0,
+        ),
+    ],
+    ids=["sync", "recompute", "dense+order"],
+)
+def test_no_lever_touches_an_initializer_of_the_first_trace(devices, options):
+    """Waits for swap-outs, swap-in and recompute triggers, re-runs and order edges: an
+    initializer is lifted out of the function when tracing ends, so none may be one."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _model(devices)
+        views = []
+
+        def step(batch):
+            outputs = model.train_step(batch)
+            views.append(build_view(tf.compat.v1.get_default_graph(), batch_size=16))
+            return outputs
+
+        specs = (tf.TensorSpec((16, 32)), tf.TensorSpec((16, 4)))
+        with tf.device(devices.compute):
+            tf.function(step, autograph=False).get_concrete_function(specs)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    view = views[0]
+    config = tflms.LMSConfig(device=devices.compute, host_device=devices.host, **options)
+    plan = tflms.make_plan(view, config)
+    touched = _touched(plan)
+    assert plan.swaps or plan.recomputes, plan.summary()
+    initializers = {n for n, d in view.nodes(data=True) if d["initializer"]}
+    assert initializers and not (touched & initializers), sorted(touched & initializers)

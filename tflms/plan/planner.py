@@ -213,14 +213,13 @@ def _serialization_chains(view, config: LMSConfig) -> tuple[tuple[str, ...], ...
     if not config.serialization:
         return ()
     by_level: dict[int, list[str]] = {}
+    # the ops a trigger may be: a chain's edges are control edges as a trigger's are (none on
+    # an initializer, an op Grappler removes, folds or was found to rewrite differently:
+    # under oneDNN with float16 kernels a chained BiasAdd stopped its MatMul's fusion)
+    may_wait = trigger_filter(view)
     for name, data in view.nodes(data=True):
-        if (
-            data["placement"] == "compute"
-            and not data["control_flow"]
-            and not data["tflms"]
-            and not data.get("initializer")  # lifted out of the step when tracing ends
-            and view.pred[name]  # a source (a Placeholder, a Const) does no work to order
-        ):
+        # a source (a Placeholder, a Const) does no work to order
+        if view.pred[name] and may_wait(name):
             by_level.setdefault(data["level"], []).append(name)
     chains = []
     for lo, hi in config.serialization:

@@ -48,7 +48,8 @@ def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
 
     Returns:
         A function of an op name that is True for ops placed on the compute
-        device, outside control flow, not inserted by tflms, not removed by
+        device, outside control flow, not inserted by tflms, not a variable's
+        initializer (:mod:`tflms.graph.initializers`), not removed by
         Grappler before the step runs and not inside an arithmetic chain Grappler
         folds (a control fanout would stop the fold). Its answers are kept
         for the view while its node and edge counts stay the same, as
@@ -68,6 +69,7 @@ def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
                 node["placement"] == "compute"
                 and not node["control_flow"]
                 and not node["tflms"]
+                and not node.get("initializer")  # lifted out of the step when tracing ends
                 and not removed_at_run_time(view, name)  # a control edge out of it would keep it
                 and not in_a_fold(view, name)  # ... or stop Grappler folding its chain
             )
