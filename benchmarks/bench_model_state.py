@@ -263,11 +263,13 @@ def study(size: str, placements, row: dict, log) -> dict:
     row = {**row, "sequence": 1024, "optimizer": "AdamW (float32)", **zoo.GPT2_SIZES[size]}
     kept = {"plain": "plain", "offload": "offload"}
     traces: dict[str, Traces] = {}
+    counted = row.get("parameters")  # the count the kept placements were traced with
     for placement in placements:
         if placement in TUNED and size not in TUNED_MODELS:
             continue
         if placement == "zero2_tuned":
             row[placement] = _sharded_entry(size, log)
+            row["parameters"] = _parameters(row[placement])
             continue
         where = kept.get(placement, "host")
         for other in [w for w in traces if w != where]:
@@ -280,9 +282,10 @@ def study(size: str, placements, row: dict, log) -> dict:
             cell = _cell(runner, gpu, batch, peaks)
             if placement == "plain":
                 cell["zero1_per_rank"] = _zero1(peaks, 8 * traces[where].parameters, gpu)
-            entry[gpu] = cell
+            entry[gpu] = {**cell, "parameters": traces[where].parameters}
         row["parameters"] = traces[where].parameters
         row[placement] = entry
+    _drop_stale(row, placements, counted, log)
     row["adamw_slot_bytes"] = 8 * row["parameters"]
     times = row.get("analysis_s")
     if isinstance(times, int | float):  # a file written before the times were per run
@@ -292,6 +295,34 @@ def study(size: str, placements, row: dict, log) -> dict:
         ",".join(placements): round(time.perf_counter() - started, 1),
     }
     return row
+
+
+def _parameters(entry: dict) -> int:
+    """The parameter count of the model an entry's cells were traced with (one per entry)."""
+    counts = {cell["parameters"] for cell in entry.values() if "parameters" in cell}
+    if len(counts) != 1:
+        raise ValueError(f"an entry's cells disagree on the model's parameter count: {counts}")
+    return counts.pop()
+
+
+def _drop_stale(row: dict, placements, counted, log) -> None:
+    """Remove the kept placements of ``row`` traced from another version of the model.
+
+    A run of some placements keeps the others' entries from the file; after a
+    change to the zoo's model those describe a different model. Each entry's
+    cells record the parameter count they were traced with (entries written
+    before they did: the row's count at the time, ``counted``); an entry
+    whose count is not this run's is dropped, and the log names it, so one
+    file never mixes two versions of a model.
+    """
+    for kept in [p for p in PLACEMENTS if p in row and p not in placements]:
+        counts = {cell.get("parameters", counted) for cell in row[kept].values()}
+        if counts != {row["parameters"]}:
+            del row[kept]
+            log(
+                f"  {kept}: dropped, traced from a model of {counts} parameters, not "
+                f"{row['parameters']:,}; run --placements {kept} to measure it again"
+            )
 
 
 def _cell(runner, gpu: str, batch: int, peaks: dict) -> dict:
@@ -395,6 +426,7 @@ def _sharded_entry(size: str, log) -> dict:
                 for link in LINKS
             },
             search_s={link: row[gpu][link]["search_s"] for link in LINKS},
+            parameters=row["parameters"],
         )
         entry[gpu] = cell
     return entry
