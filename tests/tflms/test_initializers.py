@@ -41,7 +41,8 @@ def _fit(model, devices, callbacks=()):
     return [v.numpy() for v in model.weights + model.optimizer.variables]
 
 
-def test_the_view_marks_the_initializers_of_an_optimizer_built_in_the_trace(devices):
+def _traced_views(devices) -> list:
+    """The views of each trace of a mixed_float16 Keras step that builds AdamW in its first."""
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = _model(devices)
@@ -57,6 +58,11 @@ def test_the_view_marks_the_initializers_of_an_optimizer_built_in_the_trace(devi
             tf.function(step, autograph=False).get_concrete_function(specs)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+    return views
+
+
+def test_the_view_marks_the_initializers_of_an_optimizer_built_in_the_trace(devices):
+    views = _traced_views(devices)
     first = views[0]
     marked = {n for n, d in first.nodes(data=True) if d["initializer"]}
     guards = {n for n, d in first.nodes(data=True) if d["type"] == "VarIsInitializedOp"}
@@ -137,22 +143,7 @@ def _touched(plan) -> set[str]:
 def test_no_lever_touches_an_initializer_of_the_first_trace(devices, options):
     """Waits for swap-outs, swap-in and recompute triggers, re-runs and order edges: an
     initializer is lifted out of the function when tracing ends, so none may be one."""
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        model = _model(devices)
-        views = []
-
-        def step(batch):
-            outputs = model.train_step(batch)
-            views.append(build_view(tf.compat.v1.get_default_graph(), batch_size=16))
-            return outputs
-
-        specs = (tf.TensorSpec((16, 32)), tf.TensorSpec((16, 4)))
-        with tf.device(devices.compute):
-            tf.function(step, autograph=False).get_concrete_function(specs)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-    view = views[0]
+    view = _traced_views(devices)[0]
     config = tflms.LMSConfig(device=devices.compute, host_device=devices.host, **options)
     plan = tflms.make_plan(view, config)
     touched = _touched(plan)
