@@ -432,7 +432,7 @@ def test_a_budget_off_the_search_paths_is_met_by_the_last_resorts_descent(vgg_at
     from tflms.tuning import search
 
     view, budget = vgg_at_60
-    monkeypatch.setattr(search.Search, "_dense_corner", lambda self: [])
+    monkeypatch.setattr(search.Search, "_dense_corner", lambda self: None)
     tuned = tflms.autotune(view, budget, safety_margin=0)
     assert tuned.lms_needed and _fits_over(view, tuned.plan, budget, "pcie3", "ideal")
 

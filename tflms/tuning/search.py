@@ -471,9 +471,13 @@ class Search:
         # the family unordered first; memory-aware order (up to 24 simulated rounds each)
         # on the two lowest peaks of it only
         family = [self.evaluate(**_opts(self.base, **options)) for options in MOST_SAVING]
+        return self.pick(pool + self._ordered_lowest(family))
+
+    def _ordered_lowest(self, family: list[_Evaluated]) -> list[_Evaluated]:
+        """``family`` and its two lowest plans again with memory-aware order (up to 24
+        simulated rounds each, so on those two only)."""
         lowest = sorted(family, key=lambda e: (e.peak, e.result.step_time_s))[:2]
-        family += [self.evaluate(**_opts(e.config, reorder=True)) for e in lowest]
-        return self.pick(pool + family)
+        return family + [self.evaluate(**_opts(e.config, reorder=True)) for e in lowest]
 
     def _last_resort(self) -> _Evaluated:
         """When even the rescue fits nothing: a descent on the peak from the lowest plans.
@@ -511,7 +515,7 @@ class Search:
             found = self._descend(self._lowest_plans(composed))
         return found or self.lowest()
 
-    def _dense_corner(self) -> list[_Evaluated]:
+    def _dense_corner(self) -> None:
         """The most-saving recomputing plans with dense ops re-run too (a finite link only).
 
         The corner no path above reaches, a few levers away from each: every
@@ -526,7 +530,7 @@ class Search:
         it: their swaps hold what the re-runs free (2.36 GiB ordered).
         """
         if self.link.bandwidth == float("inf"):  # dense ops are re-run for their copies
-            return []
+            return
         small = self.base.min_tensor_bytes  # the family's 0 swaps the tensors a re-run frees
         family = [
             self.evaluate(
@@ -536,8 +540,7 @@ class Search:
             if options["recompute"]
             for ratio in _DENSE_RATIOS
         ]
-        lowest = sorted(family, key=lambda e: (e.peak, e.result.step_time_s))[:2]
-        return family + [self.evaluate(**_opts(e.config, reorder=True)) for e in lowest]
+        self._ordered_lowest(family)  # memoized: the descent starts from the lowest made
 
     def _descend(self, starts: list[_Evaluated]) -> _Evaluated | None:
         """One-lever moves from the best plans while they get better; the best fit or None.
