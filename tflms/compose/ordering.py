@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from tflms.cost.target import Target
-from tflms.graph.grappler_rules import in_a_fold, removed_at_run_time
+from tflms.graph.grappler_rules import absent_from_the_run, in_a_fold
 from tflms.plan.candidates import ORDER_SENSITIVE
 from tflms.simulation.allocator import Accounting
 from tflms.simulation.memory import trace_memory
@@ -252,11 +252,7 @@ def order_edges(
         if bypass
         else compiled
     )
-    removed = {  # and the initializers a traced step lifts out (tflms.graph.initializers)
-        i
-        for i, name in enumerate(compiled.names)
-        if removed_at_run_time(view, name) or (name in view and view.nodes[name].get("initializer"))
-    }
+    removed = {i for i, name in enumerate(compiled.names) if absent_from_the_run(view, name)}
     graph = _Graph(compiled, accounting, written, removed, view)
     g = graph.g
     concern = _addn_concerns(graph)

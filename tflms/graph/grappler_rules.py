@@ -73,6 +73,7 @@ __all__ = [
     "PINNED",
     "NOT_RECOMPUTED",
     "removed_at_run_time",
+    "absent_from_the_run",
 ]
 
 PINNED = "grappler_pinned"
@@ -149,6 +150,22 @@ def removed_at_run_time(view: nx.DiGraph, name: str) -> bool:
         and all(view.nodes[c]["type"] not in _KEEPING_CONSUMERS for c in succs)
         and all(view.nodes[n].get("placement") == placement for n in (*preds, *succs))
     )
+
+
+def absent_from_the_run(view: nx.DiGraph, name: str) -> bool:
+    """Whether op ``name`` of ``view`` is not among the ops each step runs.
+
+    Grappler deletes it (:func:`removed_at_run_time`), or it initializes a
+    variable and tracing lifts it out of the step (the view's ``initializer``
+    attribute, :mod:`tflms.graph.initializers`). A control edge from or to
+    such an op orders nothing a step runs, and one from the step to an
+    initializer makes the step untraceable.
+
+    Args:
+        view: the analysis view.
+        name: an op of it.
+    """
+    return bool(view.nodes[name].get("initializer")) or removed_at_run_time(view, name)
 
 
 def _data_sources(view: nx.DiGraph, name: str) -> list[str]:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.graph.grappler_rules import PINNED, in_a_fold, removed_at_run_time
+from tflms.graph.grappler_rules import PINNED, absent_from_the_run, in_a_fold
 from tflms.plan.swap_plan import Swap, SwapIn
 
 __all__ = [
@@ -69,8 +69,7 @@ def trigger_filter(view: nx.DiGraph) -> Callable[[str], bool]:
                 node["placement"] == "compute"
                 and not node["control_flow"]
                 and not node["tflms"]
-                and not node.get("initializer")  # lifted out of the step when tracing ends
-                and not removed_at_run_time(view, name)  # a control edge out of it would keep it
+                and not absent_from_the_run(view, name)  # an edge out of it would keep it
                 and not in_a_fold(view, name)  # ... or stop Grappler folding its chain
             )
         return answers[name]
