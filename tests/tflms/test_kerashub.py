@@ -1,11 +1,14 @@
-"""KerasHub's GPT-2, BERT and Llama train under tflms as without it, bit for bit.
+"""KerasHub's GPT-2, BERT, Llama and ViT train under tflms as without it, bit for bit.
 
 KerasHub (``keras-hub``) is where Keras users get transformers. Its GPT-2
 (``GPT2CausalLM``: tied embeddings, tanh-approximate GELU, dropout 0.1), BERT
-(``BertTextClassifier``: post-LayerNorm, tanh-approximate GELU, a pooled tanh head) and Llama
-(``LlamaCausalLM``: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU)
+(``BertTextClassifier``: post-LayerNorm, tanh-approximate GELU, a pooled tanh head), Llama
+(``LlamaCausalLM``: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU) and ViT
+(``ViTImageClassifier``: patches of 64 x 64 images, erf GELU, dropout 0.1; its
+recomputed segments once ended "not bit for bit" until the check kept a clone's far
+readers' originals from recomputation)
 are built here from small configurations (no presets, nothing downloaded): two
-blocks of width 256 over 128 tokens, so that a hidden state of a batch of 8 is
+blocks of width 256 over 128 tokens (the ViT: 64 patches and a class token), so that a hidden state of a batch of 8 is
 1 MiB, the default ``min_tensor_bytes``, and the default options move
 something. Each trains three AdamW steps on the "device" logical CPU under
 three option sets and plainly, from the same seeded weights and data; the
@@ -49,6 +52,7 @@ keras_hub = pytest.importorskip(
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH, SEQ, VOCAB, WIDTH = 8, 128, 64, 256
+IMAGE = 64  # the ViT's images: 64 patches of 8 x 8 pixels
 STEPS = 3
 AGREE = "Grappler rewrites the step alike with and without the plan"
 OPTION_SETS = {
@@ -98,7 +102,20 @@ def _llama():
     return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
 
 
-BUILDERS = {"gpt2": _gpt2, "bert": _bert, "llama": _llama}
+def _vit():
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(IMAGE, IMAGE, 3),
+        patch_size=8,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=WIDTH,
+        mlp_dim=2 * WIDTH,
+        dropout_rate=0.1,
+    )
+    return keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=3, preprocessor=None)
+
+
+BUILDERS = {"gpt2": _gpt2, "bert": _bert, "llama": _llama, "vit": _vit}
 
 
 def _loss():
@@ -114,9 +131,12 @@ def _build(name):
 
 
 def _data(name, n):
-    """Token ids with the last quarter of every second sequence padded; next-token targets
-    for the causal LMs, one of three classes for BERT."""
+    """Token ids with the last quarter of every second sequence padded (images for the ViT);
+    next-token targets for the causal LMs, one of three classes for the classifiers."""
     rng = np.random.default_rng(0)
+    if name == "vit":
+        images = rng.normal(size=(n, IMAGE, IMAGE, 3)).astype("float32")
+        return images, rng.integers(0, 3, n).astype("int32")
     tokens = rng.integers(1, VOCAB, (n, SEQ)).astype("int32")
     mask = np.ones((n, SEQ), bool)
     mask[::2, -SEQ // 4 :] = False
@@ -151,8 +171,8 @@ def _loop(name, options, devices):
     with tf.device(devices.compute):
         for i in range(STEPS):
             batch = slice(i * BATCH, (i + 1) * BATCH)
-            fn({k: tf.constant(v[batch]) for k, v in x.items()}, tf.constant(y[batch]))
-    first = ({k: tf.constant(v[:BATCH]) for k, v in x.items()}, tf.constant(y[:BATCH]))
+            fn(tf.nest.map_structure(lambda v: tf.constant(v[batch]), x), tf.constant(y[batch]))  # noqa: B023
+    first = (tf.nest.map_structure(lambda v: tf.constant(v[:BATCH]), x), tf.constant(y[:BATCH]))
     return model, fn, first
 
 

@@ -68,7 +68,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -615,7 +615,7 @@ class RewriteGuard:
 
 
 def pins(
-    check: RewriteCheck, view: nx.DiGraph, plan: SwapPlan
+    check: RewriteCheck, view: nx.DiGraph, plan: SwapPlan, *, wide: bool = False
 ) -> tuple[frozenset[str], frozenset[str]]:
     """The ops to keep out of the next plan: where ``plan`` touched what Grappler treats differently.
 
@@ -629,7 +629,14 @@ def pins(
     longer computes (:attr:`Difference.lost`). Every op like a culprit
     (:func:`_pattern`) is pinned with it. When there is no culprit, the touched
     ops nearest the changed ones are pinned (a few edges away: a fold
-    Grappler applies another way), else every op the differences read.
+    Grappler applies another way), else every op the differences read. A
+    far reader of a recomputed op's clone has no clone of its own: the
+    recomputed ops it reads are kept from recomputation with it.
+
+    With ``wide`` (the pipeline asks when the narrow answer pinned nothing
+    new and Grappler still disagrees), every touched op within a few edges of
+    any op the differences mention is pinned, not only the nearest ones, so
+    each such round pins more until the plan agrees or moves nothing.
 
     Returns:
         ``(pinned, not recomputed)``: ops no lever may touch
@@ -647,13 +654,19 @@ def pins(
     if not culprits:  # what Grappler no longer computes: a fusion the plan broke at its end
         culprits = {d.op for d in check.differences if d.lost and d.op in roles}
     found = set(culprits)
-    if not culprits:  # the plan touched only ops near the changed ones
+    if wide:  # every touched op around what differs
+        mentioned = {name for d in check.differences for name in d.mentions() if name in view}
+        found |= _around(view, mentioned | (changed & set(view)), set(roles))
+    elif not culprits:  # the plan touched only ops near the changed ones
         centers = {d.op for d in check.differences} | set(check.summed)
         near = _near(view, {name for name in centers if name in view}, set(roles))
         found = near or {name for d in check.differences for name in d.mentions() if name in view}
     recompute_only = {
         name for name in found if roles.get(name) == {"recompute"} and name not in check.ordered
     }
+    reads = _clones_read(plan)
+    for name in list(recompute_only):  # a reader of a clone computes otherwise: its originals
+        recompute_only |= reads.get(name, set())  # stay (a reader has no clone)
     full = found - recompute_only
     # ops like a culprit are pinned as it is: kept from recomputation only, or from every lever
     kinds = {
@@ -665,6 +678,15 @@ def pins(
             if kind is not None:
                 kind.add(name)
     return frozenset(full), frozenset(recompute_only - full)
+
+
+def _clones_read(plan: SwapPlan) -> dict[str, set[str]]:
+    """The recomputed ops each far consumer of ``plan`` reads the clones of."""
+    reads: dict[str, set[str]] = {}
+    for group in plan.recomputes:
+        for consumer, _, original, _ in group.consumers:
+            reads.setdefault(consumer, set()).add(original)
+    return reads
 
 
 def touched(plan: SwapPlan) -> dict[str, set[str]]:
@@ -737,16 +759,25 @@ def _ordered_sums(before: Structure, after: Structure, order) -> set[str]:
     return found
 
 
-def _near(view: nx.DiGraph, ops: set[str], touched_ops: set[str], hops: int = 3) -> set[str]:
-    """The touched ops within ``hops`` data or control edges of ``ops``, either way, nearest first."""
+def _rings(view: nx.DiGraph, ops: set[str], hops: int) -> Iterator[set[str]]:
+    """The ops 1, 2, ... ``hops`` data or control edges from ``ops``, either way, ring by ring."""
     frontier, seen = set(ops), set(ops)
     for _ in range(hops):
         frontier = {n for op in frontier for n in (*view.pred[op], *view.succ[op])} - seen
         seen |= frontier
-        found = frontier & touched_ops
-        if found:
-            return found
-    return set()
+        yield frontier
+
+
+def _near(view: nx.DiGraph, ops: set[str], touched_ops: set[str], hops: int = 3) -> set[str]:
+    """The touched ops within ``hops`` data or control edges of ``ops``, either way, nearest first."""
+    return next(
+        (ring & touched_ops for ring in _rings(view, ops, hops) if ring & touched_ops), set()
+    )
+
+
+def _around(view: nx.DiGraph, ops: set[str], touched_ops: set[str], hops: int = 3) -> set[str]:
+    """Every touched op within ``hops`` data or control edges of ``ops``, either way."""
+    return (set(ops).union(*_rings(view, ops, hops))) & touched_ops
 
 
 def _pattern(view: nx.DiGraph, name: str) -> tuple:
