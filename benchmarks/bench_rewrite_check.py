@@ -171,10 +171,21 @@ def main() -> None:
         action="store_true",
         help="re-measure only the check's cost, into the existing JSON (on a quiet machine)",
     )
+    parser.add_argument(
+        "--effect-only",
+        action="store_true",
+        help="re-measure only the training runs, keeping the check's cost from the existing JSON",
+    )
     args = parser.parse_args()
-    if args.cost_only:
+    if args.cost_only or args.effect_only:
         result = json.loads((RESULTS / "rewrite_check.json").read_text())
-        result["cost"] = cost()
+        if args.cost_only:
+            result["cost"] = cost()
+            result["cost_cpu"] = cpu_state()
+        else:
+            result.setdefault("cost_cpu", result["cpu"])  # the machine the cost was measured on
+            result.update(cpu=cpu_state(), tensorflow=tf.__version__)
+            result["effect"] = effect(args.models.split(","))
         result["summary"] = summary(result["effect"])
         print(write_result("rewrite_check.json", result))
         return
