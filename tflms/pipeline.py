@@ -217,11 +217,9 @@ class Pipeline:
         (:class:`~tflms.simulation.grappler.rewrites.RewriteGuard`), pins the
         ops it treats differently in ``view``
         (:data:`~tflms.graph.grappler_rules.PINNED`) and plans again; a
-        plan Grappler agrees with is returned with a note. A round whose
-        culprits are all pinned already widens to every op the plan touched
-        around the differences (``pins(..., wide=True)``). After
-        :data:`CHECK_ROUNDS` rounds, or when even that pins nothing new, the
-        last plan is kept with a warning and a note naming the differences.
+        plan Grappler agrees with is returned with a note. After
+        :data:`CHECK_ROUNDS` rounds, or when a round pins nothing new, the last
+        plan is kept with a warning and a note naming the differences.
 
         Returns:
             ``(plan, tuning)`` as :meth:`plan`.
@@ -251,9 +249,6 @@ class Pipeline:
             check = guard.check(plan)
             full, recompute_only = pins(check, view, plan)
             found = (full - pinned) | (recompute_only - not_recomputed)
-            if not check.agree and not found:  # pinned already: widen to every touched op near
-                full, recompute_only = pins(check, view, plan, wide=True)
-                found = (full - pinned) | (recompute_only - not_recomputed)
             if not check.agree:
                 logger.info(
                     "tflms: Grappler check, round %d: %s\npinned: %s; kept from recomputation: %s",

@@ -68,7 +68,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -615,7 +615,7 @@ class RewriteGuard:
 
 
 def pins(
-    check: RewriteCheck, view: nx.DiGraph, plan: SwapPlan, *, wide: bool = False
+    check: RewriteCheck, view: nx.DiGraph, plan: SwapPlan
 ) -> tuple[frozenset[str], frozenset[str]]:
     """The ops to keep out of the next plan: where ``plan`` touched what Grappler treats differently.
 
@@ -633,11 +633,6 @@ def pins(
     far reader of a recomputed op's clone has no clone of its own: the
     recomputed ops it reads are kept from recomputation with it.
 
-    With ``wide`` (the pipeline asks when the narrow answer pinned nothing
-    new and Grappler still disagrees), every touched op within a few edges of
-    any op the differences mention is pinned, not only the nearest ones, so
-    each such round pins more until the plan agrees or moves nothing.
-
     Returns:
         ``(pinned, not recomputed)``: ops no lever may touch
         (:data:`~tflms.graph.grappler_rules.PINNED`), and ops only
@@ -654,10 +649,7 @@ def pins(
     if not culprits:  # what Grappler no longer computes: a fusion the plan broke at its end
         culprits = {d.op for d in check.differences if d.lost and d.op in roles}
     found = set(culprits)
-    if wide:  # every touched op around what differs
-        mentioned = {name for d in check.differences for name in d.mentions() if name in view}
-        found |= _around(view, mentioned | (changed & set(view)), set(roles))
-    elif not culprits:  # the plan touched only ops near the changed ones
+    if not culprits:  # the plan touched only ops near the changed ones
         centers = {d.op for d in check.differences} | set(check.summed)
         near = _near(view, {name for name in centers if name in view}, set(roles))
         found = near or {name for d in check.differences for name in d.mentions() if name in view}
@@ -759,25 +751,16 @@ def _ordered_sums(before: Structure, after: Structure, order) -> set[str]:
     return found
 
 
-def _rings(view: nx.DiGraph, ops: set[str], hops: int) -> Iterator[set[str]]:
-    """The ops 1, 2, ... ``hops`` data or control edges from ``ops``, either way, ring by ring."""
+def _near(view: nx.DiGraph, ops: set[str], touched_ops: set[str], hops: int = 3) -> set[str]:
+    """The touched ops within ``hops`` data or control edges of ``ops``, either way, nearest first."""
     frontier, seen = set(ops), set(ops)
     for _ in range(hops):
         frontier = {n for op in frontier for n in (*view.pred[op], *view.succ[op])} - seen
         seen |= frontier
-        yield frontier
-
-
-def _near(view: nx.DiGraph, ops: set[str], touched_ops: set[str], hops: int = 3) -> set[str]:
-    """The touched ops within ``hops`` data or control edges of ``ops``, either way, nearest first."""
-    return next(
-        (ring & touched_ops for ring in _rings(view, ops, hops) if ring & touched_ops), set()
-    )
-
-
-def _around(view: nx.DiGraph, ops: set[str], touched_ops: set[str], hops: int = 3) -> set[str]:
-    """Every touched op within ``hops`` data or control edges of ``ops``, either way."""
-    return (set(ops).union(*_rings(view, ops, hops))) & touched_ops
+        found = frontier & touched_ops
+        if found:
+            return found
+    return set()
 
 
 def _pattern(view: nx.DiGraph, name: str) -> tuple:
