@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tflms
+from tests.tflms.models import same_names
 from tflms import zoo
 from tflms.apply.core import apply_with
 from tflms.apply.proto_editor import ProtoEditor
@@ -155,6 +156,7 @@ def test_grapplers_rewrites_agree_with_and_without_the_plan(name, options):
 
 
 def _train(build, options, devices, *, steps=4, precision="float32"):
+    same_names()  # before the policy: clearing Keras's state resets it
     keras.mixed_precision.set_global_policy(precision)
     try:
         model = build()

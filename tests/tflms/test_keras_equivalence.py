@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import tflms
 from tests.tflms.keras_models import BATCH, MODELS, registered_swap_ops
+from tests.tflms.models import same_names
 
 STEPS = 50
 # Conv3D and its gradients: each unet3d step takes ~0.2 s on 2 cores, 50 steps twice made
@@ -35,6 +36,7 @@ LMS_OPTIONS = dict(
 
 
 def _train(build, devices, callbacks=(), steps=STEPS):
+    same_names()
     model, x, y = build(BATCH * steps)
     with tf.device(devices.compute):
         history = model.fit(

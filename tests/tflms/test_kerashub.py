@@ -43,7 +43,7 @@ import tensorflow as tf
 from packaging.requirements import Requirement
 
 import tflms
-from tests.tflms.models import tape_step
+from tests.tflms.models import same_names, tape_step
 from tflms.utils.cpu import cpu_state
 
 keras_hub = pytest.importorskip(
@@ -124,6 +124,7 @@ def _loss():
 
 def _build(name):
     """The task model with seeded weights (and dropout seeds), compiled with AdamW."""
+    same_names()
     keras.utils.set_random_seed(5)
     model = BUILDERS[name]()
     model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss=_loss())

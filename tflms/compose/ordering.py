@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from tflms.cost.target import Target
-from tflms.graph.grappler_rules import absent_from_the_run, in_a_fold
+from tflms.graph.grappler_rules import absent_from_the_run, in_a_fold, pinned
 from tflms.plan.candidates import ORDER_SENSITIVE
 from tflms.simulation.allocator import Accounting
 from tflms.simulation.memory import trace_memory
@@ -128,6 +128,12 @@ class _Graph:
         if i not in self._folds:
             self._folds[i] = self.view is not None and in_a_fold(self.view, self.g.names[i])
         return self._folds[i]
+
+    def pinned(self, i: int) -> bool:
+        """Whether op ``i`` is pinned (:func:`~tflms.graph.grappler_rules.pinned`): no order
+        edge may end there either (seen: a control input into a gradient's ``Mul`` moved
+        where Grappler's constant folding pushed a constant factor)."""
+        return self.view is not None and pinned(self.view, self.g.names[i])
 
     def closes_cycle(self, edges) -> bool:
         """Whether adding ``edges`` closes a cycle once TensorFlow orders the step's state.
@@ -435,7 +441,7 @@ def _safe(graph: _Graph, edges, concern) -> bool:
     fanout (:func:`~tflms.graph.grappler_rules.in_a_fold`): the rewrite, and the float
     rounding, would change.
     """
-    if any(graph.in_fold(a) for a, _ in edges):
+    if any(graph.in_fold(a) for a, _ in edges) or any(graph.pinned(b) for _, b in edges):
         return False
     if graph.closes_cycle(edges):
         return False

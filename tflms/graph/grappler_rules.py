@@ -40,7 +40,8 @@ relies on live here.
   (:mod:`tflms.simulation.grappler.rewrites`) and *pins* every op it finds
   rewritten differently (:data:`PINNED`, :func:`pinned`): a pinned op counts
   as part of a fold (:func:`in_a_fold`), so no plan moves its output, triggers
-  on it, reroutes it or recomputes it. An op only its recomputation changed
+  on it, reroutes it (to a swap-in or a clone), recomputes it or hangs an order
+  edge on it. An op only its recomputation changed
   (clones run unfused where the original was fused) is kept from
   recomputation alone (:data:`NOT_RECOMPUTED`).
 

@@ -173,6 +173,8 @@ def reroute_veto(
     # (Recompute's doc), so Grappler folds it, or not, as it does without the plan
     for c, i in far:
         ctype = view.nodes[c]["type"]
+        if pinned(view, c):  # no plan reroutes a pinned op (the check found it rewritten)
+            return f"Grappler rewrites its far consumer {c} differently once it reads a clone"
         if removed_at_run_time(view, c):
             return f"a far consumer ({ctype}) is removed by Grappler before the step runs"
         if view.nodes[op]["type"] in ARITHMETIC_CHAIN and ctype in ARITHMETIC_CHAIN:

@@ -5,7 +5,7 @@ This is how tflms keeps a step's arithmetic bit for bit
 traced step with and without its plan (:class:`RewriteGuard`), pins every op
 the two optimized graphs treat differently (:func:`pins`,
 :data:`tflms.graph.grappler_rules.PINNED`: no plan moves, reroutes, triggers
-on or recomputes a pinned op) and plans again, until they agree. The planner's
+on, recomputes or orders a pinned op) and plans again, until they agree. The planner's
 rules (:mod:`tflms.graph.grappler_rules`) avoid the rewrites known so far;
 the check catches the next one without a rule for it.
 
