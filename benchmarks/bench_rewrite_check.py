@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 
 import tflms  # noqa: E402
 from benchmarks.common import RESULTS, write_result  # noqa: E402
+from tests.tflms.models import same_names  # noqa: E402
 from tests.tflms.test_rewrite_check import BATCH, OPTION_SETS, STEPS  # noqa: E402
 from tests.tflms.users_models import USERS_MODELS, users_data  # noqa: E402
 from tflms import zoo  # noqa: E402
@@ -50,6 +51,7 @@ DEVICE = "/device:CPU:1"
 
 
 def train(name: str, options: dict | None, check: bool) -> tuple[list, dict]:
+    same_names()  # every run under the same layer names (tests/tflms/models.py)
     model = USERS_MODELS[name]()
     x, y = users_data(model, BATCH * STEPS)
     callbacks = []
