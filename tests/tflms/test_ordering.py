@@ -82,3 +82,28 @@ def test_no_order_edge_starts_or_ends_at_a_pinned_op():
     assert plan.order == (("b3", "a1"),)
     view.graph[PINNED] = frozenset({"b1", "a1"})
     assert not tflms.make_plan(view, tflms.LMSConfig(reorder=True, link="ideal")).order
+
+
+def test_order_edges_close_no_cycle_with_the_ops_tensorflow_orders_on_each_variable(devices):
+    """A traced step is rewritten before tracing ends; TensorFlow then orders the ops on
+    each variable as they were created. An order edge into an RMSprop slot's read closed
+    a cycle with those edges and TensorFlow refused to run the step ("16 nodes in a
+    cycle"); ordering now predicts them."""
+    import networkx as nx
+    import tensorflow as tf
+
+    from tests.tflms.users_models import mlp_rmsprop, users_data
+
+    model = mlp_rmsprop()
+    x, y = users_data(model, 24)
+    options = dict(swapout_threshold=3, swapin_ahead=1, min_tensor_bytes=0, recompute=True)
+    lms = tflms.LMSCallback(batch_size=8, reorder=True, check_rewrites=False, **options)
+    with tf.device(devices.compute):  # raised before: 16 nodes in a cycle
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[lms])
+    trace = lms.traces[0]
+    graph = trace._graph()  # noqa: SLF001 - the rewritten FuncGraph, as TensorFlow ran it
+    ran = nx.DiGraph()
+    for op in graph.get_operations():
+        ran.add_edges_from((t.op.name, op.name) for t in op.inputs)
+        ran.add_edges_from((c.name, op.name) for c in op.control_inputs)
+    assert nx.is_directed_acyclic_graph(ran)
