@@ -72,11 +72,11 @@ from tflms.apply.validation import validate
 from tflms.compose.levers import compose_plan
 from tflms.config import LMSConfig
 from tflms.cost.target import Target
-from tflms.errors import AlreadyRewrittenError, ConfigError, PlanInfeasibleError
+from tflms.errors import AlreadyRewrittenError, ConfigError, PlanInfeasibleError, ValidationError
 from tflms.graph.grappler_rules import NOT_RECOMPUTED, PINNED
 from tflms.graph.view import build_view, require_batch_size, resolve_batch
 from tflms.plan.splits import Split, plan_deferrals, plan_splits
-from tflms.plan.swap_plan import SwapPlan
+from tflms.plan.swap_plan import SwapPlan, pins_broken
 from tflms.utils.devices import check_local_device
 
 if TYPE_CHECKING:  # the auto-tuner (and simulator) load only when a budget is set
@@ -274,6 +274,7 @@ class Pipeline:
                     best_peak_bytes=err.best_peak_bytes,
                     usable_bytes=err.usable_bytes,
                 ) from err
+            _keeps_pins(view, plan)
             if plan.empty:
                 break
         kept = f"{len(pinned)} op(s) pinned" + (f": {_names(pinned)}" if pinned else "")
@@ -379,6 +380,29 @@ class Pipeline:
             apply_plan(graph, plan)
             validate(graph, plan)
         return Planned(view, plan, tuning, tuple(splits))
+
+
+def _keeps_pins(view: nx.DiGraph, plan: SwapPlan) -> None:
+    """Refuse a plan that touches an op Grappler's check pinned.
+
+    Every lever refuses pinned ops by itself; this is the one place that
+    holds them all to it, so a lever that forgets fails here instead of
+    changing the step's float arithmetic.
+
+    Raises:
+        ValidationError: naming the pinned ops the plan touches and how.
+    """
+    broken = pins_broken(view, plan)
+    if broken:
+        listed = "; ".join(
+            f"{op} ({', '.join(sorted(roles))})" for op, roles in sorted(broken.items())[:8]
+        )
+        raise ValidationError(
+            f"tflms: the plan for {view.graph.get('name') or 'the graph'} touches "
+            f"{len(broken)} op(s) Grappler's check pinned: {listed}. This is a tflms bug "
+            "(please report it with the model); LMSConfig(check_rewrites=False) plans without "
+            "the check, and the step may then differ from plain training in the last bits."
+        )
 
 
 def _names(ops, limit: int = 4) -> str:

@@ -156,11 +156,14 @@ def test_lms_callback_with_a_memory_budget(devices):
     assert not roomy.tuning.lms_needed and not roomy.plan.swaps
     plain = roomy.tuning.baseline.device_peak_bytes
 
-    tight = tflms.LMSCallback(memory_budget=int(plain * 0.8), **options)
+    # 0.9: what plans Grappler rewrites alike reach (until 2026-12-02 a plan at 0.8 made
+    # the convolutions wait for swap-outs, which unfused them: "not bit for bit")
+    tight = tflms.LMSCallback(memory_budget=int(plain * 0.9), **options)
     with tf.device(devices.compute):
         history = _conv_model().fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tight])
     assert tight.tuning.lms_needed and tight.plan.swaps
-    assert tight.tuning.result.device_peak_bytes <= int(plain * 0.8)
+    assert tight.tuning.result.device_peak_bytes <= int(plain * 0.9)
+    assert any(note.startswith("Grappler rewrites the step alike") for note in tight.plan.notes)
     assert np.isfinite(history.history["loss"]).all()
 
     hopeless = tflms.LMSCallback(memory_budget=int(plain * 0.05), **options)

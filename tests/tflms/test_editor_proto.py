@@ -156,3 +156,53 @@ def test_control_edges_are_not_duplicated():
     editor.add_control("h0", "h2")
     (h2,) = [n for n in graph_def.node if n.name == "h2"]
     assert list(h2.input) == ["h1", "^h0"]
+
+
+def test_a_swapped_clone_keeps_its_originals_attributes_and_dtype():
+    """A weight's cast re-run on the host whose float16 output is then swapped (weight
+    streaming under mixed precision): the swap ops take the clone's dtype from its
+    signature, and the clone gains no attribute, in a protobuf as in a live graph (until
+    2026-12-02 the protobuf's clone gained an empty ``T``, its swap ops ``T=DT_INVALID``,
+    and Grappler's check found the step rewritten otherwise)."""
+    from tflms.plan.entries import Recompute, Swap, SwapIn
+    from tflms.plan.swap_plan import SwapPlan
+
+    live = tf.Graph()
+    with live.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, WIDTH], name="x")
+        c = tf.cast(x, tf.float16, name="c")
+        h = c
+        for i in range(6):
+            h = tf.nn.relu(h, name=f"r{i}")
+        tf.add(h, c, name="out")
+    graph_def = live.as_graph_def()
+    group = Recompute(ops=("c",), consumers=(("out", 1, "c", 0),), device="/device:CPU:0")
+    clone = group.clone_name("c")
+    swap = Swap(
+        f"{clone}:0",
+        clone,
+        0,
+        8 * WIDTH * 2,
+        "float16",
+        1,
+        "",
+        swap_ins=(SwapIn(consumers=(("out", 1),), trigger="r4"),),
+    )
+    plan = SwapPlan(recomputes=(group,), swaps=(swap,))
+    apply_plan(live, plan)
+    apply_with(ProtoEditor(graph_def), plan)
+    live_def = {n.name: n for n in live.as_graph_def().node}
+    made = {n.name: n for n in graph_def.node}
+    assert set(made) == set(live_def)
+    assert set(made[clone].attr) == set(live_def[clone].attr)
+    assert "T" not in made[clone].attr
+    for name, node in made.items():
+        if SWAP_ATTR in node.attr and node.op == "Identity":
+            assert node.attr["T"].type == tf.float16.as_datatype_enum, name
+            assert node.attr["T"] == live_def[name].attr["T"], name
+    x_value = np.random.default_rng(0).standard_normal((8, WIDTH)).astype("float32")
+    results = []
+    for graph in (live, graph_from_graph_def(graph_def)):
+        with tf.compat.v1.Session(graph=graph) as sess:
+            results.append(sess.run("out:0", {"x:0": x_value}))
+    np.testing.assert_array_equal(*results)

@@ -110,21 +110,6 @@ def test_a_plan_over_the_first_levels_leaves_a_state_built_in_the_trace_alone(
         np.testing.assert_array_equal(a, b)
 
 
-def _touched(plan) -> set[str]:
-    """Every op a plan reroutes, waits on, triggers from, re-runs or orders."""
-    ops: set[str] = set()
-    for swap in plan.swaps:
-        ops |= {swap.producer, *swap.wait_for_swapout, *(c for c, _ in swap.consumers)}
-        for swap_in in swap.swap_ins:
-            ops |= {swap_in.trigger, *swap_in.control_inputs, *(c for c, _ in swap_in.consumers)}
-    for group in plan.recomputes:
-        ops |= {group.trigger, *group.control_inputs, *group.ops}
-        ops |= {consumer for consumer, *_ in group.consumers}
-    ops |= {op for edge in plan.order for op in edge}
-    ops |= {op for chain in plan.serialization for op in chain}
-    return ops - {None}
-
-
 @pytest.mark.parametrize(
     "options",
     [
@@ -146,7 +131,7 @@ def test_no_lever_touches_an_initializer_of_the_first_trace(devices, options):
     view = _traced_views(devices)[0]
     config = tflms.LMSConfig(device=devices.compute, host_device=devices.host, **options)
     plan = tflms.make_plan(view, config)
-    touched = _touched(plan)
+    touched = set(plan.touched())
     assert plan.swaps or plan.recomputes, plan.summary()
     initializers = {n for n, d in view.nodes(data=True) if d["initializer"]}
     assert initializers and not (touched & initializers), sorted(touched & initializers)

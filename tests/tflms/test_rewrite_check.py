@@ -375,3 +375,53 @@ def test_no_recompute_group_reroutes_a_pinned_op():
     assert reroute_veto(view, "a", 0, [("far", 0)]) is None
     view.graph[PINNED] = frozenset({"far"})
     assert "far consumer far" in reroute_veto(view, "a", 0, [("far", 0)])
+
+
+def test_a_plan_that_touches_a_pinned_op_is_refused_with_the_levers_that_touch_it():
+    """The one check every lever is held to: whatever a lever forgets, the pipeline
+    refuses a plan that swaps, reroutes, triggers on, recomputes or orders a pinned op;
+    an op kept from recomputation alone may still trigger, be ordered or read a clone."""
+    from tflms.errors import ValidationError
+    from tflms.graph.grappler_rules import NOT_RECOMPUTED
+    from tflms.pipeline import _keeps_pins
+    from tflms.plan.entries import Recompute, Swap, SwapIn
+    from tflms.plan.swap_plan import SwapPlan, pins_broken
+
+    view = _chain_view("x:Placeholder", "a:Relu", "b:Exp", "far:Mul", "loss:Sum")
+    swap_in = SwapIn(consumers=(("far", 0),), trigger="b")
+    swap = Swap("a:0", "a", 0, 1 << 20, "float32", 1, "", swap_ins=(swap_in,))
+    group = Recompute(ops=("b",), consumers=(("far", 1, "b", 0),), trigger="a")
+    plan = SwapPlan(swaps=(swap,), recomputes=(group,), order=(("b", "loss"),))
+    assert plan.touched() == {
+        "a": {"swap", "trigger"},
+        "b": {"swap", "recompute", "order"},
+        "far": {"swap", "recompute"},
+        "loss": {"order"},
+    }
+    assert pins_broken(view, plan) == {}
+    _keeps_pins(view, plan)
+
+    view.graph[NOT_RECOMPUTED] = frozenset({"a", "far"})  # neither re-runs: kept
+    assert pins_broken(view, plan) == {}
+    view.graph[NOT_RECOMPUTED] = frozenset({"b"})
+    assert pins_broken(view, plan) == {"b": {"recompute"}}
+    view.graph[PINNED] = frozenset({"far", "loss"})
+    assert pins_broken(view, plan) == {
+        "b": {"recompute"},
+        "far": {"swap", "recompute"},
+        "loss": {"order"},
+    }
+    with pytest.raises(
+        ValidationError, match=r"3 op\(s\).*far \(recompute, swap\).*check_rewrites=False"
+    ):
+        _keeps_pins(view, plan)
+
+    # a weight stream still gives a pinned reader its copy (TensorFlow's own copy without
+    # the plan: the same tensor to Grappler); its trigger is held to the pins
+    stream_in = SwapIn(consumers=(("far", 0),), trigger="a")
+    stream = Swap("x:0", "x", 0, 1 << 20, "float32", 0, "", swap_ins=(stream_in,), streamed=True)
+    streamed = SwapPlan(swaps=(stream,))
+    assert streamed.touched() == {"x": {"stream"}, "far": {"stream"}, "a": {"swap"}}
+    assert pins_broken(view, streamed) == {}
+    view.graph[PINNED] = frozenset({"far", "a"})
+    assert pins_broken(view, streamed) == {"a": {"swap"}}

@@ -268,6 +268,6 @@ class ProtoEditor:
         if op in self._args:
             return self._args[op]
         node = self._node(op)
-        if SWAP_ATTR in node.attr:  # a swap-out: an Identity we made
-            return node.attr["T"].type
+        if SWAP_ATTR in node.attr and node.op == "Identity":  # a swap op we made
+            return node.attr["T"].type  # (a clone is a copy of its original: its signature)
         return self._signatures.output_dtype(node, index)

@@ -41,9 +41,14 @@ relies on live here.
   rewritten differently (:data:`PINNED`, :func:`pinned`): a pinned op counts
   as part of a fold (:func:`in_a_fold`), so no plan moves its output, triggers
   on it, reroutes it (to a swap-in or a clone), recomputes it or hangs an order
-  edge on it. An op only its recomputation changed
-  (clones run unfused where the original was fused) is kept from
-  recomputation alone (:data:`NOT_RECOMPUTED`).
+  edge on it; only a weight stream still gives it the stream's copy of a
+  host weight in place of TensorFlow's own copy. An op only its
+  recomputation changed (clones run unfused where the original was fused)
+  is kept from recomputation alone (:data:`NOT_RECOMPUTED`). Each lever
+  refuses pinned ops as it plans; :func:`tflms.plan.swap_plan.pins_broken`
+  checks a whole plan against the pins, and the pipeline refuses a plan
+  that breaks one, so a lever that forgets the rule fails loudly instead of
+  changing the step's arithmetic.
 
 Example:
     >>> import networkx as nx

@@ -65,7 +65,8 @@ class Swap:
         device: the producer's device string (``""`` if unassigned).
         swap_ins: one entry per consumer group.
         wait_for_swapout: ops given a control edge from the swap-out
-            (sync modes 1 and 3: the producer's other consumers).
+            (sync modes 1 and 3: the producer's other consumers, but those
+            Grappler's check pinned).
         streamed: the tensor lives on the host already (a weight kept there,
             :mod:`tflms.plan.streams`): every device reader, forward ones
             included, reads a swap-in, and the swap-out copies nothing.

@@ -40,6 +40,7 @@ import logging
 import networkx as nx
 
 from tflms.config import LMSConfig
+from tflms.graph.grappler_rules import pinned
 from tflms.graph.view import consumers as tensor_consumers
 from tflms.plan.candidates import (
     NEVER_SWAP_DTYPES,
@@ -202,9 +203,15 @@ def _why_no_swaps(config: LMSConfig, small: list[int], spans: list[int], vetoed:
 
 
 def _with_swapout_waits(view, swap: Swap) -> Swap:
+    """Sync modes 1 and 3: the producer's other readers wait for the swap-out, those
+    Grappler's check pinned excepted (a control input changes how Grappler rewrites them)."""
     rerouted = {c for c, _ in swap.consumers}
     near = sorted(
-        {c for c, _ in tensor_consumers(view, swap.producer, swap.index) if c not in rerouted}
+        {
+            c
+            for c, _ in tensor_consumers(view, swap.producer, swap.index)
+            if c not in rerouted and not pinned(view, c)
+        }
     )
     return Swap(**{**swap.__dict__, "wait_for_swapout": tuple(near)})
 

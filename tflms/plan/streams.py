@@ -61,7 +61,7 @@ import networkx as nx
 
 from tflms.config import LMSConfig
 from tflms.cost.target import Target
-from tflms.graph.grappler_rules import removed_at_run_time
+from tflms.graph.grappler_rules import pinned, removed_at_run_time
 from tflms.graph.view import CLONE_KINDS
 from tflms.graph.view import consumers as tensor_consumers
 from tflms.plan.candidates import order_sensitive
@@ -139,6 +139,7 @@ def _view_chain(view: nx.DiGraph, op: str, taken) -> list[str]:
             or node["tflms"]
             or op in taken
             or op in chain
+            or pinned(view, op, recompute=True)  # Grappler's check: its re-run changes the step
         ):
             return chain
         chain.append(op)
@@ -200,6 +201,7 @@ def plan_host_casts(view: nx.DiGraph, config: LMSConfig) -> tuple[Recompute, ...
                 or cnode["control_flow"]
                 or cnode["tflms"]
                 or cnode["outputs"][0].dtype not in NARROW_DTYPES
+                or pinned(view, cast, recompute=True)  # Grappler's check: keep it where it is
             ):
                 continue
             readers = sorted(tensor_consumers(view, cast, 0), key=lambda ci: (levels[ci[0]], ci))

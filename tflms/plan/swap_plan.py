@@ -40,12 +40,15 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+import networkx as nx
+
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
+from tflms.graph.grappler_rules import NOT_RECOMPUTED, PINNED
 from tflms.plan.entries import Recompute, Swap, SwapIn
 from tflms.utils.units import format_bytes
 
-__all__ = ["SwapIn", "Swap", "Recompute", "SwapPlan", "PLAN_FORMAT_VERSION"]
+__all__ = ["SwapIn", "Swap", "Recompute", "SwapPlan", "PLAN_FORMAT_VERSION", "pins_broken"]
 
 PLAN_FORMAT_VERSION = 2
 """2 added recomputations and order edges; version 1 plans (swaps only) still load."""
@@ -101,6 +104,43 @@ class SwapPlan:
     def empty(self) -> bool:
         """Whether the plan changes nothing."""
         return not (self.swaps or self.recomputes or self.order or self.serialization)
+
+    def touched(self) -> dict[str, set[str]]:
+        """The existing ops the plan changes or hangs edges on, each with the levers that do.
+
+        ``"swap"``: swapped producers, rerouted consumers, swap-ins' triggers
+        and the ops they wait for, and the ops that wait for a swap-out;
+        ``"stream"``: a streamed host tensor's producer and the readers
+        rerouted from TensorFlow's own copy of it to the stream's (their
+        triggers and waits count as ``"swap"``); ``"recompute"``: recomputed
+        ops and the far consumers rerouted to their clones; ``"trigger"``: the
+        ops a recomputation waits for; ``"order"``: both ends of order edges
+        and the ops of serialized chains. A pinned op
+        (:func:`tflms.graph.grappler_rules.pinned`) may be touched only as
+        ``"stream"``: :func:`pins_broken` checks a plan against the pins.
+        """
+        roles: dict[str, set[str]] = {}
+
+        def add(role: str, *ops: str | None) -> None:
+            for op in ops:
+                if op:
+                    roles.setdefault(op, set()).add(role)
+
+        for swap in self.swaps:
+            lever = "stream" if swap.streamed else "swap"
+            add(lever, swap.producer)
+            add("swap", *swap.wait_for_swapout)
+            for swap_in in swap.swap_ins:
+                add(lever, *(consumer for consumer, _ in swap_in.consumers))
+                add("swap", *swap_in.control_inputs, swap_in.trigger)
+        for group in self.recomputes:
+            add("recompute", *group.ops, *(consumer for consumer, *_ in group.consumers))
+            add("trigger", group.trigger, *group.control_inputs)
+        for before, after in self.order:
+            add("order", before, after)
+        for chain in self.serialization:
+            add("order", *chain)
+        return roles
 
     def op_names(self) -> set[str]:
         """Names of every op the plan inserts."""
@@ -293,3 +333,39 @@ def _layer_of(op_name: str) -> str:
     """The layer-ish scope of an op name (``model/conv1/Relu`` -> ``model/conv1``)."""
     parts = op_name.split("/")
     return "/".join(parts[:-1]) if len(parts) > 1 else op_name
+
+
+def pins_broken(view: nx.DiGraph, plan: SwapPlan) -> dict[str, set[str]]:
+    """The pinned ops ``plan`` touches, each with the levers that touch it.
+
+    A pinned op (:data:`~tflms.graph.grappler_rules.PINNED`) may be touched
+    by no lever but a stream's reroute: a reader of a weight kept on the host reads TensorFlow's own
+    copy of it without the plan and the stream's copy with it, the same
+    tensor to Grappler (its check reads through swap ops), and nothing is
+    hung on the reader (a stream's triggers and waits are held to the pins).
+    An op kept from recomputation
+    (:data:`~tflms.graph.grappler_rules.NOT_RECOMPUTED`) may not be
+    recomputed (it may still read a clone). Empty for a plan that keeps
+    every pin.
+
+    Args:
+        view: the analysis view the plan was made on (its pins).
+        plan: the plan (:meth:`SwapPlan.touched`).
+
+    Returns:
+        ``{op: levers}``, ``"recompute"`` standing for a re-run of the op itself.
+    """
+    full = view.graph.get(PINNED, frozenset())
+    kept = view.graph.get(NOT_RECOMPUTED, frozenset())
+    if not (full or kept):
+        return {}
+    broken = {
+        op: roles - {"stream"}
+        for op, roles in plan.touched().items()
+        if op in full and roles - {"stream"}
+    }
+    for group in plan.recomputes:
+        for op in group.ops:
+            if op in kept:
+                broken.setdefault(op, set()).add("recompute")
+    return broken

@@ -619,7 +619,7 @@ def pins(
 ) -> tuple[frozenset[str], frozenset[str]]:
     """The ops to keep out of the next plan: where ``plan`` touched what Grappler treats differently.
 
-    The culprits are the ops the plan touched (:func:`touched`) that Grappler
+    The culprits are the ops the plan touched (:meth:`SwapPlan.touched`) that Grappler
     treats differently: a difference's own op (a swapped ``Sqrt`` Grappler no
     longer turns into ``Rsqrt``, a recomputed op whose clone runs unfused), an
     op only the step with the plan has (:attr:`RewriteCheck.new`: an
@@ -639,7 +639,7 @@ def pins(
         recomputation touched, kept from it alone
         (:data:`~tflms.graph.grappler_rules.NOT_RECOMPUTED`).
     """
-    roles = touched(plan)
+    roles = plan.touched()
     changed = {d.op for d in check.differences if not d.lost} | set(check.new)
     culprits = {
         name
@@ -679,36 +679,6 @@ def _clones_read(plan: SwapPlan) -> dict[str, set[str]]:
         for consumer, _, original, _ in group.consumers:
             reads.setdefault(consumer, set()).add(original)
     return reads
-
-
-def touched(plan: SwapPlan) -> dict[str, set[str]]:
-    """The ops ``plan`` changes or hangs edges on, each with the levers that do.
-
-    ``"swap"``: swapped producers, rerouted consumers, triggers and the ops
-    swaps wait for; ``"recompute"``: recomputed ops and their far consumers;
-    ``"trigger"``: recomputations' triggers; ``"order"``: ordered and
-    serialized ops.
-    """
-    roles: dict[str, set[str]] = {}
-
-    def add(role: str, *ops: str | None) -> None:
-        for op in ops:
-            if op:
-                roles.setdefault(op, set()).add(role)
-
-    for swap in plan.swaps:
-        add("swap", swap.producer, *swap.wait_for_swapout)
-        for swap_in in swap.swap_ins:
-            add("swap", *(consumer for consumer, _ in swap_in.consumers))
-            add("swap", *swap_in.control_inputs, swap_in.trigger)
-    for group in plan.recomputes:
-        add("recompute", *group.ops, *(consumer for consumer, *_ in group.consumers))
-        add("trigger", group.trigger)  # an edge out of it may block a fusion: pinned whole
-    for before, after in plan.order:
-        add("order", before, after)
-    for chain in plan.serialization:
-        add("order", *chain)
-    return roles
 
 
 _SUMS = frozenset({"AddN", "AccumulateNV2"})
