@@ -39,14 +39,15 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from tflms.config import LMSConfig
 from tflms.errors import ConfigError
-from tflms.graph.grappler_rules import NOT_RECOMPUTED, PINNED
 from tflms.plan.entries import Recompute, Swap, SwapIn
 from tflms.utils.units import format_bytes
+
+if TYPE_CHECKING:  # networkx stays out of the CLI's start-up (tests/tflms/test_cli_startup.py)
+    import networkx as nx
 
 __all__ = ["SwapIn", "Swap", "Recompute", "SwapPlan", "PLAN_FORMAT_VERSION", "pins_broken"]
 
@@ -355,6 +356,8 @@ def pins_broken(view: nx.DiGraph, plan: SwapPlan) -> dict[str, set[str]]:
     Returns:
         ``{op: levers}``, ``"recompute"`` standing for a re-run of the op itself.
     """
+    from tflms.graph.grappler_rules import NOT_RECOMPUTED, PINNED  # imports networkx
+
     full = view.graph.get(PINNED, frozenset())
     kept = view.graph.get(NOT_RECOMPUTED, frozenset())
     if not (full or kept):
