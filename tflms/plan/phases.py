@@ -1,8 +1,9 @@
 """Which part of a training step is its forward pass.
 
 * :func:`turn_level`: the level where the backward pass begins (the first
-  gradient op that reads another), or, in a graph without one, the level
-  where the most bytes are held across.
+  gradient op that reads another, from the level of the last forward
+  activation any gradient op reads on), or, in a graph without one, the level where the most
+  bytes are held across.
 * :func:`batch_dependent`: the ops whose outputs depend on the step's
   batch (activations), as opposed to those computed from weights and
   constants alone.
@@ -29,8 +30,16 @@ __all__ = ["turn_level", "batch_dependent", "BATCH_SOURCES"]
 @per_view
 def turn_level(view: nx.DiGraph) -> int:
     """The end of the forward pass: the first level of a gradient op that reads another
-    (:func:`~tflms.graph.view.is_gradient_op`; ops of the batch's shapes aside), else the
-    level where the most bytes are held across.
+    (:func:`~tflms.graph.view.is_gradient_op`; ops of the batch's shapes aside) from the
+    level of the last forward activation a gradient op reads on, else the level where the
+    most bytes are held across.
+
+    A gradient's factor computed from forward values alone (a ``Pow``'s ``y * x**(y-1)``,
+    a hard-swish's slope) runs as soon as its inputs exist, early in the forward pass;
+    taken for the turn, it would make most of the forward pass "backward". The loss's
+    own value is the last forward activation the backward pass reads, so the turn is
+    looked for from its level on (the loss's reductions run beside the first gradient
+    ops; the last such value, in a graph with several losses).
 
     Args:
         view: the analysis view, with levels.
@@ -54,7 +63,9 @@ def turn_level(view: nx.DiGraph) -> int:
         if any(src in gradients for src, _ in data_inputs(view, name))
     ]
     if backward:
-        return min(backward)
+        last_forward = _last_forward_read(view, gradients, activations - shapes)
+        after = [level for level in backward if level >= last_forward]
+        return min(after or backward)
     delta: dict[int, int] = {}
     for name, data in view.nodes(data=True):
         if data["type"] in NEVER_SWAP_PRODUCERS or name not in activations:
@@ -71,6 +82,21 @@ def turn_level(view: nx.DiGraph) -> int:
         if held > best:
             best, turn = held, level
     return turn
+
+
+def _last_forward_read(view: nx.DiGraph, gradients: set[str], activations: frozenset[str]) -> int:
+    """The highest level of a forward activation (no gradient op among its ancestors)
+    that a gradient op reads; -1 if none."""
+    downstream: set[str] = set()  # gradient ops and everything computed from them
+    for name in nx.topological_sort(view):
+        if name in gradients or any(src in downstream for src, _ in data_inputs(view, name)):
+            downstream.add(name)
+    last = -1
+    for name in gradients:
+        for src, _ in data_inputs(view, name):
+            if src in activations and src not in downstream:
+                last = max(last, view.nodes[src]["level"])
+    return last
 
 
 BATCH_SOURCES = frozenset(

@@ -40,7 +40,7 @@ import logging
 import networkx as nx
 
 from tflms.config import LMSConfig
-from tflms.graph.grappler_rules import pinned
+from tflms.graph.grappler_rules import in_a_fold
 from tflms.graph.view import consumers as tensor_consumers
 from tflms.plan.candidates import (
     NEVER_SWAP_DTYPES,
@@ -203,14 +203,16 @@ def _why_no_swaps(config: LMSConfig, small: list[int], spans: list[int], vetoed:
 
 
 def _with_swapout_waits(view, swap: Swap) -> Swap:
-    """Sync modes 1 and 3: the producer's other readers wait for the swap-out, those
-    Grappler's check pinned excepted (a control input changes how Grappler rewrites them)."""
+    """Sync modes 1 and 3: the producer's other readers wait for the swap-out, those in
+    an arithmetic fold or pinned by Grappler's check excepted (a control input changes
+    how Grappler rewrites them; the rule swap-in triggers' waits keep too,
+    :func:`~tflms.plan.triggers.other_inputs`)."""
     rerouted = {c for c, _ in swap.consumers}
     near = sorted(
         {
             c
             for c, _ in tensor_consumers(view, swap.producer, swap.index)
-            if c not in rerouted and not pinned(view, c)
+            if c not in rerouted and not in_a_fold(view, c)
         }
     )
     return Swap(**{**swap.__dict__, "wait_for_swapout": tuple(near)})

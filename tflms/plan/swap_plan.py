@@ -340,11 +340,11 @@ def pins_broken(view: nx.DiGraph, plan: SwapPlan) -> dict[str, set[str]]:
     """The pinned ops ``plan`` touches, each with the levers that touch it.
 
     A pinned op (:data:`~tflms.graph.grappler_rules.PINNED`) may be touched
-    by no lever but a stream's reroute: a reader of a weight kept on the host reads TensorFlow's own
-    copy of it without the plan and the stream's copy with it, the same
-    tensor to Grappler (its check reads through swap ops), and nothing is
-    hung on the reader (a stream's triggers and waits are held to the pins).
-    An op kept from recomputation
+    by no lever but a stream's reroute: a reader of a weight kept on the host
+    reads TensorFlow's own copy of it without the plan and the stream's copy
+    with it, the same tensor to Grappler (its check reads through swap ops),
+    and nothing is hung on the reader (a stream's triggers and waits are held
+    to the pins). An op kept from recomputation
     (:data:`~tflms.graph.grappler_rules.NOT_RECOMPUTED`) may not be
     recomputed (it may still read a clone). Empty for a plan that keeps
     every pin.
