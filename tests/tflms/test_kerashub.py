@@ -92,15 +92,19 @@ def _bert():
     return keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=3, preprocessor=None)
 
 
+# Llama's blocks (grouped-query attention), Mixtral's too
+_LLAMA_BLOCKS = dict(
+    vocabulary_size=VOCAB,
+    num_layers=2,
+    num_query_heads=4,
+    num_key_value_heads=2,
+    hidden_dim=WIDTH,
+    intermediate_dim=2 * WIDTH,
+)
+
+
 def _llama():
-    backbone = keras_hub.models.LlamaBackbone(
-        vocabulary_size=VOCAB,
-        num_layers=2,
-        num_query_heads=4,
-        num_key_value_heads=2,
-        hidden_dim=WIDTH,
-        intermediate_dim=2 * WIDTH,
-    )
+    backbone = keras_hub.models.LlamaBackbone(**_LLAMA_BLOCKS)
     return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
 
 
@@ -118,16 +122,7 @@ def _vit():
 
 
 def _mixtral():
-    backbone = keras_hub.models.MixtralBackbone(
-        vocabulary_size=VOCAB,
-        num_layers=2,
-        num_query_heads=4,
-        num_key_value_heads=2,
-        hidden_dim=WIDTH,
-        intermediate_dim=2 * WIDTH,
-        num_experts=4,
-        top_k=2,
-    )
+    backbone = keras_hub.models.MixtralBackbone(**_LLAMA_BLOCKS, num_experts=4, top_k=2)
     return keras_hub.models.MixtralCausalLM(backbone=backbone, preprocessor=None)
 
 
