@@ -126,7 +126,7 @@ class Levers:
         config = config.replace(reorder=False)
         if config not in self.unordered:
             recomputes, staged = self.recomputed(config)
-            plan = plan_swaps(staged, config)
+            plan = dataclasses.replace(plan_swaps(staged, config), recomputes=recomputes)
             notes = list(plan.notes)
             if recomputes:
                 notes.append(
@@ -135,16 +135,14 @@ class Levers:
                     f"{sum(r.seconds for r in recomputes) * 1e3:.2f} ms predicted on "
                     f"{self.target.device.name})"
                 )
-            waits = update_waits(self.view, _triggers(plan, recomputes))
+            waits = update_waits(self.view, plan.waited_for())
             if waits:
                 notes.append(
                     f"{len(waits)} update waits: {_updates(self.view, waits)} variable updates "
                     "wait for the backward matmuls that read their variables, and write them in "
                     "place"
                 )
-            self.unordered[config] = dataclasses.replace(
-                plan, recomputes=recomputes, order=waits, notes=tuple(notes)
-            )
+            self.unordered[config] = dataclasses.replace(plan, order=waits, notes=tuple(notes))
         return self.unordered[config]
 
     def retimed(self, plan: SwapPlan, slack: float) -> SwapPlan:
@@ -158,7 +156,7 @@ class Levers:
             compiled = compile_view(self.view, device=self.target.device, link=self.target.link)
             self.timed = (compiled, first_ready(compiled))
         retimed = retime_triggers(self.view, plan, self.target, slack=slack, timed=self.timed)
-        waits = update_waits(self.view, _triggers(retimed, retimed.recomputes))  # new triggers
+        waits = update_waits(self.view, retimed.waited_for())  # new triggers
         return retimed if waits == retimed.order else dataclasses.replace(retimed, order=waits)
 
     def ordered(self, plan: SwapPlan) -> SwapPlan:
@@ -224,13 +222,3 @@ def compose_plan(
 def _updates(view: nx.DiGraph, waits) -> int:
     """How many variable updates ``waits`` hold back (their own reads aside)."""
     return len({b for _, b in waits if updates_a_variable(view.nodes[b]["type"])})
-
-
-def _triggers(plan: SwapPlan, recomputes: tuple[Recompute, ...]) -> frozenset[str]:
-    """The ops ``plan`` and ``recomputes`` make other ops wait for."""
-    found = {r.trigger for r in recomputes} | {op for r in recomputes for op in r.control_inputs}
-    for swap in plan.swaps:
-        found |= {si.trigger for si in swap.swap_ins} | set(swap.wait_for_swapout)
-        found |= {op for si in swap.swap_ins for op in si.control_inputs}
-    found |= {op for chain in plan.serialization for op in chain}
-    return frozenset(op for op in found if op is not None)

@@ -143,6 +143,23 @@ class SwapPlan:
             add("order", *chain)
         return roles
 
+    def waited_for(self) -> frozenset[str]:
+        """The existing ops the plan makes other ops wait for.
+
+        Swap-ins' and recomputations' triggers and control inputs, the ops
+        that wait for a swap-out, and the ops of serialized chains: an edge
+        another lever adds to one of them (an update wait,
+        :func:`tflms.plan.updates.update_waits`) could hold back a re-run or a
+        swap-in that a waiting reader needs.
+        """
+        found = {r.trigger for r in self.recomputes}
+        found |= {op for r in self.recomputes for op in r.control_inputs}
+        for swap in self.swaps:
+            found |= {si.trigger for si in swap.swap_ins} | set(swap.wait_for_swapout)
+            found |= {op for si in swap.swap_ins for op in si.control_inputs}
+        found |= {op for chain in self.serialization for op in chain}
+        return frozenset(op for op in found if op is not None)
+
     def op_names(self) -> set[str]:
         """Names of every op the plan inserts."""
         names = set()
