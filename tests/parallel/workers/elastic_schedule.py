@@ -24,7 +24,11 @@ folder for each final rank's weights. Ours only:
   the old set once and writes the error it raises to ``--out``/``stale_set.txt``;
 * ``--newcomers-fail HOST:MODE``: ranks on ``HOST`` never join: before
   ``init()`` they exit with status 1 (``exit``) or sleep (``hang``), so the
-  ranks that spawned them wait for a connection that never comes.
+  ranks that spawned them wait for a connection that never comes;
+* ``--until-size N``: train on past ``--epochs`` (up to ``--max-epochs``, 40)
+  until an epoch ends with N ranks, so that a test of a growth does not race
+  the newcomers' start on a loaded machine (every rank decides alike, from the
+  committed epoch and the job's size).
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ parser.add_argument("--exit-mode", default="exception", choices=("exception", "k
 parser.add_argument("--process-set", action="store_true")
 parser.add_argument("--static-set", action="store_true", help="the pair given to init() instead")
 parser.add_argument("--newcomers-fail", default="")
+parser.add_argument("--until-size", type=int, default=0)
+parser.add_argument("--max-epochs", type=int, default=40)
 args = parser.parse_args()
 
 if args.newcomers_fail:
@@ -146,10 +152,17 @@ def log_state(state, pair_sum: float | None) -> None:
         log.write(json.dumps(record) + "\n")
 
 
+def training(state) -> bool:
+    """Whether another epoch runs: ``--epochs`` of them, then on while under ``--until-size``."""
+    if state.epoch < args.epochs:
+        return True
+    return basics.size() < args.until_size and state.epoch < args.max_epochs
+
+
 @run
 def train(state) -> None:
     state.rendezvous += 1
-    while state.epoch < args.epochs:
+    while training(state):
         while state.batch < args.batches_per_epoch:
             check_exit(state.epoch, state.batch)
             step(state)
