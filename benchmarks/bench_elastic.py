@@ -441,8 +441,10 @@ def _attempt(kind: str, link: str) -> dict:
     return {"ok": True, **figures, "notes": notes, "seconds": round(time.monotonic() - started, 1)}
 
 
-def repeat(runs: int = REPEAT_RUNS, link: str = "1gbit") -> dict:
-    """The node-crash and growth rehearsals ``runs`` times each in a row, alternating.
+def repeat(
+    runs: int = REPEAT_RUNS, link: str = "1gbit", kinds: tuple[str, ...] = ("node_crash", "growth")
+) -> dict:
+    """The node-crash and growth rehearsals (``kinds``) ``runs`` times each in a row, alternating.
 
     A run that fails (no finished job, no growth, wrong figures, a hang) is run
     once more: it *needed a retry*, and its reason is counted; a run whose
@@ -457,7 +459,7 @@ def repeat(runs: int = REPEAT_RUNS, link: str = "1gbit") -> dict:
     reason = unavailable_reason()
     if reason is not None:
         return {"skipped": f"rehearsal cluster unavailable: {reason}"}
-    attempts: dict[str, list[list[dict]]] = {"node_crash": [], "growth": []}
+    attempts: dict[str, list[list[dict]]] = {kind: [] for kind in kinds}
     for index in range(runs):
         for kind, tries in attempts.items():
             first = _attempt(kind, link)
@@ -560,6 +562,11 @@ def main() -> None:
         help="only run the node-crash and growth rehearsals N times each in a row (issue 45's "
         "twenty-run check, N=20) and keep the other parts",
     )
+    parser.add_argument(
+        "--repeat-only",
+        choices=("node_crash", "growth"),
+        help="with --repeat: run only this rehearsal, and keep the other's rows",
+    )
     args = parser.parse_args()
     path = RESULTS / "elastic.json"
     started = time.time()
@@ -567,12 +574,24 @@ def main() -> None:
     result = json.loads(path.read_text()) if keep and path.exists() else {}
     result["machine"] = machine_info()
     measured = result.setdefault("measured", {})
-    parts = {"repeat": lambda: repeat(args.repeat)} if args.repeat else PARTS
+    if args.repeat_only and not args.repeat:
+        parser.error("--repeat-only needs --repeat N")
+    kinds = (args.repeat_only,) if args.repeat_only else ("node_crash", "growth")
+    kept = {k: v for k, v in result.get("repeat", {}).items() if k not in kinds}
+    for kind in ("node_crash", "growth"):  # when each rehearsal kept was measured
+        if kind in kept and "repeat" in measured:
+            measured.setdefault(f"repeat_{kind}", measured["repeat"])
+    parts = (
+        {"repeat": lambda: {**kept, **repeat(args.repeat, kinds=kinds)}} if args.repeat else PARTS
+    )
     for name, part in parts.items():
         if args.only and name not in args.only:
             continue
         result[name] = part()
         measured[name] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        if name == "repeat":
+            for kind in kinds:
+                measured[f"repeat_{kind}"] = measured[name]
         print(json.dumps({name: result[name]}), flush=True)
     result["created"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     result["seconds"] = round(time.time() - started, 1)

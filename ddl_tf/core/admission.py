@@ -18,7 +18,7 @@ from typing import Any
 
 from ddl_tf import env
 
-__all__ = ["ADMIT_TAG", "DEFAULT_TIMEOUT", "wait_for_admission"]
+__all__ = ["ADMIT_TAG", "DEFAULT_TIMEOUT", "join_job", "wait_for_admission", "wait_quietly"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,45 @@ intercommunicator that joins them to the job."""
 DEFAULT_TIMEOUT = 600.0
 """Seconds to wait for ``--min-np`` slots (horovodrun's ``--elastic-timeout`` default); a rank
 started ahead waits as long to be admitted."""
+
+
+def join_job(MPI: Any, parent: Any) -> Any:
+    """In a rank started ahead: connect to the whole job, then wait to be admitted.
+
+    The job's rank 0 alone spawned this rank (over ``MPI_COMM_SELF``, so that
+    the job's other ranks do not spin in ``MPI_Comm_spawn`` while the new
+    ranks import TensorFlow); ``parent`` is that intercommunicator. The new
+    ranks merge with rank 0, build an intercommunicator to the job's ranks
+    through it (``MPI_Intercomm_create``, rank 0 the bridge), and merge: the
+    job's ranks first, then the new ranks in their spawn order.
+
+    Returns:
+        The merged communicator, once rank 0 admitted this rank
+        (:func:`wait_for_admission`).
+    """
+    with_rank0 = parent.Merge(high=True)  # the job's rank 0, then the new ranks
+    parent.Disconnect()
+    inter = MPI.COMM_WORLD.Create_intercomm(0, with_rank0, 0, tag=ADMIT_TAG)
+    bridge = inter.Merge(high=True)
+    inter.Free()
+    with_rank0.Free()
+    return wait_for_admission(bridge)
+
+
+def wait_quietly(comm: Any, source: int, tag: int, cancel: Any = None) -> Any:
+    """Receive one message, polling with sleeps: a blocking receive spins a core.
+
+    Open MPI progresses a blocking call by polling; a rank waiting for seconds
+    in a background thread would take a core from its own training.
+
+    Returns:
+        The message, or None when ``cancel`` (a ``threading.Event``) was set first.
+    """
+    while not comm.Iprobe(source=source, tag=tag):
+        if cancel is not None and cancel.is_set():
+            return None
+        time.sleep(0.01)
+    return comm.recv(source=source, tag=tag)
 
 
 def wait_for_admission(bridge: Any) -> Any:

@@ -230,12 +230,12 @@ def _resolve_comm(MPI: Any, comm: Any, elastic: bool) -> tuple[Any, bool]:
                 "init(comm=...) is not supported in an elastic job (ddlrun --min-np): its "
                 "membership is the job's. Call init() without comm."
             )
+        if env.get(env.DDL_ELASTIC_PARKED):  # started ahead, by rank 0 alone
+            from ddl_tf.core.admission import join_job
+
+            return join_job(MPI, parent), True
         merged = parent.Merge(high=True)
         parent.Disconnect()
-        if env.get(env.DDL_ELASTIC_PARKED):  # started ahead: connected to rank 0 alone
-            from ddl_tf.core.admission import wait_for_admission
-
-            merged = wait_for_admission(merged)
         return merged, True
     if comm is None:
         return MPI.COMM_WORLD, False

@@ -9,6 +9,11 @@ elastic. ddlrun then
    tolerance (``--with-ft ulfm``) on the ``ob1`` PML with the ``tcp,self``
    BTLs: measured here, a failed peer hangs the survivors with the shared
    memory BTL or the UCX PML, and is reported to them at once with these;
+   without Open MPI's ``han`` collectives, which choose their algorithm from
+   what each rank knows of the others' placement: ranks a growing job joins
+   through rank 0 (:mod:`ddl_tf.membership.reform`) know less of them than
+   rank 0 does, and the ranks then ran different algorithms and hung
+   (measured here, growth onto this machine);
 3. wraps each rank in :mod:`ddl_tf.launch.worker` so that it knows its host
    by the discovery script's name and the program to spawn when the job grows;
 4. exports the elastic settings (``DDL_ELASTIC_*``) the ranks re-form by.
@@ -51,7 +56,9 @@ __all__ = [
     "settings_env",
 ]
 
-ULFM_ARGS = ["--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
+ULFM_ARGS = [
+    "--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "coll", "^han",
+]  # fmt: skip
 """mpirun arguments of an elastic job (see the module docstring for why these)."""
 
 

@@ -22,11 +22,13 @@ it broadcasts what changed (:meth:`Membership.check_host_updates`): hosts
 gone from the list, and new hosts (up to ``max_np`` ranks, blacklisted hosts
 excluded until their cooldown ends). Hosts that left: every rank raises
 :class:`~ddl_tf.errors.HostsUpdatedInterrupt`, and
-:meth:`Membership.update_hosts` lets their ranks leave. New hosts: every
-rank starts their ranks in a background thread (``MPI_Comm_spawn`` of this
-same program, through :mod:`ddl_tf.launch.worker`, then
-``MPI_Intercomm_merge``: the new ranks come after the old ones) and trains
-on; the new ranks park in ``init()`` (:func:`~ddl_tf.core.admission.wait_for_admission`). At the
+:meth:`Membership.update_hosts` lets their ranks leave. New hosts: in a
+background thread, rank 0 starts their ranks (``MPI_Comm_spawn`` of this
+same program over ``MPI_COMM_SELF``, through :mod:`ddl_tf.launch.worker`)
+while the other ranks wait for its word without polling; then every rank
+joins them through rank 0 (``MPI_Intercomm_create``, ``MPI_Intercomm_merge``:
+the new ranks come after the old ones), and the job trains on meanwhile;
+the new ranks park in ``init()`` (:func:`~ddl_tf.core.admission.join_job`). At the
 first commit after they connected, every rank raises the interrupt, and
 :meth:`Membership.update_hosts` admits them (growth without a pause). With
 ``DDL_ELASTIC_PRESTART=0`` the spawn runs at the commit that sees the new
@@ -324,6 +326,12 @@ class Membership:
             gone = [h for h, _ in pending.added if h in change.removed]
             if pending.error is not None or pending.bridge is None or gone:
                 dismiss = True
+                if pending.error is not None:
+                    logger.warning(
+                        "the ranks started ahead on %s could not join: %s",
+                        _where(pending.added),
+                        pending.error,
+                    )
             else:
                 admitted = pending.added
         return HostChange(removed=removed, added=admitted, ahead=ahead, dismiss=dismiss)
@@ -331,13 +339,11 @@ class Membership:
     def _start_ahead(self, job: Job, added: tuple[tuple[str, int], ...]) -> None:
         """Spawn ranks for ``added`` in a background thread; the job trains on (collective).
 
-        Every rank runs ``MPI_Comm_spawn`` and the merge with the new ranks in
-        a thread of its own, on a duplicate of the job's communicator, while
-        its main thread trains: the new ranks start (Python, TensorFlow's
-        import, ``MPI_Init``) meanwhile, and their ``init()`` then parks
-        (:func:`~ddl_tf.core.admission.wait_for_admission`) until a commit admits them (:meth:`_admit`).
-        These are the calls a growth always made, in the same order; only
-        their thread differs.
+        Every rank joins the new ranks in a thread of its own, on a duplicate
+        of the job's communicator, while its main thread trains: the new ranks
+        start (Python, TensorFlow's import, ``MPI_Init``) meanwhile
+        (:func:`_spawn_through_rank0`), and their ``init()`` then parks
+        (:func:`~ddl_tf.core.admission.join_job`) until a commit admits them (:meth:`_admit`).
         """
         MPI = mpi.load()
         pending = _Prestart(added, spare=job.comm.Dup())
@@ -355,10 +361,9 @@ class Membership:
         def spawn() -> None:
             try:
                 with _deadline(self.settings.spawn_timeout, added, pending.abandoned):
-                    inter = pending.spare.Spawn_multiple(commands, argvs, counts, infos, root=0)
-                    bridge = inter.Merge(high=False)
-                    inter.Disconnect()
-                pending.bridge = bridge
+                    pending.bridge = _spawn_through_rank0(
+                        MPI, pending.spare, (commands, argvs, counts, infos), pending.abandoned
+                    )
             except Exception as err:  # noqa: BLE001 - rank 0's _decide sends them away
                 pending.error = err
             finally:
@@ -606,6 +611,57 @@ def worker_arguments(host: str, rank: int, parked: bool = False) -> list[str]:
     for item in passed:
         args += ["--env", item]
     return [*args, "--program", program]
+
+
+def _spawn_through_rank0(
+    MPI: Any, spare: Any, arguments: tuple[list, list, list, list], cancel: threading.Event
+) -> Any:
+    """Start new ranks from rank 0 alone and join them to ``spare``'s ranks (collective).
+
+    A collective ``MPI_Comm_spawn`` over the job's ranks would keep every
+    rank but the root polling in Open MPI's progress loop, a full core each,
+    for as long as the new ranks take to import TensorFlow and call
+    ``MPI_Init`` (measured on the rehearsal cluster: rank 1 at 85-100% of a
+    core for 11 s, the newcomers' import 13 s instead of 6). So rank 0 spawns
+    over ``MPI_COMM_SELF`` and merges with them; the other ranks wait for its
+    word with sleeps (:func:`~ddl_tf.core.admission.wait_quietly`), then all
+    build an intercommunicator to the new ranks through rank 0
+    (``MPI_Intercomm_create``, the new ranks' side in
+    :func:`~ddl_tf.core.admission.join_job`) and merge it: the job's ranks
+    first, then the new ones in spawn order.
+
+    Returns:
+        The merged communicator, or raises: rank 0's spawn failed (on every
+        rank), or ``cancel`` was set while waiting (a failure abandoned it).
+    """
+    from ddl_tf.core.admission import wait_quietly
+
+    with_new = None
+    if spare.rank == 0:
+        try:
+            inter = MPI.COMM_SELF.Spawn_multiple(*arguments, root=0)
+            with_new = inter.Merge(high=False)  # rank 0, then the new ranks
+            inter.Disconnect()
+        except Exception as err:
+            for peer in range(1, spare.size):
+                spare.send(f"{type(err).__name__}: {err}", dest=peer, tag=ADMIT_TAG)
+            raise
+        for peer in range(1, spare.size):
+            spare.send(None, dest=peer, tag=ADMIT_TAG)
+    else:
+        word = wait_quietly(spare, 0, ADMIT_TAG, cancel)
+        if cancel.is_set():
+            raise ElasticJobError("the ranks started ahead were abandoned after a failure")
+        if word is not None:
+            raise ElasticJobError(f"rank 0 could not start the new ranks: {word}")
+    # the peer communicator counts at the leader (rank 0) only; mpi4py wants an Intracomm
+    peer, leader = (with_new, 1) if with_new is not None else (spare, 0)
+    inter = spare.Create_intercomm(0, peer, leader, tag=ADMIT_TAG)
+    bridge = inter.Merge(high=False)
+    inter.Free()
+    if with_new is not None:
+        with_new.Free()
+    return bridge
 
 
 @contextlib.contextmanager

@@ -144,6 +144,12 @@ def test_a_discovered_host_joins_without_pausing_the_training(tmp_path):
     trained = [t for t, size, _, _ in steps if size == 2 and t > added]
     # the survivors kept training while the newcomers started: more than a step or two
     assert len(trained) >= 10 and max(trained) > added + 2.0, (len(trained), first - added)
+    # ... and without a core spent waiting for them: the training (a tiny MLP, 0.05 s sleeps)
+    # takes a few percent of a core; an MPI call polling in a background thread, 85-100%
+    for rank in (0, 1):
+        samples = [(t, c) for t, c in results[rank]["cpu"] if added <= t <= first]
+        (t0, c0), (t1, c1) = samples[0], samples[-1]
+        assert (c1 - c0) / (t1 - t0) < 0.4, (rank, c1 - c0, t1 - t0)
     # every rank trains the same steps at 4 ranks, up to the end of the 20 epochs
     at_four = {r: [(e, b) for _, size, e, b in x["steps"] if size == 4] for r, x in results.items()}
     assert at_four[0][-1] == (19, 15) and all(s == at_four[0] for s in at_four.values())

@@ -74,8 +74,12 @@ def detect_topology(
         comm: The job's communicator (usually ``MPI.COMM_WORLD``).
         config: Provides ``pseudo_nodes`` and ``topology_file``.
         environ: Environment to read launcher variables from.
-        cross_check: Compare with the launcher's layout (off in elastic jobs,
-            whose ranks move after a membership change).
+        cross_check: Compare with the launcher's layout and name nodes by MPI's
+            shared-memory domains too (off in elastic jobs: their ranks move
+            after a membership change, and ranks a growing job joins through
+            rank 0 know too little of each other's placement for
+            ``MPI_Comm_split_type``, which then ran different steps on
+            different ranks and hung; hosts come from discovery's names there).
 
     Returns:
         The :class:`Topology` of this rank.
@@ -91,14 +95,15 @@ def detect_topology(
     else:
         # a launcher that names the host (horovodrun, Slurm) wins over MPI's processor name
         host = str(launcher_layout(environ).get("hostname") or MPI.Get_processor_name())
-        try:
-            shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-            leader = shared.allreduce(comm.rank, op=MPI.MIN)
-            shared.Free()
-            source = "MPI shared-memory domains"
-        except MPI.Exception:
-            leader = None
-            source = "hostnames"
+        leader, source = None, "hostnames"
+        if cross_check:
+            try:
+                shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+                leader = shared.allreduce(comm.rank, op=MPI.MIN)
+                shared.Free()
+                source = "MPI shared-memory domains"
+            except MPI.Exception:
+                pass
         pairs = comm.allgather((host, leader))
         names = _node_names(pairs)
         if cross_check:

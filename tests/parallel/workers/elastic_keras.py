@@ -83,6 +83,7 @@ else:
     loss, batch_size = "mse", 16
 model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss=loss)
 steps_log: list[tuple[float, int, int, int]] = []
+cpu_log: list[tuple[float, float]] = []  # (time, this process's CPU seconds) after each batch
 state = None if fixed else hvd.elastic.KerasState(model, batch=0, epoch=0)
 
 
@@ -158,6 +159,7 @@ class Recorder(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         epoch = state.epoch if state is not None else self.keras_epoch
         steps_log.append((time.time(), hvd.size(), epoch, batch))
+        cpu_log.append((time.time(), time.process_time()))
         time.sleep(pause)
         if kill:
             who, at_epoch, at_batch = (int(v) for v in kill.split(","))
@@ -226,6 +228,7 @@ result = {
     "host": os.environ.get("HOROVOD_HOSTNAME"),
     "weights": weights.tolist(),
     "steps": steps_log,
+    "cpu": cpu_log,
     "state": None if state is None else [state.epoch, state.batch],
     "relaunch": relaunch,
     "mirror": os.environ.get("DDL_ELASTIC_MIRROR"),  # where ddlrun had the commits mirrored
