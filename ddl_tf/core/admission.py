@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ddl_tf import env
@@ -54,20 +55,20 @@ def join_job(MPI: Any, parent: Any) -> Any:
     return wait_for_admission(bridge)
 
 
-def wait_quietly(comm: Any, source: int, tag: int, cancel: Any = None) -> Any:
-    """Receive one message, polling with sleeps: a blocking receive spins a core.
+def wait_quietly(comm: Any, source: int, tag: int, give_up: Callable[[], bool]) -> bool:
+    """Wait for a message, probing with sleeps between: a blocking receive spins a core.
 
     Open MPI progresses a blocking call by polling; a rank waiting for seconds
-    in a background thread would take a core from its own training.
+    (in a background thread, or parked) would take a core from the training.
 
     Returns:
-        The message, or None when ``cancel`` (a ``threading.Event``) was set first.
+        True once the message is there (receive it), False when ``give_up()`` said so first.
     """
     while not comm.Iprobe(source=source, tag=tag):
-        if cancel is not None and cancel.is_set():
-            return None
+        if give_up():
+            return False
         time.sleep(0.01)
-    return comm.recv(source=source, tag=tag)
+    return True
 
 
 def wait_for_admission(bridge: Any) -> Any:
@@ -82,15 +83,13 @@ def wait_for_admission(bridge: Any) -> Any:
     """
     timeout = float(env.get(env.DDL_ELASTIC_TIMEOUT) or DEFAULT_TIMEOUT)
     deadline = time.monotonic() + timeout
-    while not bridge.Iprobe(source=0, tag=ADMIT_TAG):
-        if time.monotonic() > deadline:
-            logger.error(
-                "this rank, started ahead for a growing elastic job, was not admitted within "
-                "%g s (--elastic-timeout); it leaves",
-                timeout,
-            )
-            _exit_now(1)
-        time.sleep(0.01)
+    if not wait_quietly(bridge, 0, ADMIT_TAG, lambda: time.monotonic() > deadline):
+        logger.error(
+            "this rank, started ahead for a growing elastic job, was not admitted within "
+            "%g s (--elastic-timeout); it leaves",
+            timeout,
+        )
+        _exit_now(1)
     word = bridge.recv(source=0, tag=ADMIT_TAG)
     if word != "admit":
         logger.info("this rank, started ahead for a growing elastic job, leaves: told %r", word)

@@ -622,7 +622,7 @@ def _spawn_through_rank0(
     rank but the root polling in Open MPI's progress loop, a full core each,
     for as long as the new ranks take to import TensorFlow and call
     ``MPI_Init`` (measured on the rehearsal cluster: rank 1 at 85-100% of a
-    core for 11 s, the newcomers' import 13 s instead of 6). So rank 0 spawns
+    core for 11 s, the newcomers' import 13 s instead of 4.5). So rank 0 spawns
     over ``MPI_COMM_SELF`` and merges with them; the other ranks wait for its
     word with sleeps (:func:`~ddl_tf.core.admission.wait_quietly`), then all
     build an intercommunicator to the new ranks through rank 0
@@ -649,9 +649,9 @@ def _spawn_through_rank0(
         for peer in range(1, spare.size):
             spare.send(None, dest=peer, tag=ADMIT_TAG)
     else:
-        word = wait_quietly(spare, 0, ADMIT_TAG, cancel)
-        if cancel.is_set():
+        if not wait_quietly(spare, 0, ADMIT_TAG, cancel.is_set):
             raise ElasticJobError("the ranks started ahead were abandoned after a failure")
+        word = spare.recv(source=0, tag=ADMIT_TAG)
         if word is not None:
             raise ElasticJobError(f"rank 0 could not start the new ranks: {word}")
     # the peer communicator counts at the leader (rank 0) only; mpi4py wants an Intracomm
