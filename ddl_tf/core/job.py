@@ -103,7 +103,7 @@ class Job:
             TopologyError: The topology file or forced algorithm does not fit.
         """
         policy = policy if policy is not None else load_policy(config.auto_policy_file)
-        topology = comms.detect_topology(comm, config, cross_check=not elastic)
+        topology = comms.detect_topology(comm, config, elastic=elastic)
         name = host or mpi.load().Get_processor_name()
         hosts, generation = _check_agreement(
             comm, config, policy.digest(), topology, name, generation

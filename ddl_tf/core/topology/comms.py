@@ -66,7 +66,7 @@ def detect_topology(
     comm: Any,
     config: DDLConfig,
     environ: Mapping[str, str] | None = None,
-    cross_check: bool = True,
+    elastic: bool = False,
 ) -> Topology:
     """Collectively work out which rank runs where.
 
@@ -74,12 +74,12 @@ def detect_topology(
         comm: The job's communicator (usually ``MPI.COMM_WORLD``).
         config: Provides ``pseudo_nodes`` and ``topology_file``.
         environ: Environment to read launcher variables from.
-        cross_check: Compare with the launcher's layout and name nodes by MPI's
-            shared-memory domains too (off in elastic jobs: their ranks move
-            after a membership change, and ranks a growing job joins through
-            rank 0 know too little of each other's placement for
-            ``MPI_Comm_split_type``, which then ran different steps on
-            different ranks and hung; hosts come from discovery's names there).
+        elastic: An elastic job's communicator: its nodes are the hosts as
+            discovery names them, not MPI's shared-memory domains (ranks a
+            growing job joins through rank 0 know too little of each other's
+            placement for ``MPI_Comm_split_type``, which then ran different
+            steps on different ranks and hung), and no cross-check with the
+            launcher's layout (ranks move after a membership change).
 
     Returns:
         The :class:`Topology` of this rank.
@@ -96,7 +96,7 @@ def detect_topology(
         # a launcher that names the host (horovodrun, Slurm) wins over MPI's processor name
         host = str(launcher_layout(environ).get("hostname") or MPI.Get_processor_name())
         leader, source = None, "hostnames"
-        if cross_check:
+        if not elastic:
             try:
                 shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
                 leader = shared.allreduce(comm.rank, op=MPI.MIN)
@@ -106,7 +106,7 @@ def detect_topology(
                 pass
         pairs = comm.allgather((host, leader))
         names = _node_names(pairs)
-        if cross_check:
+        if not elastic:
             _cross_check(comm, names, environ)
     spec = load_topology_file(config.topology_file) if config.topology_file else None
     return Topology.from_node_names(names, comm.rank, spec, source=source)
