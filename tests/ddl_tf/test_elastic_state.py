@@ -113,3 +113,50 @@ def test_a_state_without_a_mirror_is_skipped_with_a_warning(tmp_path, monkeypatc
         assert "cannot be mirrored in host memory" in caplog.text
     finally:
         hvd.shutdown()
+
+
+KEEPS_TRACE = """
+import json
+import keras, numpy as np, tensorflow as tf
+import ddl_tf.keras as hvd
+hvd.init()
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.1)), loss="mse")
+model.fit(np.ones((8, 4), "float32"), np.zeros((8, 3), "float32"), verbose=0)
+state = hvd.elastic.KerasState(model)
+traced = model.train_function
+state.reset()  # what elastic.run calls after a membership change
+kept = model.train_function is traced
+
+
+@tf.function
+def scaled(v):
+    return v * hvd.size()  # a Python int of this membership, kept in the graph
+
+
+scaled(tf.constant(1.0))
+state.reset()
+print(json.dumps({"kept": kept, "retraced_after_a_size_read": model.train_function is None}))
+"""
+
+
+def test_an_elastic_state_keeps_the_traced_step_unless_a_trace_read_the_jobs_size():
+    """ddl_tf's collectives read the job when they run, so after a membership change the step
+    traced before is right and is kept; a trace that took hvd.size() as a value is not."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.harness import mpi_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", KEEPS_TRACE],
+        env=mpi_env({"DDL_ELASTIC": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = [line for line in done.stdout.splitlines() if line.startswith("{")][-1]
+    assert json.loads(last) == {"kept": True, "retraced_after_a_size_read": True}
