@@ -323,27 +323,21 @@ def growth_rehearsal(link: str = "1gbit", runs: int = GROWTH_RUNS) -> dict:
     if reason is not None:
         return {"skipped": f"rehearsal cluster unavailable: {reason}"}
     rows: dict[str, list[dict]] = {"1": [], "0": []}
-    failed: dict[str, list[str]] = {"1": [], "0": []}
     for _ in range(runs):
         for warm_up, done in rows.items():
-            for _try in range(2):  # a failed run is run once more, and its reason kept
-                attempt = _attempt("growth", link, warm_up=warm_up)
-                print(f"growth (DDL_ELASTIC_WARMUP={warm_up}): {attempt}", flush=True)
-                if attempt["ok"]:
-                    done.append(attempt)
-                    break
-                failed[warm_up].append(attempt["why"])
+            done.append(_growth_run(link, warm_up=warm_up))
+            print(f"growth (DDL_ELASTIC_WARMUP={warm_up}): {done[-1]}", flush=True)
     return {
         "cluster": f"2 virtual nodes, links {link} each direction",
         "grown": "node1:2 listed by discovery while node0's 2 ranks train (steps of 0.1 s)",
         "ranks_before": 2,
-        **_growth_summary(rows["1"], failed["1"]),
-        "without_warm_up": _growth_summary(rows["0"], failed["0"]),
+        **_growth_summary(rows["1"]),
+        "without_warm_up": _growth_summary(rows["0"]),
     }
 
 
-def _growth_summary(rows: list[dict], failed: list[str]) -> dict:
-    """Medians (and extremes) of growth runs' figures, and why runs that were run again failed."""
+def _growth_summary(rows: list[dict]) -> dict:
+    """Medians (and extremes) of growth runs' figures."""
 
     def median(key: str, digits: int = 3) -> float | None:
         values = [r[key] for r in rows if r[key] is not None]
@@ -362,8 +356,6 @@ def _growth_summary(rows: list[dict], failed: list[str]) -> dict:
         "step_seconds": median("step_seconds"),
         "steps_while_starting": min(r["steps_while_starting"] for r in rows),
         "replicas_bitwise_equal": all(r["replicas_bitwise_equal"] for r in rows),
-        "runs_again": len(failed),
-        "runs_again_text": _counted(failed),
         "runs": rows,
     }
 
@@ -455,16 +447,12 @@ NOTES = (
 )
 
 
-def _attempt(kind: str, link: str, **options: str) -> dict:
-    """One rehearsal run of ``kind`` (``node_crash`` or ``growth``): its figures, or why not.
-
-    ``options`` go to the run (``warm_up`` for growth).
-    """
+def _attempt(kind: str, link: str) -> dict:
+    """One rehearsal run of ``kind`` (``node_crash`` or ``growth``): its figures, or why not."""
     transcript: list[str] = []
     started = time.monotonic()
     try:
-        run = _crash_run if kind == "node_crash" else _growth_run
-        figures = run(link, transcript, **options)
+        figures = (_crash_run if kind == "node_crash" else _growth_run)(link, transcript)
     except subprocess.TimeoutExpired:
         return {"ok": False, "why": "hang (no end within the bench's 900 s limit)"}
     except Exception as err:  # noqa: BLE001 - a failed run is a result here

@@ -2,8 +2,8 @@
 
 The membership layer (:mod:`ddl_tf.membership.reform`) starts such ranks while
 the job trains on. Each connects to the job's ranks (:func:`join_job`), and
-at the next commit every rank, old and new, builds the *next* membership's
-job; the old ranks keep training with theirs.
+every rank, old and new, builds the *next* membership's job right away (the
+old ranks in a background thread); the old ranks keep training with theirs.
 So the new rank's ``init()`` returns at once with its final rank and size,
 and its program builds the model meanwhile, while its collectives are held
 at the :class:`Admission` gate:
@@ -43,7 +43,6 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "Admission",
     "NotAdmittedError",
-    "await_word",
     "install",
     "join_job",
     "pending",
@@ -77,9 +76,6 @@ def join_job(MPI: Any, parent: Any) -> Any:
     through it (``MPI_Intercomm_create``, rank 0 the bridge), and merge: the
     job's ranks first, then the new ranks in their spawn order.
 
-    Then waits (off the CPU) for rank 0's word to build the next membership
-    over it, which the job's ranks do at the commit after the connect.
-
     Returns:
         The merged communicator: the next membership's ranks, this one among them.
     """
@@ -89,7 +85,6 @@ def join_job(MPI: Any, parent: Any) -> Any:
     bridge = inter.Merge(high=True)
     inter.Free()
     with_rank0.Free()
-    await_word(bridge, "build", time.monotonic() + timeout())
     return bridge
 
 
@@ -129,6 +124,7 @@ class Admission:
         self.warm_up = warm_up
         self._state = state
         self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
         self.warming = False
         self.warm_up_ended = False  # the warm-up reached a collective (not another error)
         self._told = False
@@ -175,26 +171,20 @@ class Admission:
         if self._state.gate is None:
             return
         self.tell(None)
-        await_word(self.bridge, "admit", self.deadline)
+        if not wait_quietly(self.bridge, 0, ADMIT_TAG, lambda: time.monotonic() > self.deadline):
+            logger.error(
+                "this rank, started ahead for a growing elastic job, was not admitted within "
+                "%g s (--elastic-timeout); it leaves",
+                self.timeout,
+            )
+            _exit_now(1)
+        word = self.bridge.recv(source=0, tag=ADMIT_TAG)
+        if word != "admit":
+            logger.info("this rank, started ahead for a growing elastic job, leaves: told %r", word)
+            _exit_now(0)
         self._state.gate = None
         global _pending
         _pending = None
-
-
-def await_word(bridge: Any, expected: str, deadline: float) -> None:
-    """Wait (off the CPU) for rank 0's word ``expected``; leave the process on any other
-    word (``leave``: the job ended first, or the new host left) or at ``deadline``."""
-    if not wait_quietly(bridge, 0, ADMIT_TAG, lambda: time.monotonic() > deadline):
-        logger.error(
-            "this rank, started ahead for a growing elastic job, was not admitted within "
-            "%g s (--elastic-timeout); it leaves",
-            timeout(),
-        )
-        _exit_now(1)
-    word = bridge.recv(source=0, tag=ADMIT_TAG)
-    if word != expected:
-        logger.info("this rank, started ahead for a growing elastic job, leaves: told %r", word)
-        _exit_now(0)
 
 
 _pending: Admission | None = None

@@ -27,12 +27,11 @@ background thread, rank 0 starts their ranks (``MPI_Comm_spawn`` of this
 same program over ``MPI_COMM_SELF``, through :mod:`ddl_tf.launch.worker`)
 while the other ranks wait for its word without polling; then every rank
 joins them through rank 0 (``MPI_Intercomm_create``, ``MPI_Intercomm_merge``:
-the new ranks come after the old ones); the job trains on meanwhile. At
-the first commit after they connected, every rank builds the next
-membership's job with them; the new ranks' ``init()`` returns in it, and
-their training function warms up (builds the model, traces the step) up to
-its first collective, which waits for the admission
-(:mod:`ddl_tf.core.admission`). At the first commit after every
+the new ranks come after the old ones) and builds the next membership's
+job with them; the job trains on meanwhile. The new ranks' ``init()``
+returns in that next job, and their training function warms up (builds
+the model, traces the step) up to its first collective, which waits for the
+admission (:mod:`ddl_tf.core.admission`). At the first commit after every
 new rank was ready, every rank raises the interrupt, and
 :meth:`Membership.update_hosts` admits them: the next job becomes the job,
 and the steps traced before stay (:meth:`TensorFlowKerasState.reset
@@ -74,12 +73,6 @@ __all__ = ["Membership", "HostChange", "membership", "ElasticJobError"]
 logger = logging.getLogger(__name__)
 
 
-CONNECT_SETTLE_SECONDS = 1.5
-"""Seconds between the new ranks' connect and the next membership built with them (see
-:meth:`Membership._build_next`): an empirical margin for Open MPI 5.0's runtime (PRRTE 3.0),
-which finishes a cross-host connect after ``MPI_Comm_spawn`` returned."""
-
-
 class ElasticJobError(DDLError):
     """The elastic job cannot go on: too many resets, or too few ranks for too long."""
 
@@ -91,20 +84,17 @@ class HostChange:
 
     ``added`` re-forms the job with the ranks (spawned then, or started ahead and
     ready); ``ahead`` starts ranks in the background and the job trains on;
-    ``build`` builds the next membership with the ranks started ahead, which
-    connected (they warm up in it); ``dismiss`` sends the ranks started ahead
-    away. It is true when it holds any of them; :attr:`reforms` says whether
-    the job re-forms.
+    ``dismiss`` sends the ranks started ahead away. It is true when it holds any
+    of them; :attr:`reforms` says whether the job re-forms.
     """
 
     removed: tuple[str, ...] = ()
     added: tuple[tuple[str, int], ...] = ()
     ahead: tuple[tuple[str, int], ...] = ()
     dismiss: bool = False
-    build: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.removed or self.added or self.ahead or self.dismiss or self.build)
+        return bool(self.removed or self.added or self.ahead or self.dismiss)
 
     @property
     def reforms(self) -> bool:
@@ -163,7 +153,6 @@ class _Prestart:
     started: float = field(default_factory=time.monotonic)
     ready: threading.Event = field(default_factory=threading.Event)
     bridge: Any = None
-    connected: float = 0.0  # when the spawn thread had the bridge (time.monotonic)
     job: Any = None
     error: BaseException | None = None
     abandoned: threading.Event = field(default_factory=threading.Event)
@@ -295,8 +284,6 @@ class Membership:
             self.dismiss_pending("their host left, or they failed to start")
         if decision.ahead:
             self._start_ahead(job, decision.ahead)
-        if decision.build:
-            self._build_next(job)
         if decision.reforms:
             self._pending = decision
             raise HostsUpdatedInterrupt(
@@ -374,12 +361,12 @@ class Membership:
         removed = tuple(h for h in change.removed if h in job.hosts)
         ahead = change.added if pending is None else ()
         admitted: tuple[tuple[str, int], ...] = ()
-        dismiss = build = False
+        dismiss = False
         if pending is not None and removed:
             dismiss = True  # they are merged with ranks that leave now: send them away
         elif pending is not None and pending.ready.is_set():
             gone = [h for h, _ in pending.added if h in change.removed]
-            if pending.error is not None or pending.bridge is None or gone:
+            if pending.error is not None or pending.job is None or gone:
                 dismiss = True
                 if pending.error is not None:
                     logger.warning(
@@ -387,16 +374,11 @@ class Membership:
                         _where(pending.added),
                         pending.error,
                     )
-            elif pending.job is None:
-                # connected: the next membership, once Open MPI's runtime settled (_build_next)
-                build = time.monotonic() - pending.connected >= CONNECT_SETTLE_SECONDS
             else:
                 verdict = self._warm_up_verdict(pending)
                 admitted = pending.added if verdict == "admit" else ()
                 dismiss = verdict == "dismiss"
-        return HostChange(
-            removed=removed, added=admitted, ahead=ahead, dismiss=dismiss, build=build
-        )
+        return HostChange(removed=removed, added=admitted, ahead=ahead, dismiss=dismiss)
 
     def _warm_up_verdict(self, pending: _Prestart) -> str | None:
         """On rank 0: ``"admit"`` once every new rank reached its first collective,
@@ -436,16 +418,16 @@ class Membership:
         Every rank joins the new ranks in a thread of its own, on a duplicate
         of the job's communicator, while its main thread trains: the new ranks
         start (Python, TensorFlow's import, ``MPI_Init``) meanwhile
-        (:func:`_spawn_through_rank0`). At the first commit after that, every
-        rank, old and new, builds the next membership's job (:meth:`_build_next`),
-        which the new ranks' ``init()`` returns in. They warm up, and their first
-        collective waits for a commit to admit them (:meth:`_admit`,
-        :mod:`ddl_tf.core.admission`).
+        (:func:`_spawn_through_rank0`); then every rank, old and new, builds the
+        next membership's job, which the new ranks' ``init()`` returns in. They
+        warm up, and their first collective waits for a commit to admit them
+        (:meth:`_admit`, :mod:`ddl_tf.core.admission`).
         """
         MPI = mpi.load()
         pending = _Prestart(added, spare=job.comm.Dup())
         self._prestart = pending
         self.hosted.update(host for host, _ in added)
+        engine, host, generation = job.engine, job.hosts[job.rank], job.generation + 1
         commands, argvs, counts, infos = self._spawn_arguments(job.size, added, MPI, parked=True)
         if job.rank == 0:
             logger.warning(
@@ -461,48 +443,21 @@ class Membership:
                     pending.bridge = _spawn_through_rank0(
                         MPI, pending.spare, (commands, argvs, counts, infos), pending.abandoned
                     )
-                    pending.connected = time.monotonic()
+                    # the next membership, with the new ranks (their init() builds it too)
+                    pending.job = Job.create(
+                        pending.bridge,
+                        engine.config,
+                        policy=engine.policy,
+                        host=host,
+                        generation=generation,
+                        elastic=True,
+                    )
             except Exception as err:  # noqa: BLE001 - rank 0's _decide sends them away
                 pending.error = err
             finally:
                 pending.ready.set()
 
         threading.Thread(target=spawn, name="ddl_tf-spawn-ahead", daemon=True).start()
-
-    def _build_next(self, job: Job) -> None:
-        """At the first commit after the ranks started ahead connected: build the next
-        membership's job with them (collective over the job's ranks and the new ones).
-
-        Not right after the connect: rank 0 decides it at the first commit at least
-        :data:`CONNECT_SETTLE_SECONDS` after it. Built at once (in the spawn thread, or
-        at the next commit), the new node's daemon was lost in about 6 of 15 growth
-        rehearsals on 2026-12-03 (``PRTE has lost communication with a remote daemon``,
-        no crash of the daemon in the kernel log); with 1.5 s between, in none of 6.
-        Rank 0 tells the new ranks to build
-        (:func:`~ddl_tf.core.admission.join_job` waits for the word); their ``init()``
-        then returns in this job, and they warm up.
-        """
-        pending = self._prestart
-        assert pending is not None, "nothing to build"
-        left = self.settings.spawn_timeout - (time.monotonic() - pending.started)
-        with _deadline(max(1.0, left), pending.added):
-            pending.ready.wait()
-        if pending.bridge is None:  # rank 0 saw this rank's spawn succeed: the same collective
-            raise ElasticJobError(
-                f"the ranks started ahead on {_where(pending.added)} did not connect"
-            )
-        if pending.bridge.rank == 0:
-            for peer in range(pending.bridge.size - pending.count, pending.bridge.size):
-                pending.bridge.send("build", dest=peer, tag=ADMIT_TAG)
-        engine = job.engine
-        pending.job = Job.create(
-            pending.bridge,
-            engine.config,
-            policy=engine.policy,
-            host=job.hosts[job.rank],
-            generation=job.generation + 1,
-            elastic=True,
-        )
 
     def dismiss_pending(self, why: str) -> None:
         """Send the ranks started ahead away (collective over the ranks that started them).
