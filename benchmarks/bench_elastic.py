@@ -301,66 +301,44 @@ def growth_rehearsal(link: str = "1gbit", runs: int = GROWTH_RUNS) -> dict:
     ``ddlrun --rehearse 2 --link 1gbit --min-np 2 --max-np 4`` with a discovery
     script listing ``node0:2``; rank 0 adds ``node1:2`` after batch 3 of epoch 1
     and trains on (no wait). Rank 0 starts the 2 new ranks through ``node1``'s
-    daemon in the background; they import TensorFlow, connect, and warm up
-    (build the model, trace the step, up to its first collective) while the
+    daemon in the background; they import TensorFlow and connect while the
     job trains (steps sleep 0.1 s, as a node's own cores would leave the
     others' free), and join at the first commit after that. Per run: seconds
     from the write to the first step at 4 ranks (discovery's 1 s poll
-    included); the survivors' pause at the growth (the gap before the first
-    step at 4 ranks, less their median step) and the steps it lost; the gap
-    an epoch start has in the same run without any change (the worker's
-    ``fit`` starts an epoch again after the interrupt); the longest gap from
-    the write to the first step at 4 ranks; the steps trained at 2 ranks
-    while the newcomers started; and whether replicas end bitwise equal.
-
-    Side by side, alternating in the same session: the same runs with
-    ``DDL_ELASTIC_WARMUP=0`` (newcomers admitted once connected; they build
-    and trace while the job waits for them: the design before warm-ups).
+    included), the survivors' longest pause between two steps around the
+    growth against their median step (the steps lost to growth), the steps
+    trained at 2 ranks while the newcomers started, and whether replicas end
+    bitwise equal. ``runs`` runs; the seconds are each run's and their median.
     """
     from ddl_tf.cluster.netns import unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:
         return {"skipped": f"rehearsal cluster unavailable: {reason}"}
-    rows: dict[str, list[dict]] = {"1": [], "0": []}
+    rows = []
     for _ in range(runs):
-        for warm_up, done in rows.items():
-            done.append(_growth_run(link, warm_up=warm_up))
-            print(f"growth (DDL_ELASTIC_WARMUP={warm_up}): {done[-1]}", flush=True)
+        rows.append(_growth_run(link))
+        print(f"growth: {rows[-1]}", flush=True)
+    seconds = [r["growth_seconds"] for r in rows]
+    lost = [r["steps_lost"] for r in rows]
     return {
         "cluster": f"2 virtual nodes, links {link} each direction",
         "grown": "node1:2 listed by discovery while node0's 2 ranks train (steps of 0.1 s)",
         "ranks_before": 2,
-        **_growth_summary(rows["1"]),
-        "without_warm_up": _growth_summary(rows["0"]),
-    }
-
-
-def _growth_summary(rows: list[dict]) -> dict:
-    """Medians (and extremes) of growth runs' figures."""
-
-    def median(key: str, digits: int = 3) -> float | None:
-        values = [r[key] for r in rows if r[key] is not None]
-        return round(statistics.median(values), digits) if values else None
-
-    seconds = [r["growth_seconds"] for r in rows]
-    return {
         "ranks_after": min(r["ranks_after"] for r in rows),
         "growth_seconds": round(statistics.median(seconds), 3),
         "growth_seconds_max": max(seconds),
-        "pause_seconds": median("pause_seconds"),
-        "steps_lost": median("steps_lost", 1),
-        "steps_lost_max": max(r["steps_lost"] for r in rows),
-        "epoch_start_seconds": median("epoch_start_seconds"),
-        "longest_gap_seconds": median("longest_gap_seconds"),
-        "step_seconds": median("step_seconds"),
+        "pause_seconds": round(statistics.median(r["pause_seconds"] for r in rows), 3),
+        "steps_lost": round(statistics.median(lost), 1),
+        "steps_lost_max": max(lost),
+        "step_seconds": round(statistics.median(r["step_seconds"] for r in rows), 3),
         "steps_while_starting": min(r["steps_while_starting"] for r in rows),
         "replicas_bitwise_equal": all(r["replicas_bitwise_equal"] for r in rows),
         "runs": rows,
     }
 
 
-def _growth_run(link: str, transcript: list[str] | None = None, warm_up: str = "1") -> dict:
+def _growth_run(link: str, transcript: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         script = _discovery(out, "node0:2\n")
@@ -377,7 +355,6 @@ def _growth_run(link: str, transcript: list[str] | None = None, warm_up: str = "
             ELASTIC_GROW_WAIT="0",
             ELASTIC_SLEEP="0.1",
             ELASTIC_EPOCHS="12",  # 20 s of training after the write: room for a slow start
-            DDL_ELASTIC_WARMUP=warm_up,
         )
         added = float((out / "added").read_text())
     return _growth_figures(results, added)
@@ -395,28 +372,17 @@ def _growth_figures(results: dict[int, dict], added: float) -> dict:
             f"{len(steps)} steps): the new ranks did not join before training ended; run again "
             "(the `--repeat` bench counts such runs)"
         )
-    gaps = [
-        (b[0] - a[0], b) for a, b in zip(steps, steps[1:], strict=False)
-    ]  # (seconds, the step that ends the gap)
-    before = [g for g, (t, *_) in gaps[: first - 1] if t <= added]
+    before = [b - a for a, b in zip(times, times[1:first], strict=False) if b <= added]
     step = statistics.median(before)
-    # the survivors' gap before the first step at 4 ranks: the growth's own pause
-    pause = times[first] - times[first - 1] - step
-    # an epoch start without a change costs a gap too (fit's next epoch): the same run's median
-    starts = [g for g, (_, size, _, batch) in gaps if batch == 0 and size == steps[0][1]]
-    starts += [
-        g for g, (t, size, _, batch) in gaps if batch == 0 and size == 4 and t > times[first]
-    ]
-    # the longest gap from the write to the first step at 4 (the figure before warm-ups)
-    around = [g for g, (t, *_) in gaps if added <= t <= times[first]]
+    # the survivors' longest gap between two steps from the write to the first step at 4
+    around = [b - a for a, b in zip(times, times[1:], strict=False) if added <= b <= times[first]]
+    pause = max(around) - step
     return {
         "growth_seconds": round(times[first] - added, 3),
         "ranks_after": results[0]["size"],
         "step_seconds": round(step, 3),
         "pause_seconds": round(pause, 3),
         "steps_lost": round(pause / step, 1),
-        "epoch_start_seconds": round(statistics.median(starts) - step, 3) if starts else None,
-        "longest_gap_seconds": round(max(around) - step, 3),
         "steps_while_starting": sum(1 for t, size, _, _ in steps if size == 2 and t > added),
         "replicas_bitwise_equal": _equal(results),
     }
@@ -521,11 +487,9 @@ def repeat(
         }
         if kind == "growth" and done:
             row["steps_lost_median"] = round(statistics.median(a["steps_lost"] for a in done), 1)
-            for figure_key in ("pause_seconds", "longest_gap_seconds", "epoch_start_seconds"):
-                values = [a[figure_key] for a in done if a.get(figure_key) is not None]
-                row[f"{figure_key}_median"] = (
-                    round(statistics.median(values), 3) if values else None
-                )
+            row["pause_seconds_median"] = round(
+                statistics.median(a["pause_seconds"] for a in done), 3
+            )
             row["within_10_s"] = sum(1 for a in done if a["growth_seconds"] <= 10.0)
         if kind == "node_crash" and done:
             row["commits_lost_max"] = max(

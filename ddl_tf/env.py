@@ -63,7 +63,6 @@ __all__ = [
     "DDL_ELASTIC_RESUMED",
     "DDL_ELASTIC_LOST_HOSTS",
     "DDL_ELASTIC_PRESTART",
-    "DDL_ELASTIC_WARMUP",
     "DDL_ELASTIC_PARKED",
     "HOROVOD_ELASTIC",
     # Horovod fallbacks
@@ -276,15 +275,9 @@ DDL_ELASTIC_PRESTART = "DDL_ELASTIC_PRESTART"
 """``0`` makes a growing elastic job wait for its new ranks at the commit that sees the new
 hosts (the old way); by default (``1``) rank 0 starts them in the background while the job
 trains, and they join at the first commit after they are ready (see docs/elastic.md)."""
-DDL_ELASTIC_WARMUP = "DDL_ELASTIC_WARMUP"
-"""``0``: ranks a growing elastic job started ahead are admitted at the first commit after they
-connected, and build and trace their step while the job waits for them (the way before
-warm-ups); by default (``1``) they first run the training function up to its first collective
-while the job trains on, and are admitted at the first commit after that (docs/elastic.md)."""
 DDL_ELASTIC_PARKED = "DDL_ELASTIC_PARKED"
-"""Set on ranks a growing elastic job starts ahead: their ``init()`` returns in the next
-membership, whose collectives wait (after a warm-up) until the job admits them at a commit (or
-dismisses them when it ends first); see :mod:`ddl_tf.core.admission`."""
+"""Set on ranks a growing elastic job starts ahead: their ``init()`` waits, connected to rank 0
+only, until the job admits them at a commit (or dismisses them when it ends first)."""
 HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
 
 HOROVOD_RANK = "HOROVOD_RANK"

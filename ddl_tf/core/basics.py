@@ -123,14 +123,6 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             _check_in(MPI, comm, config)
         base, owned = _resolve_comm(MPI, comm, elastic)
         job = Job.create(base, config, host=launcher_hostname(), elastic=elastic, owns_comm=owned)
-        if elastic and env.get(env.DDL_ELASTIC_PARKED):  # started ahead: in, not yet admitted
-            from ddl_tf.core import admission
-
-            admission.install(
-                admission.Admission(
-                    base, job.engine.state, admission.timeout(), admission.warm_up()
-                )
-            )
         current.install(job)
         engine = job.engine
         _label_log_lines(engine.rank)
@@ -265,7 +257,6 @@ def engine() -> Engine:
     Raises:
         NotInitializedError: ``init()`` has not been called.
     """
-    current.note_job_read()  # in a trace, this membership's engine (and rank, size) is kept
     return job().engine
 
 
@@ -501,24 +492,11 @@ def _exit_on_uncaught(exc_type, exc, tb) -> None:
     returns non-zero through ``MPI_Finalize`` leaves Open MPI's runtime
     aborting forever, and mpirun's status would be that rank's even when the
     others finish (both measured here). When no rank is left, mpirun exits
-    non-zero. A rank started ahead and not admitted yet is in no membership:
-    it tells rank 0 (which sends the other new ranks away) and exits 1.
+    non-zero.
     """
     (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
     job = current.get()
     where = f"rank {job.rank} on host {job.hosts[job.rank]}" if job else "a rank"
-    from ddl_tf.core import admission
-
-    waiting = admission.pending()
-    if waiting is not None:  # started ahead, not in the job yet: nobody waits for this rank
-        waiting.tell(f"{exc_type.__name__}: {exc}")
-        sys.stderr.write(
-            f"ddl_tf: {where}, started ahead for a growing elastic job, leaves before its "
-            f"admission: {exc_type.__name__}: {exc}\n"
-        )
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
     sys.stderr.write(f"ddl_tf: {where} ends the elastic job: {exc_type.__name__}: {exc}\n")
     sys.stdout.flush()
     sys.stderr.flush()

@@ -19,7 +19,6 @@ Example (one process):
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ddl_tf.errors import NotInitializedError
@@ -27,17 +26,7 @@ from ddl_tf.errors import NotInitializedError
 if TYPE_CHECKING:
     from ddl_tf.core.job import Job
 
-__all__ = [
-    "job",
-    "get",
-    "install",
-    "lock",
-    "CurrentEngine",
-    "CURRENT",
-    "set_tracing_probe",
-    "note_job_read",
-    "take_job_reads",
-]
+__all__ = ["job", "get", "install", "lock", "CurrentEngine", "CURRENT"]
 
 lock = threading.Lock()
 """Held while a job is installed or removed (``init``, ``shutdown``, membership changes)."""
@@ -77,44 +66,6 @@ def install(new: Job | None) -> Job | None:
     return old
 
 
-# ------------------------------------------------------------------ traces and the job
-# A traced step (tf.function) that reached the job only through CURRENT's collectives, which
-# read the job when they run, stays right when an elastic job's membership changes; one that
-# read the job's rank or size (or took a real engine) while it was traced holds that
-# membership's values. These record whether any trace did, so that an elastic state traces
-# the step again only then (ddl_tf.tensorflow.elastic.TensorFlowKerasState.reset).
-
-
-def _never() -> bool:
-    return False
-
-
-_tracing: Callable[[], bool] = _never
-# engine attributes that every membership of a job has alike (the job's settings)
-_SAME_IN_EVERY_MEMBERSHIP = frozenset({"elastic", "config", "policy", "timeline"})
-_job_read_in_trace = False
-
-
-def set_tracing_probe(probe: Callable[[], bool]) -> None:
-    """Say how to tell that code runs while a graph is traced (the framework layer sets it)."""
-    global _tracing
-    _tracing = probe
-
-
-def note_job_read() -> None:
-    """Record that a value of the current job was read, if a graph is being traced now."""
-    global _job_read_in_trace
-    if not _job_read_in_trace and _tracing():
-        _job_read_in_trace = True
-
-
-def take_job_reads() -> bool:
-    """Whether a trace read the job since the last call (and forget it: the caller retraces)."""
-    global _job_read_in_trace
-    read, _job_read_in_trace = _job_read_in_trace, False
-    return read
-
-
 class CurrentEngine:
     """Stands for the current job's engine *as it is when used* (elastic jobs).
 
@@ -129,10 +80,7 @@ class CurrentEngine:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # introspection (doctest, copy, pickle) is not the engine's
             raise AttributeError(name)
-        value = getattr(job().engine, name)
-        if name not in _SAME_IN_EVERY_MEMBERSHIP and not callable(value):
-            note_job_read()  # rank, size, topology: this membership's values
-        return value
+        return getattr(job().engine, name)
 
     def __repr__(self) -> str:
         return f"CurrentEngine({_job.engine!r})" if _job is not None else "CurrentEngine(None)"

@@ -188,7 +188,6 @@ def engine_for(process_set: ProcessSet | None) -> Any:
             "init(process_sets=[...]) or add_process_set() (on every rank) first (after an "
             "elastic job re-forms, add its sets again, e.g. in a reset callback)."
         )
-    current.note_job_read()  # a set's engine is this membership's
     sub = job.engine.subsets.get(set_id)
     if sub is None:
         raise NotInProcessSetError(

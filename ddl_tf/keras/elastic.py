@@ -130,7 +130,7 @@ class KerasState(TensorFlowKerasState):
         self._reformed_at = self._iterations()
 
     def reset(self) -> None:
-        """Trace the step again where needed; with a sharded optimizer, re-form the shards from the last commit.
+        """Trace the step again; with a sharded optimizer, re-form the shards from the last commit.
 
         Raises:
             ConfigError: A sharded optimizer's state was never committed whole
@@ -139,7 +139,6 @@ class KerasState(TensorFlowKerasState):
         super().reset()
         if self._sharded is None:
             return
-        self.retrace()  # the shard plan (which rank updates what) is in the traced step
         self._sharded.reshard(self._whole_commit())
         self._reformed_at = self._iterations()
 

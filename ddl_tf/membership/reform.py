@@ -27,19 +27,12 @@ background thread, rank 0 starts their ranks (``MPI_Comm_spawn`` of this
 same program over ``MPI_COMM_SELF``, through :mod:`ddl_tf.launch.worker`)
 while the other ranks wait for its word without polling; then every rank
 joins them through rank 0 (``MPI_Intercomm_create``, ``MPI_Intercomm_merge``:
-the new ranks come after the old ones) and builds the next membership's
-job with them; the job trains on meanwhile. The new ranks' ``init()``
-returns in that next job, and their training function warms up (builds
-the model, traces the step) up to its first collective, which waits for the
-admission (:mod:`ddl_tf.core.admission`). At the first commit after every
-new rank was ready, every rank raises the interrupt, and
-:meth:`Membership.update_hosts` admits them: the next job becomes the job,
-and the steps traced before stay (:meth:`TensorFlowKerasState.reset
-<ddl_tf.tensorflow.elastic.TensorFlowKerasState.reset>`), so the job loses
-about a ``fit`` restart to growth. With ``DDL_ELASTIC_WARMUP=0`` the new
-ranks are admitted once connected and build and trace while the job waits;
-with ``DDL_ELASTIC_PRESTART=0`` the spawn runs at the commit that sees the
-new hosts, the job waiting for it.
+the new ranks come after the old ones), and the job trains on meanwhile;
+the new ranks park in ``init()`` (:func:`~ddl_tf.core.admission.join_job`). At the
+first commit after they connected, every rank raises the interrupt, and
+:meth:`Membership.update_hosts` admits them (growth without a pause). With
+``DDL_ELASTIC_PRESTART=0`` the spawn runs at the commit that sees the new
+hosts, the job waiting for it.
 
 Every membership change counts against ``reset_limit``; a job that has fewer
 than ``min_np`` ranks and no host to grow to within ``timeout`` seconds
@@ -60,7 +53,7 @@ from typing import Any
 
 from ddl_tf import env
 from ddl_tf.core import basics
-from ddl_tf.core.admission import ADMIT_TAG, READY_TAG
+from ddl_tf.core.admission import ADMIT_TAG
 from ddl_tf.core.job import Job
 from ddl_tf.core.numerics import mpi
 from ddl_tf.errors import ConfigError, DDLError, HostsUpdatedInterrupt
@@ -137,15 +130,11 @@ class _Watcher:
 
 @dataclass
 class _Prestart:
-    """Ranks started ahead for new hosts: spawned in a background thread, then warming up.
+    """Ranks started ahead for new hosts: spawned in a background thread, then parked.
 
     ``bridge`` is the job's ranks (first) and the new ranks, merged, once they
-    connected, and ``job`` the next membership's job built over it (by every
-    rank, in the spawn thread); ``ready`` is set then, or when the spawn failed
-    (``error``). ``spare`` is the duplicate of the job's communicator the spawn
-    runs on. On rank 0, ``answers`` holds each new rank's word from its warm-up
-    (:mod:`ddl_tf.core.admission`): None when it reached its first collective,
-    else the text of the error its program failed with.
+    connected; ``ready`` is set then, or when the spawn failed (``error``).
+    ``spare`` is the duplicate of the job's communicator the spawn runs on.
     """
 
     added: tuple[tuple[str, int], ...]
@@ -153,37 +142,8 @@ class _Prestart:
     started: float = field(default_factory=time.monotonic)
     ready: threading.Event = field(default_factory=threading.Event)
     bridge: Any = None
-    job: Any = None
     error: BaseException | None = None
     abandoned: threading.Event = field(default_factory=threading.Event)
-    answers: dict[int, str | None] = field(default_factory=dict)
-    said: bool = False  # rank 0 reported why they are sent away
-
-    @property
-    def count(self) -> int:
-        """How many ranks were started."""
-        return sum(n for _, n in self.added)
-
-    def send_away(self) -> None:
-        """On rank 0: tell every new rank to leave (those that reported a failure are gone)."""
-        for peer in range(self.bridge.size - self.count, self.bridge.size):
-            if self.answers.get(peer) is None:
-                with contextlib.suppress(Exception):  # one may have died since
-                    self.bridge.send("leave", dest=peer, tag=ADMIT_TAG)
-
-    def collect_answers(self) -> None:
-        """On rank 0: receive the new ranks' words that arrived (no waiting)."""
-        bridge = self.bridge
-        if len(self.answers) == self.count:
-            return
-        for peer in range(bridge.size - self.count, bridge.size):
-            if peer in self.answers:
-                continue
-            try:
-                if bridge.Iprobe(source=peer, tag=READY_TAG):
-                    self.answers[peer] = bridge.recv(source=peer, tag=READY_TAG)
-            except Exception as err:  # noqa: BLE001 - MPI knows it died (its word may be lost)
-                self.answers[peer] = f"the rank ended before its first collective ({err})"
 
 
 class Membership:
@@ -318,12 +278,10 @@ class Membership:
             self._leave(job, f"its host {job.hosts[job.rank]} left the discovered hosts")
         self._count_reset(job, f"hosts changed ({change})")
         if change.added and self.settings.prestart:
-            new = self._admit(stay, change.added)
-            basics.replace_job(new)
-        else:
-            if change.added:
-                stay = self._spawn(stay, change.added)
-            new = self._rebuild(job, stay)
+            stay = self._admit(stay, change.added)
+        elif change.added:
+            stay = self._spawn(stay, change.added)
+        new = self._rebuild(job, stay)
         if new.rank == 0:
             logger.warning(
                 "elastic job re-formed in %.2f s for %s: %d rank(s) on %s",
@@ -366,7 +324,7 @@ class Membership:
             dismiss = True  # they are merged with ranks that leave now: send them away
         elif pending is not None and pending.ready.is_set():
             gone = [h for h, _ in pending.added if h in change.removed]
-            if pending.error is not None or pending.job is None or gone:
+            if pending.error is not None or pending.bridge is None or gone:
                 dismiss = True
                 if pending.error is not None:
                     logger.warning(
@@ -375,42 +333,8 @@ class Membership:
                         pending.error,
                     )
             else:
-                verdict = self._warm_up_verdict(pending)
-                admitted = pending.added if verdict == "admit" else ()
-                dismiss = verdict == "dismiss"
+                admitted = pending.added
         return HostChange(removed=removed, added=admitted, ahead=ahead, dismiss=dismiss)
-
-    def _warm_up_verdict(self, pending: _Prestart) -> str | None:
-        """On rank 0: ``"admit"`` once every new rank reached its first collective,
-        ``"dismiss"`` when one failed before (its host is blacklisted, as after a failed
-        rank) or they took over ``timeout`` seconds, else None (not yet)."""
-        pending.collect_answers()
-        failed = sorted((r, w) for r, w in pending.answers.items() if w is not None)
-        if not failed and len(pending.answers) == pending.count:
-            return "admit"
-        late = time.monotonic() - pending.started > self.settings.timeout
-        if not failed and not late:
-            return None
-        if not pending.said:  # poll_hosts decides too, between commits: say it once
-            pending.said = True
-            if failed:
-                now = time.monotonic()
-                for host, _ in pending.added:
-                    self.blacklist.add(host, now)
-                logger.warning(
-                    "the ranks started ahead on %s failed before their training (blacklisted "
-                    "for a cooldown): %s",
-                    _where(pending.added),
-                    "; ".join(f"rank {r}: {w}" for r, w in failed),
-                )
-            else:
-                logger.warning(
-                    "the ranks started ahead on %s did not reach their training within %g s "
-                    "(--elastic-timeout); they leave",
-                    _where(pending.added),
-                    self.settings.timeout,
-                )
-        return "dismiss"
 
     def _start_ahead(self, job: Job, added: tuple[tuple[str, int], ...]) -> None:
         """Spawn ranks for ``added`` in a background thread; the job trains on (collective).
@@ -418,16 +342,13 @@ class Membership:
         Every rank joins the new ranks in a thread of its own, on a duplicate
         of the job's communicator, while its main thread trains: the new ranks
         start (Python, TensorFlow's import, ``MPI_Init``) meanwhile
-        (:func:`_spawn_through_rank0`); then every rank, old and new, builds the
-        next membership's job, which the new ranks' ``init()`` returns in. They
-        warm up, and their first collective waits for a commit to admit them
-        (:meth:`_admit`, :mod:`ddl_tf.core.admission`).
+        (:func:`_spawn_through_rank0`), and their ``init()`` then parks
+        (:func:`~ddl_tf.core.admission.join_job`) until a commit admits them (:meth:`_admit`).
         """
         MPI = mpi.load()
         pending = _Prestart(added, spare=job.comm.Dup())
         self._prestart = pending
         self.hosted.update(host for host, _ in added)
-        engine, host, generation = job.engine, job.hosts[job.rank], job.generation + 1
         commands, argvs, counts, infos = self._spawn_arguments(job.size, added, MPI, parked=True)
         if job.rank == 0:
             logger.warning(
@@ -442,15 +363,6 @@ class Membership:
                 with _deadline(self.settings.spawn_timeout, added, pending.abandoned):
                     pending.bridge = _spawn_through_rank0(
                         MPI, pending.spare, (commands, argvs, counts, infos), pending.abandoned
-                    )
-                    # the next membership, with the new ranks (their init() builds it too)
-                    pending.job = Job.create(
-                        pending.bridge,
-                        engine.config,
-                        policy=engine.policy,
-                        host=host,
-                        generation=generation,
-                        elastic=True,
                     )
             except Exception as err:  # noqa: BLE001 - rank 0's _decide sends them away
                 pending.error = err
@@ -473,7 +385,9 @@ class Membership:
             return
         bridge = pending.bridge
         if bridge.rank == 0:
-            pending.send_away()
+            first = bridge.size - sum(n for _, n in pending.added)
+            for peer in range(first, bridge.size):
+                bridge.send("leave", dest=peer, tag=ADMIT_TAG)
             logger.warning("the ranks started ahead on %s leave: %s", _where(pending.added), why)
 
     def abandon_pending(self) -> None:
@@ -487,39 +401,38 @@ class Membership:
             return
         pending.abandoned.set()  # its spawn may never end now: no deadline kills this rank
         if pending.ready.is_set() and pending.bridge is not None and pending.bridge.rank == 0:
-            pending.send_away()
+            first = pending.bridge.size - sum(n for _, n in pending.added)
+            with contextlib.suppress(Exception):
+                for peer in range(first, pending.bridge.size):
+                    pending.bridge.send("leave", dest=peer, tag=ADMIT_TAG)
 
-    def _admit(self, comm: Any, added: tuple[tuple[str, int], ...]) -> Job:
+    def _admit(self, comm: Any, added: tuple[tuple[str, int], ...]) -> Any:
         """Take the ranks started ahead into the job (collective over ``comm``, the job's ranks).
 
-        The next membership's job was built with them when they connected (the
-        spawn thread did it); rank 0 tells them they are in, and that job
-        becomes this one's. They wait for the word at their first collective,
-        with their step traced already (:mod:`ddl_tf.core.admission`).
-
-        Returns:
-            The new job (not installed yet).
+        They are merged after the job's ranks already (the spawn thread did
+        it); rank 0 tells them they are in, and the merged communicator
+        becomes the job's.
         """
         pending, self._prestart = self._prestart, None
         assert pending is not None, "nothing to admit"
         left = self.settings.spawn_timeout - (time.monotonic() - pending.started)
         with _deadline(max(1.0, left), added):
             pending.ready.wait()
-        new = pending.job
-        if new is None:  # rank 0 saw this rank's spawn succeed: the same collective
+        merged = pending.bridge
+        if merged is None:  # rank 0 saw this rank's spawn succeed: the same collective
             raise ElasticJobError(f"the ranks started ahead on {_where(added)} did not connect")
-        if new.rank == 0:
-            for peer in range(comm.size, new.size):
-                pending.bridge.send("admit", dest=peer, tag=ADMIT_TAG)
+        if merged.rank == 0:
+            for peer in range(comm.size, merged.size):
+                merged.send("admit", dest=peer, tag=ADMIT_TAG)
             logger.warning(
                 "admitting the %d rank(s) started ahead on %s (%.1f s after they were started)",
-                new.size - comm.size,
+                merged.size - comm.size,
                 _where(added),
                 time.monotonic() - pending.started,
             )
         comm.Free()
         pending.spare.Free()
-        return new
+        return merged
 
     def _used_up(self, host: str) -> bool:
         """Whether ``host`` had ranks of this job and is not mpirun's machine (no ranks again).
@@ -674,8 +587,8 @@ def plan_change(
 def worker_arguments(host: str, rank: int, parked: bool = False) -> list[str]:
     """``python`` arguments that start one more rank of this program on ``host``.
 
-    ``parked``: the rank is started ahead; its collectives wait to be admitted
-    (:class:`~ddl_tf.core.admission.Admission`).
+    ``parked``: the rank is started ahead; its ``init()`` waits to be admitted
+    (:func:`~ddl_tf.core.admission.wait_for_admission`).
     """
     program = env.get(env.DDL_ELASTIC_COMMAND)
     if program is None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ddl_tf import env
-from ddl_tf.core import admission, basics, current
+from ddl_tf.core import basics, current
 from ddl_tf.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl_tf.membership import mirror
 from ddl_tf.membership.reform import membership
@@ -195,9 +195,6 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             state.sync()
             return func(state, *args, **kwargs)
         members = membership()
-        waiting = admission.pending()
-        if waiting is not None and waiting.warm_up:  # started ahead: warm up, be admitted
-            _warm_up(waiting, func, state, *args, **kwargs)
         # ranks ddlrun relaunched after a node crash start from the survivors' last commit
         skip_sync = mirror.resume(state)
         while True:
@@ -219,33 +216,6 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             state.on_reset()
 
     return wrapper
-
-
-def _warm_up(
-    waiting: admission.Admission, func: Callable[..., Any], state: State, *args: Any, **kwargs: Any
-) -> None:
-    """Run the training function of a rank started ahead up to its first collective, then wait.
-
-    The function runs until its first collective (Keras ``fit``: the first
-    step's gradient allreduce, after the step was traced), which ends it
-    (:class:`~ddl_tf.core.admission.NotAdmittedError`); what it did is
-    undone by the sync that follows the admission, as after an interrupted
-    step. So a joining rank builds, traces and warms up its step while the
-    job trains on, and the job's ranks wait only for the admission itself.
-    An error other than that ending is raised; uncaught, it is reported to
-    rank 0, which sends the new ranks away (see ``init()``'s excepthook).
-    """
-    try:
-        with waiting.warming_up():
-            func(state, *args, **kwargs)
-    except Exception:
-        if not waiting.warm_up_ended:
-            raise
-        logger.info(
-            "rank %d warmed up (its first collective ended it); waiting to be admitted",
-            basics.rank(),
-        )
-    waiting.wait()
 
 
 def lost_a_rank(err: BaseException) -> bool:

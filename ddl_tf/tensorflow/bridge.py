@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from ddl_tf.core import basics, current
+from ddl_tf.core import basics
 from ddl_tf.core.numerics.aligned import is_aligned
 from ddl_tf.errors import CollectiveMismatchError, ConfigError, DDLError
 from ddl_tf.tensorflow import tf_errors
@@ -76,9 +76,6 @@ except ImportError:  # pragma: no cover - depends on the TF build
     def _in_xla(graph) -> bool:
         return False
 
-
-# a job value read while TensorFlow traces is kept in the graph (see ddl_tf.core.current)
-current.set_tracing_probe(lambda: not tf.executing_eagerly())
 
 _chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _counter = iter(range(1 << 62))

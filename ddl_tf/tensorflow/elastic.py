@@ -36,13 +36,11 @@ Example (one process):
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from ddl_tf.core import current
 from ddl_tf.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl_tf.membership.mirror import MirrorError
 from ddl_tf.membership.state import ObjectState, State, run
@@ -58,8 +56,6 @@ __all__ = [
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 class TensorFlowState(ObjectState):
@@ -158,23 +154,7 @@ class TensorFlowKerasState(ObjectState):
         return list(self.model.variables) + optimizer_vars
 
     def reset(self) -> None:
-        """Make Keras trace the model's step functions again if a trace kept the old membership.
-
-        ddl_tf's collectives in a traced step reach the job when they run
-        (:data:`~ddl_tf.core.current.CURRENT`), so a step traced before the
-        change is right after it, and keeping it saves the trace (a second or
-        more) from the pause. Unless a trace read the job's rank or size, or
-        took a process set's engine, while it was traced
-        (:func:`~ddl_tf.core.current.take_job_reads`; e.g. ``hvd.size()`` in a
-        custom ``train_step``, or ``SyncBatchNormalization``): then the step
-        functions are traced again, as Horovod's users must.
-        """
-        if current.take_job_reads():
-            logger.info("a trace read the job's rank or size: the step functions are traced again")
-            self.retrace()
-
-    def retrace(self) -> None:
-        """Make Keras trace the model's step functions again at their next use."""
+        """Make Keras trace the model's step functions again, for the new membership."""
         for attr in ("train_function", "test_function", "predict_function"):
             if hasattr(self.model, attr):
                 setattr(self.model, attr, None)

@@ -227,7 +227,7 @@ def reduce_gradients(
     """
     present = [i for i, g in enumerate(grads) if g is not None]
     # an elastic job of one rank may grow: its traced steps must keep the collective
-    if not engine.elastic and engine.size == 1 and spec.op in (ReduceOp.AVERAGE, ReduceOp.SUM):
+    if engine.size == 1 and not engine.elastic and spec.op in (ReduceOp.AVERAGE, ReduceOp.SUM):
         return list(grads)  # nothing to reduce; keep tensors (and IndexedSlices) untouched
     chosen = []
     for i in present:

@@ -172,7 +172,7 @@ def resolve(overlap: bool | None, bucket_bytes: int | None) -> Bucketing:
             "bucket_bytes=2 * 1024 * 1024, or 0 for one bucket per gradient."
         )
     if overlap is None or bucket_bytes is None:
-        config = basics.job().engine.config  # checked alike on every rank; every membership's
+        config = basics.engine().config  # DDLConfig checked both when the job started
         overlap = config.overlap if overlap is None else overlap
         bucket_bytes = config.bucket_bytes if bucket_bytes is None else bucket_bytes
     return Bucketing(overlap, bucket_bytes)
@@ -222,7 +222,7 @@ def reduce_in_buckets(
         bucket_bytes,
         order,
     )
-    marking = basics.job().engine.timeline.enabled  # the job's setting, in every membership
+    marking = basics.engine().timeline.enabled
     out: list = [None] * len(grads)
     for k, bucket in enumerate(buckets):
         label = f"{name}_b{k}"

@@ -119,9 +119,8 @@ def test_a_discovered_host_joins_at_a_commit_and_gets_the_state(tmp_path):
 
 
 def test_a_discovered_host_joins_without_pausing_the_training(tmp_path):
-    """Issue 45 (b): the new ranks start (Python, TensorFlow, MPI_Init) and warm up (model,
-    traced step) while the job trains, and join at a commit after they are ready; nothing waits
-    for them (ELASTIC_GROW_WAIT=0), and nobody traces the step again at the growth."""
+    """Issue 45 (b): the new ranks start (Python, TensorFlow, MPI_Init) while the job trains,
+    and join at a commit after they are ready; nothing waits for them (ELASTIC_GROW_WAIT=0)."""
     script = discovery_script(tmp_path, "localhost:2\n")
     started = time.monotonic()
     done = _ddlrun(
@@ -151,41 +150,10 @@ def test_a_discovered_host_joins_without_pausing_the_training(tmp_path):
         samples = [(t, c) for t, c in results[rank]["cpu"] if added <= t <= first]
         (t0, c0), (t1, c1) = samples[0], samples[-1]
         assert (c1 - c0) / (t1 - t0) < 0.4, (rank, c1 - c0, t1 - t0)
-    # the newcomers traced their step while the job still trained at 2 ranks (their warm-up),
-    # and no rank traced it again at the growth: the pause holds neither a build nor a trace
-    last_at_two = max(t for t, size, _, _ in steps if size == 2)
-    for rank in (2, 3):
-        assert results[rank]["traces"] and max(results[rank]["traces"]) < last_at_two, rank
-    for rank in (0, 1):
-        assert results[rank]["traces"] and max(results[rank]["traces"]) < added, rank
     # every rank trains the same steps at 4 ranks, up to the end of the 20 epochs
     at_four = {r: [(e, b) for _, size, e, b in x["steps"] if size == 4] for r, x in results.items()}
     assert at_four[0][-1] == (19, 15) and all(s == at_four[0] for s in at_four.values())
     assert all(r["state"] == [20, 0] for r in results.values())
-
-
-def test_new_ranks_that_fail_before_their_first_step_are_sent_away_and_the_job_goes_on(tmp_path):
-    """A newcomer's program raising during its warm-up (before any collective) tells rank 0,
-    which sends the new ranks away at the next commit; the job finishes at its size."""
-    script = discovery_script(tmp_path, "localhost:2\n")
-    started = time.monotonic()
-    done = _ddlrun(
-        tmp_path,
-        "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(script),
-        ELASTIC_GROW="127.0.0.1:2", ELASTIC_GROW_AT="0,3", ELASTIC_NEWCOMER_FAIL="1",
-        ELASTIC_SLEEP="0.05",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert time.monotonic() - started < 2 * HANG_SECONDS
-    assert "failed before their training (blacklisted for a cooldown): rank " in done.stderr, (
-        done.stderr[-3000:]
-    )
-    assert "RuntimeError: this newcomer fails on purpose before its first step" in done.stderr
-    results = _results(tmp_path)
-    assert sorted(results) == [0, 1] and all(r["size"] == 2 for r in results.values())
-    weights = [r["weights"] for r in results.values()]
-    assert np.array_equal(weights[0], weights[1])
-    assert all(r["state"] == [3, 0] for r in results.values())
 
 
 def test_ranks_started_ahead_leave_when_the_job_ends_before_they_join(tmp_path):

@@ -91,7 +91,7 @@ class EngineState:
         ddl_tf.errors.DDLError: ddl_tf cannot run allreduce after an earlier failure (RuntimeError('lost rank 1')); the ranks are no longer in step. Restart the job.
     """
 
-    __slots__ = ("lock", "failure", "closed", "negotiated", "lost", "gate")
+    __slots__ = ("lock", "failure", "closed", "negotiated", "lost")
 
     def __init__(self, lock: Any = None) -> None:
         self.lock = lock if lock is not None else threading.RLock()
@@ -101,9 +101,6 @@ class EngineState:
         self.negotiated = False
         # an elastic job's membership lost a rank: its communicators are revoked
         self.lost = False
-        # called with the collective's kind before it runs, while set: a rank a growing
-        # elastic job started ahead, not yet admitted (ddl_tf.core.admission.Admission)
-        self.gate: Any = None
 
     def mark_failed(self, error: BaseException) -> None:
         """Record that ``error`` left the ranks out of step; later collectives are refused."""
@@ -159,8 +156,6 @@ class CollectiveGuard:
 
     def __enter__(self) -> CollectiveGuard:
         engine = self.engine
-        if engine.state.gate is not None:  # waits for admission, or ends a warm-up (raises)
-            engine.state.gate(self.kind)
         engine.state.lock.acquire()
         self.start = time.perf_counter()
         try:

@@ -19,13 +19,11 @@ benchmarks/bench_elastic.py. Settings come from the environment:
   ``ELASTIC_GROW_AT`` (``epoch,batch``) (writing ``added``);
 * ``ELASTIC_GROW_WAIT=0``: rank 0 trains on after that write instead of waiting
   until the change is discovered and the new ranks are ready (growth without a pause);
-* ``ELASTIC_NEWCOMER_FAIL=1``: ranks a growing job started ahead raise in the training
-  function, before their first collective;
 * ``ELASTIC_SLEEP``: seconds each batch sleeps after it ends (a slower step);
 * ``ELASTIC_COMMIT``: batches per commit (default 1); ``ELASTIC_FIXED=1`` runs
   the same training without elastic state (the cost comparison);
 * ``ELASTIC_EPOCHS``, ``ELASTIC_STEPS``, ``ELASTIC_MODEL`` (``mlp`` or
-  ``mobilenet``; the mlp's loss records when each trace of the step ran: ``traces``);
+  ``mobilenet``);
 * ``ELASTIC_UNTIL_SIZE``: train on past ``ELASTIC_EPOCHS`` (up to
   ``ELASTIC_MAX_EPOCHS``, default 40) until the job has this many ranks at the end of
   an epoch (a growth test's newcomers join however slowly the machine imports TensorFlow;
@@ -66,17 +64,7 @@ epochs = int(os.environ.get("ELASTIC_EPOCHS", "3"))
 steps = int(os.environ.get("ELASTIC_STEPS", "16"))
 kind = os.environ.get("ELASTIC_MODEL", "mlp")
 until_size = int(os.environ.get("ELASTIC_UNTIL_SIZE", "0"))
-newcomer_fail = os.environ.get("ELASTIC_NEWCOMER_FAIL") == "1"
 max_epochs = int(os.environ.get("ELASTIC_MAX_EPOCHS", "40")) if until_size else epochs
-
-traces: list[float] = []  # when this process traced the train step (the loss's Python runs)
-
-
-def _traced_mse(y_true, y_pred):
-    """Keras's mean squared error; records the time each time a step is traced with it."""
-    traces.append(time.time())
-    return keras.losses.mean_squared_error(y_true, y_pred)
-
 
 hvd.init()
 keras.utils.set_random_seed(7)
@@ -92,7 +80,7 @@ else:
     model = keras.Sequential(
         [keras.Input((32,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)]
     )
-    loss, batch_size = _traced_mse, 16
+    loss, batch_size = "mse", 16
 model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss=loss)
 steps_log: list[tuple[float, int, int, int]] = []
 cpu_log: list[tuple[float, float]] = []  # (time, this process's CPU seconds) after each batch
@@ -196,17 +184,12 @@ class Recorder(keras.callbacks.Callback):
             self.awaiting = bool(change.ahead) and grow_wait
         elif self.awaiting and hvd.rank() == 0:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                change = membership().poll_hosts()
-                if change.added or change.dismiss:  # ready, or to be sent away
-                    break
+            while not membership().poll_hosts().added and time.monotonic() < deadline:
                 time.sleep(0.05)
             self.awaiting = False
 
 
 def train(state) -> None:
-    if newcomer_fail and os.environ.get("DDL_ELASTIC_PARKED"):
-        raise RuntimeError("this newcomer fails on purpose before its first step")
     callbacks = [Recorder()]
     if state is not None and commit_log:
         assert commit_every == 1, "the commit log counts one commit per batch"
@@ -246,7 +229,6 @@ result = {
     "weights": weights.tolist(),
     "steps": steps_log,
     "cpu": cpu_log,
-    "traces": traces,
     "state": None if state is None else [state.epoch, state.batch],
     "relaunch": relaunch,
     "mirror": os.environ.get("DDL_ELASTIC_MIRROR"),  # where ddlrun had the commits mirrored
